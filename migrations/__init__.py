@@ -1,0 +1,1 @@
+"""Alembic migrations of the twoclocks store, shipped as `twoclocks_cli.migrations`."""

@@ -1,0 +1,65 @@
+"""The `twoclocks` command: a Typer app that registers one module per command group.
+
+Only typer is imported at start-up; every command imports what it needs (sqlalchemy, numpy,
+torch) inside its body, so `twoclocks --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from twoclocks_cli import __version__
+from twoclocks_cli.errors import TwoclocksError
+
+
+class _Group(TyperGroup):
+    """Turns a TwoclocksError anywhere below into one line on stderr and its exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except TwoclocksError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(err.exit_code) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="twoclocks",
+    help="Measure the progress and failure clocks of GRPO training across batch sizes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"twoclocks {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """twoclocks: sweep batch sizes under sqrt lr scaling, find both clocks, schedule the switch."""
+
+
+def _register() -> None:
+    from twoclocks_cli.commands import db, runs
+
+    app.add_typer(db.app, name="db")
+    app.add_typer(runs.app, name="runs")
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,1 @@
+"""One module per command group; each keeps heavy imports inside its command bodies."""

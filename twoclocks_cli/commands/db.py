@@ -1,0 +1,53 @@
+"""`twoclocks db`: migrate the store forward or back and show its revision."""
+
+from typing import Annotated
+
+import typer
+
+from twoclocks_cli.options import DbOption
+
+app = typer.Typer(help="Database schema: upgrade, current revision, downgrade.", no_args_is_help=True)
+
+
+@app.command()
+def upgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    db: DbOption = None,
+) -> None:
+    """Migrate the database forward (to head by default)."""
+    from twoclocks_cli.store.engine import make_engine, mask_url, resolve_url
+    from twoclocks_cli.store.migrate import current_revision, upgrade as do_upgrade
+
+    engine = make_engine(resolve_url(db))
+    before = current_revision(engine)
+    do_upgrade(engine, revision)
+    after = current_revision(engine)
+    typer.echo(f"{mask_url(engine.url)}: {before or 'empty'} -> {after}")
+
+
+@app.command()
+def current(db: DbOption = None) -> None:
+    """Print the database's schema revision and this twoclocks' head."""
+    from twoclocks_cli.store.engine import make_engine, mask_url, resolve_url
+    from twoclocks_cli.store.migrate import current_revision, head_revision
+
+    engine = make_engine(resolve_url(db))
+    rev = current_revision(engine)
+    head = head_revision()
+    state = "up to date" if rev == head else ("empty" if rev is None else "out of date")
+    typer.echo(f"{mask_url(engine.url)}: revision {rev or 'none'} (head {head}, {state})")
+
+
+@app.command()
+def downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision, or 'base' for empty.")],
+    db: DbOption = None,
+) -> None:
+    """Migrate the database back to REVISION."""
+    from twoclocks_cli.store.engine import make_engine, mask_url, resolve_url
+    from twoclocks_cli.store.migrate import current_revision, downgrade as do_downgrade
+
+    engine = make_engine(resolve_url(db))
+    before = current_revision(engine)
+    do_downgrade(engine, revision)
+    typer.echo(f"{mask_url(engine.url)}: {before or 'empty'} -> {current_revision(engine) or 'base'}")
