@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import math
 import time
-import weakref
 from collections.abc import Mapping
 
 from sqlalchemy import Engine
@@ -63,9 +62,8 @@ class MetricWriter:
         self._buf: dict[tuple[int, str], tuple[int, float | None]] = {}
         self._closed = False
         self._postgres = engine.dialect.name == "postgresql"
-        ref = weakref.ref(self)
-        self._atexit = lambda: (w := ref()) is not None and w.close()
-        atexit.register(self._atexit)
+        # A strong reference on purpose: an unclosed writer lives until exit and is flushed then.
+        atexit.register(self.close)
 
     def log(self, step: int, samples: int, values: Mapping[str, float]) -> None:
         """Record `values` (key → number) at `step`, which had consumed `samples` samples."""
@@ -122,7 +120,7 @@ class MetricWriter:
             self.flush()
         finally:
             self._closed = True
-            atexit.unregister(self._atexit)
+            atexit.unregister(self.close)
 
     def __enter__(self) -> MetricWriter:
         return self

@@ -1,0 +1,29 @@
+"""Run the real `twoclocks` CLI in a subprocess and capture its output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def twoclocks(*args: str, cwd: Path | None = None, env: dict | None = None,
+              timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m twoclocks_cli ARGS...` with the test's environment; never raises on exit code."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "twoclocks_cli", *args],
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:
+    """The CLI failed with exit `code`, printed exactly one line on stderr, no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
