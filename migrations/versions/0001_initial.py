@@ -67,7 +67,9 @@ def upgrade() -> None:
     op.create_table(
         "run_events",
         sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("from_status", sa.String(16)),
         sa.Column("to_status", sa.String(16), nullable=False),

@@ -32,7 +32,7 @@ def test_sixteen_writers(db_url):
         for rid in run_ids
     ]
     outs = [p.communicate(timeout=600) for p in procs]
-    errors = [o[1] for p, o in zip(procs, outs) if p.returncode != 0]
+    errors = [o[1] for p, o in zip(procs, outs, strict=True) if p.returncode != 0]
     assert not errors, errors[0]
     assert not any("locked" in o[1] for o in outs)
     assert store.count_metrics() == PROCS * STEPS * KEYS

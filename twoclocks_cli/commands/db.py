@@ -6,7 +6,9 @@ import typer
 
 from twoclocks_cli.options import DbOption
 
-app = typer.Typer(help="Database schema: upgrade, current revision, downgrade.", no_args_is_help=True)
+app = typer.Typer(
+    help="Database schema: upgrade, current revision, downgrade.", no_args_is_help=True
+)
 
 
 @app.command()
@@ -16,7 +18,8 @@ def upgrade(
 ) -> None:
     """Migrate the database forward (to head by default)."""
     from twoclocks_cli.store.engine import make_engine, mask_url, resolve_url
-    from twoclocks_cli.store.migrate import current_revision, upgrade as do_upgrade
+    from twoclocks_cli.store.migrate import current_revision
+    from twoclocks_cli.store.migrate import upgrade as do_upgrade
 
     engine = make_engine(resolve_url(db))
     before = current_revision(engine)
@@ -45,9 +48,11 @@ def downgrade(
 ) -> None:
     """Migrate the database back to REVISION."""
     from twoclocks_cli.store.engine import make_engine, mask_url, resolve_url
-    from twoclocks_cli.store.migrate import current_revision, downgrade as do_downgrade
+    from twoclocks_cli.store.migrate import current_revision
+    from twoclocks_cli.store.migrate import downgrade as do_downgrade
 
     engine = make_engine(resolve_url(db))
     before = current_revision(engine)
     do_downgrade(engine, revision)
-    typer.echo(f"{mask_url(engine.url)}: {before or 'empty'} -> {current_revision(engine) or 'base'}")
+    after = current_revision(engine) or "base"
+    typer.echo(f"{mask_url(engine.url)}: {before or 'empty'} -> {after}")

@@ -64,8 +64,7 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def _run(engine: Engine, fn, revision: str) -> None:
-    from alembic import command
-
+    """Run alembic command `fn` to `revision` on one connection, mapping DB errors."""
     try:
         with engine.connect() as conn:
             fn(_config(conn), revision)

@@ -50,7 +50,9 @@ class RunStatus(str, enum.Enum):
         return self in FINISHED
 
 
-FINISHED = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.diverged, RunStatus.cancelled})
+FINISHED = frozenset(
+    {RunStatus.completed, RunStatus.failed, RunStatus.diverged, RunStatus.cancelled}
+)
 
 
 class Sweep(Base):
