@@ -1,0 +1,271 @@
+"""The GRPO training config: every option documented once, with its default and why.
+
+Names follow TRL's `GRPOConfig` / verl's actor config where one exists; the cross-backend keys
+(`prompts_per_batch`, `group_size`, `lr`, `clip_eps_low`, `clip_eps_high`, `seed`,
+`sample_budget`, `phases`) are the ones every twoclocks backend and the sweep planner share.
+A config is a TOML file (`load_config`) or a dict (a sweep cell, `TrainConfig.from_dict`); bad
+input becomes one `ConfigError` line naming the file, key, value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from twoclocks_cli.errors import ConfigError
+
+
+class Phase(BaseModel):
+    """One segment of a batch-size schedule (what `twoclocks schedule` writes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    until_samples: int | None = Field(
+        None, gt=0, description="This phase covers steps that start below this many samples; "
+        "the last phase may omit it and runs to `sample_budget`."
+    )
+    prompts_per_batch: int = Field(..., gt=0, description="Prompts per rollout batch (P).")
+    lr: float = Field(..., gt=0, description="Learning rate in this phase.")
+    clip_eps_low: float | None = Field(None, ge=0, lt=1, description="Lower ratio clip in "
+                                       "this phase (None: the top-level value).")
+    clip_eps_high: float | None = Field(None, ge=0, description="Upper ratio clip in this "
+                                        "phase (None: the top-level value).")
+
+
+class TrainConfig(BaseModel):
+    """Everything one GRPO run needs. Defaults reproduce the tiny-arith prototype's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # --- model -------------------------------------------------------------------------------
+    model: str = Field(
+        "builtin:tiny-arith",
+        description="Local directory, Hugging Face hub id, or `builtin:tiny-arith` (the cached "
+        "1M-parameter Qwen2 model warmed up on arithmetic; built on first use).",
+    )
+    tiny_seed: int = Field(0, description="Seed of the built-in tiny model's construction.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype. fp32 on CPU: bf16 matmuls are slower there."
+    )
+    threads: int | None = Field(
+        None, gt=0, description="torch intra-op threads (None: torch's default). Results are "
+        "bit-identical across runs only with the same thread count."
+    )
+
+    # --- data --------------------------------------------------------------------------------
+    dataset: str = Field(
+        "builtin:arithmetic",
+        description="`builtin:arithmetic` (synthetic task below), a .jsonl/.csv/.parquet file "
+        "with question and answer columns, or `hf:ID` (a datasets hub id, needs the hub).",
+    )
+    dataset_split: str = Field("train", description="Split of an `hf:` dataset.")
+    eval_dataset: str | None = Field(
+        None, description="Held-out problems (same forms as `dataset`). None: the task's own "
+        "held-out set for `builtin:arithmetic`, else the last `eval_size` rows of `dataset`, "
+        "which are then excluded from training."
+    )
+    question_key: str = Field("question", description="Question column of a file dataset.")
+    answer_key: str = Field("answer", description="Gold-answer column of a file dataset.")
+    arith_min_value: int = Field(0, description="Smallest operand of the synthetic task.")
+    arith_max_value: int = Field(99, description="Largest operand of the synthetic task.")
+    arith_ops: list[Literal["+", "-", "*"]] = Field(
+        default_factory=lambda: ["+", "-"], description="Operators of the synthetic task."
+    )
+    prompt_template: str | None = Field(
+        None, description="Python format string with `{question}`. None: the tokenizer's chat "
+        "template when it has one, else the plain template the tiny model was trained on."
+    )
+    reward: str = Field(
+        "math-verify", description="`math-verify` (strict `\\boxed{int}` format policy, then "
+        "math-verify in a process pool) or `module:function` for your own reward function."
+    )
+
+    # --- batch -------------------------------------------------------------------------------
+    group_size: int = Field(8, ge=2, description="Completions per prompt (G); >= 2 so a group "
+                            "has a standard deviation.")
+    prompts_per_batch: int | None = Field(
+        None, gt=0, description="Prompts per rollout batch (P); samples per batch = P*G. Give "
+        "this or `samples_per_batch`; default 16 when neither is given."
+    )
+    samples_per_batch: int | None = Field(
+        None, gt=0, description="Samples per rollout batch (TRL's generation_batch_size, verl's "
+        "train_batch_size*n); must be a multiple of `group_size`."
+    )
+    micro_batch_size: int = Field(
+        32, gt=0, description="Samples per forward/backward (gradient accumulation): memory "
+        "stays bounded for any batch; the first micro-batch also gives `grad_sq_micro`."
+    )
+    sample_budget: int = Field(32_768, gt=0, description="Stop once this many samples were "
+                               "consumed (the last batch may overshoot).")
+    phases: list[Phase] = Field(
+        default_factory=list, description="Batch-size schedule; empty: one phase from the "
+        "top-level prompts_per_batch/lr/clip values."
+    )
+
+    # --- optimiser ---------------------------------------------------------------------------
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate, constant (no warm-up or "
+                      "decay, so the clocks see the batch size's effect alone).")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
+    adam_epsilon: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm to this (None: no clipping)."
+    )
+
+    # --- GRPO update -------------------------------------------------------------------------
+    ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch (verl).")
+    num_minibatches: int = Field(1, gt=0, description="Optimizer steps per pass; updates per "
+                                 "batch = ppo_epochs * num_minibatches. One update is exactly "
+                                 "on-policy: the ratio is 1 and clipping cannot bind.")
+    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="Ratio clip below: 1 - eps.")
+    clip_eps_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + eps (DAPO's "
+                                 "clip-higher uses 0.28).")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="token-mean (DAPO; TRL `dapo`), seq-mean-token-mean (GRPO "
+        "paper; TRL `grpo`), seq-mean-token-sum-norm (Dr. GRPO; TRL `dr_grpo`: token sums "
+        "divided by max_new_tokens)."
+    )
+    advantage_scaling: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide group-centred rewards by the group's std (GRPO), the "
+        "batch's std, or nothing (Dr. GRPO); TRL's scale_rewards."
+    )
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the initial "
+                           "policy in the loss (TRL beta, verl kl_loss_coef); 0 = none.")
+    kl_init_every: int = Field(
+        1, ge=0, description="Log `kl_init` (k3 on sampled tokens vs the initial policy) every "
+        "this many steps; 0 = never (saves a reference forward when kl_coef is 0)."
+    )
+    skip_zero_advantage: bool = Field(
+        True, description="Skip forward/backward of samples whose advantage is 0 (groups with "
+        "equal rewards). Exact when kl_coef = 0: they add nothing to the gradient, and the "
+        "loss normaliser still counts them. Ignored when kl_coef > 0."
+    )
+
+    # --- sampling ----------------------------------------------------------------------------
+    rollout_engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: transformers generate (CPU/GPU). vllm: the `vllm` extra, GPU "
+        "only, never run in this project's CI."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs are "
+                               "computed at the same temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_new_tokens: int = Field(12, gt=0, description="Completion length cap; a completion "
+                                "without EOS by then counts as truncated.")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM only.")
+
+    # --- evaluation, checkpoints, seed -------------------------------------------------------
+    eval_every_samples: int = Field(4096, ge=0, description="Evaluate held-out accuracy each "
+                                    "time this many more samples were consumed (0 = never); "
+                                    "also before the first step and at the end.")
+    eval_size: int = Field(256, gt=0, description="Held-out problems per evaluation.")
+    eval_temperature: float = Field(1.0, ge=0, description="Eval sampling temperature; 0 = "
+                                    "greedy. Uses its own seeded RNG, so eval never shifts "
+                                    "the training stream.")
+    checkpoint_every_steps: int = Field(10, ge=0, description="Checkpoint every K steps and at "
+                                        "the end (0 = only at the end).")
+    seed: int = Field(0, description="Seeds data order, sampling and minibatch shuffles.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        g = self.group_size
+        if self.prompts_per_batch is not None and self.samples_per_batch is not None:
+            if self.prompts_per_batch * g != self.samples_per_batch:
+                raise ValueError(
+                    f"prompts_per_batch ({self.prompts_per_batch}) * group_size ({g}) != "
+                    f"samples_per_batch ({self.samples_per_batch}): give one of them"
+                )
+        if self.samples_per_batch is not None and self.samples_per_batch % g:
+            raise ValueError(
+                f"samples_per_batch = {self.samples_per_batch} is not divisible by group_size "
+                f"= {g}: every prompt needs a whole group"
+            )
+        if self.prompts_per_batch is None:
+            self.prompts_per_batch = (self.samples_per_batch or 16 * g) // g
+        self.samples_per_batch = self.prompts_per_batch * g
+        if self.arith_min_value > self.arith_max_value:
+            raise ValueError("arith_min_value must be <= arith_max_value")
+        last = 0
+        for i, ph in enumerate(self.phases):
+            if ph.until_samples is None and i != len(self.phases) - 1:
+                raise ValueError(f"phases[{i}] lacks until_samples (only the last may)")
+            if ph.until_samples is not None:
+                if ph.until_samples <= last:
+                    raise ValueError(f"phases[{i}].until_samples must increase")
+                last = ph.until_samples
+        if self.prompt_template is not None and "{question}" not in self.prompt_template:
+            raise ValueError("prompt_template must contain {question}")
+        return self
+
+    # ------------------------------------------------------------------------------------
+    @property
+    def updates_per_batch(self) -> int:
+        return self.ppo_epochs * self.num_minibatches
+
+    def phase_at(self, samples: int) -> tuple[int, Phase]:
+        """The phase (index, settings) of a step that starts after `samples` samples."""
+        index, ph = 0, None
+        for index, ph in enumerate(self.phases):
+            if ph.until_samples is None or samples < ph.until_samples:
+                break
+        if ph is None:
+            return 0, Phase(prompts_per_batch=self.prompts_per_batch, lr=self.lr,
+                            clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high)
+        low = self.clip_eps_low if ph.clip_eps_low is None else ph.clip_eps_low
+        high = self.clip_eps_high if ph.clip_eps_high is None else ph.clip_eps_high
+        return index, ph.model_copy(update={"clip_eps_low": low, "clip_eps_high": high})
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> TrainConfig:
+        """Validate a dict (a sweep cell may carry a `trainer` sub-table, merged in)."""
+        data = dict(data)
+        extra = data.pop("trainer", None)
+        if isinstance(extra, dict):
+            data.update(extra)
+        if data.get("backend") == "grpo":
+            data.pop("backend")
+        try:
+            cfg = cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(describe(err, source, data)) from None
+        if math.isnan(cfg.lr):
+            raise ConfigError(f"{source}: key 'lr' = nan: must be a positive number")
+        return cfg
+
+
+def describe(err: ValidationError, source: str, data: dict) -> str:
+    """One line for the first pydantic error: `FILE: key 'a.b' = value: what is allowed`."""
+    errors = err.errors()
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
+    loc = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        name = str(e["loc"][-1])
+        fields = Phase.model_fields if len(e["loc"]) > 1 else TrainConfig.model_fields
+        near = difflib.get_close_matches(name, list(fields), n=1)
+        hint = f"; did you mean '{near[0]}'?" if near else ""
+        return f"{source}: unknown key '{loc}'{hint}"
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "missing":
+        return f"{source}: missing required key '{loc}'"
+    if not loc:
+        return f"{source}: {msg}"
+    value = e.get("input")
+    shown = repr(value) if not isinstance(value, dict) else "{...}"
+    return f"{source}: key '{loc}' = {shown}: {msg}"
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read and validate a TOML training config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return TrainConfig.from_dict(data, source=str(path))

@@ -1,0 +1,505 @@
+"""The GRPO training loop, read top to bottom: set up, resume, then per step sample → reward →
+advantages → update (gradient accumulation) → metrics → eval → checkpoint.
+
+One function, `train(cfg, writer, workdir)`, serves `twoclocks train`, a sweep job (through
+`trainer.backend.run`) and `accelerate launch` (several processes: each rank samples its share
+of the prompts, gradients are summed across ranks, rank 0 writes metrics and checkpoints).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer import checkpoint, grpo
+from trainer import metrics as M
+from trainer.config import TrainConfig
+from trainer.data import ArithmeticTask, Problem, load_problems, render_prompt
+from twoclocks_cli.errors import ConfigError
+
+EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
+
+
+class Diverged(Exception):
+    """The loss, a gradient or the sampling distribution became non-finite."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up pieces
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Dist:
+    """This process's place in a data-parallel job (rank 0 of 1 when run alone)."""
+
+    rank: int = 0
+    world: int = 1
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (float64, so pooled counts stay exact)."""
+        if self.world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def max(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def sum_grads(self, model) -> None:
+        """All-reduce (sum) every gradient in one flat buffer."""
+        if self.world == 1:
+            return
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+
+def setup_dist() -> Dist:
+    """Join the process group when launched with several processes (`accelerate launch`)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Dist()
+    from accelerate import PartialState
+
+    state = PartialState()  # initialises torch.distributed (gloo on CPU)
+    return Dist(state.process_index, state.num_processes)
+
+
+class FileSource:
+    """Problems from a list, visited in a fresh seeded permutation each epoch."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems, self.order, self.pos = problems, np.arange(0), 0
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+        out = []
+        while len(out) < n:
+            if self.pos >= len(self.order):
+                self.order, self.pos = rng.permutation(len(self.problems)), 0
+            take = self.order[self.pos : self.pos + n - len(out)]
+            self.pos += len(take)
+            out.extend(self.problems[i] for i in take)
+        return out
+
+    def state(self) -> dict:
+        return {"order": self.order.tolist(), "pos": self.pos}
+
+    def load_state(self, state: dict) -> None:
+        self.order, self.pos = np.asarray(state["order"], dtype=np.int64), state["pos"]
+
+
+class TaskSource:
+    """The synthetic task: every draw comes from the data Generator, so its state is the position."""
+
+    def __init__(self, task: ArithmeticTask):
+        self.task = task
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+        return self.task.sample(rng, n)
+
+    def state(self) -> dict:
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        pass
+
+
+def _read(spec: str, cfg: TrainConfig) -> list[Problem]:
+    """Problems of a file or `hf:` dataset spec."""
+    if spec.startswith("hf:"):
+        try:
+            import datasets
+        except ImportError:
+            raise ConfigError(f"dataset {spec!r} needs the `datasets` package") from None
+        try:
+            rows = datasets.load_dataset(spec[3:], split=cfg.dataset_split)
+        except Exception as err:  # the hub raises many types; one line for the user
+            raise ConfigError(f"dataset {spec!r}: cannot load ({type(err).__name__}: {err})") from None
+        return [Problem(str(r[cfg.question_key]), str(r[cfg.answer_key])) for r in rows]
+    return load_problems(spec, cfg.question_key, cfg.answer_key)
+
+
+def load_data(cfg: TrainConfig):
+    """(training source, held-out problems) for `cfg`; bad files raise ConfigError."""
+    if cfg.dataset == "builtin:arithmetic":
+        task = ArithmeticTask(cfg.arith_min_value, cfg.arith_max_value, tuple(cfg.arith_ops))
+        train = TaskSource(task)
+        held = task.heldout(cfg.eval_size, EVAL_SEED)
+    elif cfg.dataset.startswith("builtin:"):
+        raise ConfigError(f"unknown built-in dataset {cfg.dataset!r}: allowed is 'builtin:arithmetic'")
+    else:
+        problems = _read(cfg.dataset, cfg)
+        if cfg.eval_dataset is None:
+            if len(problems) <= cfg.eval_size:
+                raise ConfigError(
+                    f"{cfg.dataset}: {len(problems)} rows, but eval_size = {cfg.eval_size} rows "
+                    "are held out from it: set eval_dataset or a smaller eval_size"
+                )
+            problems, held = problems[: -cfg.eval_size], problems[-cfg.eval_size :]
+        train = FileSource(problems)
+    if cfg.eval_dataset is not None:
+        held = _read(cfg.eval_dataset, cfg)[: cfg.eval_size]
+    return train, held
+
+
+def load_model(cfg: TrainConfig):
+    """(model path, tokenizer, model) — the builtin tiny model is built and cached on first use."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.tiny import TINY_MODEL_ID, ensure_tiny_model, resolve_model_path
+
+    if cfg.model == TINY_MODEL_ID:
+        path = ensure_tiny_model(cfg.tiny_seed, progress=True)
+    else:
+        path = resolve_model_path(cfg.model)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, cfg.dtype))
+    except OSError as err:
+        raise ConfigError(f"model {cfg.model!r}: cannot load ({str(err).splitlines()[0]})") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return path, tok, model.to(device)
+
+
+def prompt_text(problem: Problem, cfg: TrainConfig, tokenizer) -> str:
+    if cfg.prompt_template is not None:
+        return cfg.prompt_template.format(question=problem.question)
+    return render_prompt(problem, tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-probs and the update
+# ---------------------------------------------------------------------------------------------
+def completion_logprobs(model, rollout, temperature: float, with_entropy: bool = False):
+    """Log-probs [n, C] of the sampled completion tokens (and per-token entropy) at `temperature`.
+
+    Position ids follow the attention mask, as in generation with left padding.
+    """
+    ids, mask = rollout.input_ids, rollout.attention_mask
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    p = rollout.prompt_len
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, p - 1 : -1]
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, ids[:, p:].unsqueeze(-1)).squeeze(-1).cpu()
+    ent = M.token_entropy(logp_all).detach().cpu() if with_entropy else None
+    return logp, ent
+
+
+def no_grad_logprobs(model, rollout, cfg, with_entropy: bool):
+    """Log-probs (and entropy) of every sample, in micro-batches, without building a graph."""
+    lps, ents = [], []
+    with torch.no_grad():
+        for idx in torch.arange(len(rollout.texts)).split(cfg.micro_batch_size):
+            lp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, with_entropy)
+            lps.append(lp)
+            ents.append(ent)
+    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+
+
+@dataclass
+class UpdateStats:
+    """Sums pooled over micro-batches and updates of one step (divided at the end)."""
+
+    loss: float = 0.0
+    clip_low: float = 0.0
+    clip_high: float = 0.0
+    clip_tokens: float = 0.0
+    kl_old_new: float = 0.0
+    trained_tokens: float = 0.0
+    grad_norms: list[float] = field(default_factory=list)
+    grad_sq_micro: float = math.nan
+    grad_sq_full: float = math.nan
+    micro_size: int = 0
+    full_size: int = 0
+
+
+def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist) -> UpdateStats:
+    """`ppo_epochs * num_minibatches` optimizer steps on one rollout batch.
+
+    Each minibatch is split into micro-batches of `micro_batch_size` samples whose gradients
+    accumulate against the minibatch's global normaliser (summed over ranks), so the result
+    equals one pass over the whole minibatch. Raises Diverged on a non-finite loss or gradient.
+    """
+    stats = UpdateStats()
+    n = len(rollout.texts)
+    cmask = rollout.completion_mask.float()
+    skip = cfg.skip_zero_advantage and cfg.kl_coef == 0
+    on_policy = cfg.updates_per_batch == 1
+    first = True
+    for _epoch in range(cfg.ppo_epochs):
+        order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
+        for mb in order.tensor_split(cfg.num_minibatches):
+            den = dist.sum([grpo.normaliser(cmask[mb], cfg.loss_agg)])[0]
+            opt.zero_grad(set_to_none=True)
+            bad_loss = False
+            for k, micro in enumerate(mb.split(cfg.micro_batch_size)):
+                train_idx = micro[adv[micro] != 0] if skip else micro
+                if len(train_idx):
+                    part = rollout.select(train_idx)
+                    logp, _ = completion_logprobs(model, part, cfg.temperature)
+                    old = logp.detach() if on_policy else old_logp[train_idx]
+                    m = cmask[train_idx]
+                    tok_loss, low, high = grpo.clipped_surrogate(
+                        logp, old, adv[train_idx], phase.clip_eps_low, phase.clip_eps_high)
+                    if cfg.kl_coef > 0:
+                        tok_loss = tok_loss + cfg.kl_coef * grpo.k3(logp, ref_logp[train_idx])
+                    loss = grpo.aggregate(tok_loss, m, cfg.loss_agg, cfg.max_new_tokens, den)
+                    bad_loss = bad_loss or not bool(torch.isfinite(loss))
+                    loss.backward()
+                    stats.loss += float(loss.detach())
+                    stats.clip_low += float((low.float() * m).sum())
+                    stats.clip_high += float((high.float() * m).sum())
+                    stats.kl_old_new += float(((old - logp.detach()) * m).sum())
+                    stats.trained_tokens += float(m.sum())
+                stats.clip_tokens += float(cmask[micro].sum())
+                if first and k == 0:  # gradient of one micro-batch, scaled to its own mean
+                    micro_den = grpo.normaliser(cmask[micro], cfg.loss_agg)
+                    scale = den / micro_den if micro_den else 0.0
+                    stats.grad_sq_micro = M.grad_sq_norm(model) * scale**2
+                    stats.micro_size = len(micro)
+            if dist.sum([float(bad_loss)])[0] > 0:  # every rank stops together
+                raise Diverged("non-finite loss")
+            dist.sum_grads(model)
+            if first:
+                stats.grad_sq_full = M.grad_sq_norm(model)
+                stats.full_size = int(dist.sum([len(mb)])[0])
+            clip_to = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+            params = [p for p in model.parameters() if p.requires_grad]
+            norm = float(torch.nn.utils.clip_grad_norm_(params, clip_to))
+            if not math.isfinite(norm):
+                raise Diverged("non-finite gradient")
+            stats.grad_norms.append(norm)
+            opt.step()
+            first = False
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+def evaluate(engine, reward_fn, held: list[Problem], cfg, tokenizer, step: int) -> float:
+    """Held-out accuracy, sampled with a private seeded RNG so training's streams never move."""
+    hits = 0.0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(EVAL_SEED + step)
+        for i in range(0, len(held), 256):
+            chunk = held[i : i + 256]
+            roll = engine.generate([prompt_text(p, cfg, tokenizer) for p in chunk],
+                                   temperature=cfg.eval_temperature)
+            hits += sum(r >= 1.0 for r in reward_fn(roll.texts, chunk))
+    return hits / max(len(held), 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Progress:
+    """What a progress display needs after each step."""
+
+    step: int
+    samples: int
+    budget: int
+    reward: float
+    accuracy: float
+    eval_accuracy: float | None = None
+
+
+def train(
+    cfg: TrainConfig, writer, workdir: Path,
+    on_step: Callable[[Progress], None] | None = None,
+) -> str:
+    """Run (or resume from `workdir`) one GRPO training; returns 'completed' or 'diverged'.
+
+    `writer` is a MetricWriter (only rank 0's is used; other ranks may pass None).
+    """
+    from trainer.rewards import load_reward
+    from trainer.rollout import make_engine
+    from trainer.rollout.hf import NonFiniteLogits
+
+    workdir = Path(workdir)
+    dist = setup_dist()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    for i, ph in enumerate(cfg.phases or [cfg.phase_at(0)[1]]):
+        if ph.prompts_per_batch % dist.world:
+            raise ConfigError(f"phases[{i}].prompts_per_batch = {ph.prompts_per_batch} is not "
+                              f"divisible by the {dist.world} data-parallel processes")
+    log = writer.log if (writer is not None and dist.rank == 0) else (lambda *a, **k: None)
+
+    # --- model, reference, optimizer, data, rewards --------------------------------------
+    torch.manual_seed(cfg.seed * 7919 + dist.rank)
+    data_rng = np.random.default_rng([cfg.seed, dist.rank])
+    model_path, tok, model = load_model(cfg)
+    model.train()
+    theta0 = M.flat_params(model)
+    need_ref = cfg.kl_coef > 0 or cfg.kl_init_every > 0
+    ref = None
+    if need_ref:
+        import copy
+
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                            eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay)
+    source, held = load_data(cfg)
+    reward_fn = load_reward(cfg.reward)
+    engine = make_engine(cfg, model, tok, model_path)
+    step, samples = 0, 0
+
+    # --- resume ----------------------------------------------------------------------------
+    ckpt = checkpoint.latest(workdir)
+    if ckpt is not None:
+        main, rng = checkpoint.load(ckpt, dist.rank)
+        model.load_state_dict(main["model"])
+        opt.load_state_dict(main["optimizer"])
+        step, samples = main["step"], main["samples"]
+        source.load_state(main["data"][dist.rank])
+        checkpoint.restore_rng(rng, data_rng)
+        engine.sync(model)
+
+    def save() -> None:
+        states = [None] * dist.world
+        if dist.world > 1:
+            torch.distributed.all_gather_object(states, source.state())
+        else:
+            states = [source.state()]
+        main = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                "samples": samples, "data": states} if dist.rank == 0 else None
+        if writer is not None and dist.rank == 0:
+            writer.flush()  # metrics never lag the checkpoint
+        checkpoint.save(workdir, step, dist.rank, main, checkpoint.rng_state(data_rng), dist.barrier)
+
+    try:
+        if step == 0 and cfg.eval_every_samples > 0 and dist.rank == 0:
+            log(0, 0, {"eval_accuracy": evaluate(engine, reward_fn, held, cfg, tok, 0)})
+        while samples < cfg.sample_budget:
+            phase_index, phase = cfg.phase_at(samples)
+            for group in opt.param_groups:
+                group["lr"] = phase.lr
+            g = cfg.group_size
+            local_prompts = phase.prompts_per_batch // dist.world
+            t0 = time.perf_counter()
+            step += 1
+
+            # --- 1. rollouts -------------------------------------------------------------
+            problems = source.sample(data_rng, local_prompts)
+            expanded = [p for p in problems for _ in range(g)]
+            roll, bad = None, 0.0
+            try:
+                roll = engine.generate([prompt_text(p, cfg, tok) for p in expanded])
+            except NonFiniteLogits:
+                bad = 1.0
+            if dist.sum([bad])[0] > 0:  # every rank stops together
+                raise Diverged("non-finite sampling distribution")
+            t_gen = time.perf_counter() - t0
+
+            # --- 2. rewards and advantages ----------------------------------------------
+            rewards = torch.tensor(reward_fn(roll.texts, expanded), dtype=torch.float32)
+            t_reward = time.perf_counter() - t0 - t_gen
+            n_local = len(expanded)
+            r_sum, r_sq, n_all = dist.sum([float(rewards.sum()), float((rewards.double() ** 2).sum()),
+                                           n_local])
+            r_mean = r_sum / n_all
+            r_std = math.sqrt(max(r_sq / n_all - r_mean**2, 0.0) * n_all / max(n_all - 1, 1))
+            adv = grpo.group_advantages(rewards, g, cfg.advantage_scaling, batch_std=r_std)
+
+            # --- 3. log-probs the update and the metrics need ------------------------------
+            kl_due = cfg.kl_init_every > 0 and step % cfg.kl_init_every == 0
+            old_logp, entropy = no_grad_logprobs(model, roll, cfg, with_entropy=True)
+            ref_logp = None
+            if ref is not None and (kl_due or cfg.kl_coef > 0):
+                ref_logp, _ = no_grad_logprobs(ref, roll, cfg, with_entropy=False)
+
+            # --- 4. the update --------------------------------------------------------------
+            t1 = time.perf_counter()
+            st = update(model, opt, roll, adv, old_logp, ref_logp, cfg, phase, dist)
+            engine.sync(model)
+            t_update = time.perf_counter() - t1
+            samples += local_prompts * g * dist.world
+
+            # --- 5. metrics (pooled over ranks; rank 0 writes) ---------------------------------
+            cm = roll.completion_mask.float()
+            lens = cm.sum(1)
+            zero = grpo.zero_std_groups(rewards, g)
+            ent_s, tokens = M.masked_mean(entropy, cm)
+            kl_s = M.masked_mean(M.kl_to_init(old_logp, ref_logp), cm)[0] if kl_due else 0.0
+            pooled = dist.sum([
+                float((rewards >= 1.0).sum()), float(zero.sum()), float(zero.numel()), ent_s,
+                tokens, kl_s, float(roll.truncated.sum()), st.loss, st.clip_low, st.clip_high,
+                st.clip_tokens, st.kl_old_new, st.trained_tokens,
+            ])
+            (hits, zero_n, groups, ent_s, tokens, kl_s, trunc, loss, c_low, c_high, c_tok,
+             kl_on, tr_tok) = pooled
+            elapsed = time.perf_counter() - t0
+            d_abs, d_rel = M.drift(model, theta0)
+            ups = cfg.updates_per_batch
+            values = {
+                "reward_mean": r_mean, "reward_std": r_std, "accuracy": hits / n_all,
+                "zero_std_frac": zero_n / groups, "entropy": ent_s / tokens,
+                "drift_abs": d_abs, "drift_rel": d_rel,
+                "grad_norm": sum(st.grad_norms) / len(st.grad_norms),
+                "grad_sq_micro": st.grad_sq_micro, "grad_sq_full": st.grad_sq_full,
+                "grad_micro_size": st.micro_size, "grad_full_size": st.full_size,
+                "lr": phase.lr, "batch_samples": n_all, "prompts": n_all // g,
+                "phase": phase_index, "loss": loss / ups,
+                "clip_frac": (c_low + c_high) / max(c_tok, 1), "clip_frac_low": c_low / max(c_tok, 1),
+                "clip_frac_high": c_high / max(c_tok, 1),
+                "approx_kl": kl_on / max(tr_tok, 1),
+                "resp_len_mean": tokens / n_all, "resp_len_max": dist.max(float(lens.max())),
+                "truncated_frac": trunc / n_all, "time_gen_s": t_gen, "time_reward_s": t_reward,
+                "time_update_s": t_update, "tokens_per_s": tokens / elapsed, "nonfinite": 0.0,
+            }
+            if kl_due:
+                values["kl_init"] = kl_s / tokens
+            crossed = cfg.eval_every_samples > 0 and (
+                samples // cfg.eval_every_samples > (samples - n_all) // cfg.eval_every_samples
+                or samples >= cfg.sample_budget)
+            eval_acc = None
+            if crossed and dist.rank == 0:
+                eval_acc = values["eval_accuracy"] = evaluate(engine, reward_fn, held, cfg, tok, step)
+            log(step, samples, values)
+            if writer is not None and dist.rank == 0:
+                writer.flush()
+            if on_step is not None and dist.rank == 0:
+                on_step(Progress(step, samples, cfg.sample_budget, r_mean, hits / n_all, eval_acc))
+
+            # --- 6. checkpoint -----------------------------------------------------------------
+            every = cfg.checkpoint_every_steps
+            if (every and step % every == 0) or samples >= cfg.sample_budget:
+                save()
+        return "completed"
+    except Diverged:
+        log(step, samples, {"nonfinite": 1.0})
+        if writer is not None and dist.rank == 0:
+            writer.flush()
+        return "diverged"
+    finally:
+        close = getattr(reward_fn, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,56 @@
+"""Training diagnostics: token entropy, KL to the initial policy, parameter drift, gradient terms.
+
+All are computed from tensors the loop already has; none changes the model or any RNG.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.grpo import k3
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """(sum, count) of `x` over `mask`, so ranks and micro-batches can be pooled exactly."""
+    m = mask.to(x.dtype)
+    return float((x * m).sum()), float(m.sum())
+
+
+def token_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy of each next-token distribution, from full log-probs [..., V]."""
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+def kl_to_init(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi_theta || pi_init) on tokens sampled from pi_theta."""
+    return k3(logp, ref_logp)
+
+
+def flat_params(model) -> torch.Tensor:
+    """All trainable parameters as one detached fp32 vector (drift needs theta and theta_0)."""
+    return torch.cat([p.detach().float().reshape(-1) for p in model.parameters() if p.requires_grad])
+
+
+def drift(model, theta0: torch.Tensor) -> tuple[float, float]:
+    """(||theta - theta_0||_2, the same divided by ||theta_0||_2)."""
+    d = float(torch.linalg.vector_norm(flat_params(model) - theta0))
+    return d, d / max(float(torch.linalg.vector_norm(theta0)), 1e-12)
+
+
+def grad_sq_norm(model) -> float:
+    """Squared L2 norm of the accumulated gradient (missing grads count as zero)."""
+    total = 0.0
+    for p in model.parameters():
+        if p.grad is not None:
+            total += float(p.grad.detach().float().pow(2).sum())
+    return total
+
+
+def gradient_noise_scale(sq_micro: float, b: float, sq_full: float, big: float) -> float:
+    """B_simple = tr(S)/|G|^2 from one pair of gradient terms (McCandlish et al. 2018, app. A).
+
+    Noisy from a single step: average both unbiased estimates over steps before dividing.
+    """
+    g2 = (big * sq_full - b * sq_micro) / (big - b)
+    tr_s = (sq_micro - sq_full) / (1 / b - 1 / big)
+    return tr_s / g2 if g2 > 0 else float("inf")
