@@ -55,6 +55,9 @@ def _register() -> None:
 
     app.add_typer(db.app, name="db")
     app.add_typer(runs.app, name="runs")
+    from twoclocks_cli.commands import ingest
+
+    app.command("ingest")(ingest.ingest)
 
 
 _register()

@@ -1,0 +1,74 @@
+"""`twoclocks ingest`: import TRL, verl, CSV or JSONL training logs as completed runs of a sweep."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from twoclocks_cli.options import DbOption, JsonOption
+
+FORMAT_HELP = (
+    "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line)."
+)
+
+
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Log files (or TRL checkpoint folders).")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)],
+    sweep: Annotated[str, typer.Option(
+        "--sweep", help="Sweep the runs join (created when missing).")] = "imported",
+    batch_prompts: Annotated[int | None, typer.Option(
+        "--batch-prompts", help="Prompts per step, when the log does not state it.")] = None,
+    group_size: Annotated[int | None, typer.Option(
+        "--group-size", help="Completions per prompt, when the log does not state it.")] = None,
+    lr: Annotated[float | None, typer.Option(
+        "--lr", help="The run's learning rate, when the log does not state it.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="The run's seed.")] = None,
+    column_map: Annotated[list[str] | None, typer.Option(
+        "--map", help="STORE_KEY=COLUMN pairs, comma-separated or repeated "
+        "(e.g. step=global_step,reward_mean=rew); overrides the built-in names.")] = None,
+    skip_bad: Annotated[bool, typer.Option(
+        "--skip-bad", help="Skip malformed lines (listed) instead of refusing the file.")] = False,
+    max_bytes: Annotated[int, typer.Option(
+        "--max-bytes", help="Refuse files larger than this many bytes.")] = 512 * 1024 * 1024,
+    identity: Annotated[str, typer.Option(
+        "--identity", help="A run is the same run when its file has the same 'content' "
+        "(default) or the same 'path' (for a log that is still growing).")] = "content",
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Import training logs as completed runs, one per file; re-importing changes nothing."""
+    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.ingest import FORMATS, IngestOptions, ingest_files, parse_map
+    from twoclocks_cli.store import Store
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: allowed are {', '.join(FORMATS)}")
+    if max_bytes < 1:
+        raise ConfigError(f"--max-bytes {max_bytes}: must be positive")
+    opts = IngestOptions(
+        fmt=fmt, sweep=sweep, batch_prompts=batch_prompts, group_size=group_size, lr=lr,
+        seed=seed, column_map=parse_map(column_map or []), skip_bad=skip_bad,
+        max_bytes=max_bytes, identity=identity,
+    )
+    store = Store.open(db)
+    results = ingest_files(store, paths, opts)
+    if as_json:
+        typer.echo(json.dumps([r.to_json() for r in results], indent=2))
+        return
+    for r in results:
+        batch = f"{r.batch_prompts}x{r.group_size}={r.batch_samples}" if r.batch_samples else "-"
+        lr_txt = f"{r.lr:.3g}" if r.lr is not None else "-"
+        typer.echo(f"{r.path}: run {r.run_id} in sweep "
+                   f"{r.sweep!r} {r.action}: {r.steps} steps, {r.rows} values, batch {batch}, "
+                   f"lr {lr_txt}")
+        for line, why in r.skipped_lines:
+            typer.echo(f"  skipped line {line}: {why}")
+        if r.duplicates:
+            typer.echo(f"  {r.duplicates} values logged twice for one step; the last one kept")
+        if r.unmapped:
+            shown = ", ".join(r.unmapped[:8]) + (" ..." if len(r.unmapped) > 8 else "")
+            typer.echo(f"  not imported ({len(r.unmapped)} keys with no store name): {shown}")
+        for note in r.notes:
+            typer.echo(f"  note: {note}")

@@ -1,0 +1,124 @@
+"""What every foreign-format parser shares: the options, the parsed log, safe reading, numbers.
+
+Parsers only read text (json / csv / plain lines); nothing is executed or unpickled. A file over
+`max_bytes` is refused before it is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from twoclocks_cli.errors import ConfigError
+
+FORMATS = ("trl", "verl", "csv", "jsonl")
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """How to import: one value per CLI option of `twoclocks ingest`."""
+
+    fmt: str  # one of FORMATS
+    sweep: str = "imported"  # sweep the runs join (created when missing)
+    batch_prompts: int | None = None  # prompts per step, when the log does not state it
+    group_size: int | None = None  # completions per prompt, when the log does not state it
+    lr: float | None = None  # the run's lr column, when the log does not state it
+    seed: int | None = None  # the run's seed column (logs rarely state it)
+    column_map: dict[str, str] = field(default_factory=dict)  # store key -> source column
+    skip_bad: bool = False  # skip malformed lines instead of refusing the file
+    max_bytes: int = DEFAULT_MAX_BYTES  # refuse larger files before reading them
+    identity: str = "content"  # a run is identified by file "content" hash or by "path"
+
+
+@dataclass
+class ParsedLog:
+    """One file translated into store names: per-step values plus what the log says about itself."""
+
+    path: Path
+    fmt: str
+    sha256: str
+    size: int
+    steps: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> store key -> value
+    samples: dict[int, int] = field(default_factory=dict)  # step -> samples, when logged
+    params: dict[str, float | int] = field(default_factory=dict)  # batch_prompts/group_size/lr
+    params_from: dict[str, str] = field(default_factory=dict)  # param -> where it came from
+    sources: dict[str, str] = field(default_factory=dict)  # store key -> source key used
+    unmapped: set[str] = field(default_factory=set)  # numeric source keys with no store name
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (line number, why)
+    duplicates: int = 0  # (step, key) values logged more than once; the last one wins
+
+    def put(self, step: int, values: dict[str, float]) -> None:
+        """Merge `values` into `step`, counting keys that were already there."""
+        row = self.steps.setdefault(step, {})
+        self.duplicates += sum(1 for k in values if k in row)
+        row.update(values)
+
+    def bad(self, line: int, why: str) -> None:
+        self.bad_lines.append((line, why))
+
+
+def read_bytes(path: Path, max_bytes: int) -> bytes:
+    """The file's bytes, refusing missing files, directories and files over `max_bytes`."""
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a regular file")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ConfigError(
+            f"{path}: {size:,} bytes is over the size limit of {max_bytes:,} bytes "
+            f"(raise it with --max-bytes)"
+        )
+    data = path.read_bytes()
+    if len(data) > max_bytes:  # grew while we looked
+        raise ConfigError(f"{path}: over the size limit of {max_bytes:,} bytes")
+    return data
+
+
+def new_log(path: Path, fmt: str, data: bytes) -> ParsedLog:
+    return ParsedLog(path=path, fmt=fmt, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def decode_text(path: Path, data: bytes) -> str:
+    """UTF-8 text (a BOM is dropped); undecodable bytes are an error naming the offset."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {exc.start})") from None
+
+
+def to_number(value) -> float:
+    """A logged value as a float: numbers, numeric strings ('nan', 'inf' included).
+
+    Raises ValueError for anything else (lists, dicts, words).
+    """
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return float(value.strip())
+    raise ValueError(f"not a number: {value!r}")
+
+
+def to_step(value) -> int:
+    """A step index: a non-negative integer (12, 12.0 or '12'); ValueError otherwise."""
+    v = to_number(value)
+    if not math.isfinite(v) or v < 0 or v != int(v):
+        raise ValueError(f"step must be a non-negative integer, got {value!r}")
+    return int(v)
+
+
+def require_clean(log: ParsedLog, skip_bad: bool) -> None:
+    """Refuse a file with malformed lines (naming the first) unless --skip-bad was given."""
+    if log.bad_lines and not skip_bad:
+        line, why = log.bad_lines[0]
+        more = len(log.bad_lines) - 1
+        extra = f" (and {more} more bad line{'s' if more != 1 else ''})" if more else ""
+        raise ConfigError(
+            f"{log.path}:{line}: {why}{extra}; nothing was written (--skip-bad imports the rest)"
+        )

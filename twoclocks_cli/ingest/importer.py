@@ -1,0 +1,207 @@
+"""Turn parsed foreign logs into store runs: one completed Run per file, metrics upserted.
+
+Every file is parsed and checked before anything is written, so a bad file leaves the store as it
+was. A run's identity is a hash of the format and the file's content (or its resolved path, with
+`identity="path"`) within its sweep: importing the same file again finds the same run, and since
+metrics upsert on (run, step, key), nothing changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.ingest import base, tabular, trl, verl
+from twoclocks_cli.ingest.base import IngestOptions, ParsedLog
+
+PARSERS = {"trl": trl.parse, "verl": verl.parse, "csv": tabular.parse, "jsonl": tabular.parse}
+
+
+@dataclass
+class IngestResult:
+    """What one file became (the --json schema of `twoclocks ingest`, one object per file)."""
+
+    path: str
+    format: str
+    sweep: str
+    run_id: int
+    action: str  # created | updated | unchanged
+    steps: int
+    rows: int
+    batch_prompts: int | None
+    group_size: int | None
+    batch_samples: int | None
+    lr: float | None
+    seed: int | None
+    params_from: dict[str, str]
+    sources: dict[str, str]
+    unmapped: list[str]
+    skipped_lines: list[list]
+    duplicates: int
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Plan:
+    """A parsed file with its resolved run columns and per-step samples, ready to write."""
+
+    log: ParsedLog
+    cell_id: str
+    columns: dict
+    config: dict
+    samples: dict[int, int]
+    notes: list[str]
+
+
+def parse_file(path: Path, opts: IngestOptions) -> ParsedLog:
+    if opts.fmt not in PARSERS:
+        raise ConfigError(f"--format {opts.fmt!r}: allowed are {', '.join(base.FORMATS)}")
+    log = PARSERS[opts.fmt](Path(path), opts)
+    base.require_clean(log, opts.skip_bad)
+    if not any(log.steps.values()):
+        seen = ", ".join(sorted(log.unmapped)[:20]) or "none"
+        raise ConfigError(
+            f"{log.path}: no metric this tool knows was found (numeric keys seen: {seen}); "
+            f"name them with --map STORE_KEY=COLUMN"
+        )
+    return log
+
+
+def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
+    """Run columns (options override the log) and the samples axis (logged, else step × P×G)."""
+    params, origin, notes = dict(log.params), dict(log.params_from), []
+    for name in ("batch_prompts", "group_size", "lr", "seed"):
+        given = getattr(opts, name)
+        if given is None:
+            continue
+        if name in params and params[name] != given:
+            notes.append(f"--{name.replace('_', '-')} {given} overrides {params[name]} "
+                         f"from the {origin[name]}")
+        params[name], origin[name] = given, "option"
+    p, g = params.get("batch_prompts"), params.get("group_size")
+    for name, v in (("batch_prompts", p), ("group_size", g)):
+        if v is not None and (int(v) != v or v < 1):
+            raise ConfigError(f"{log.path}: {name} = {v!r} must be a positive integer")
+    batch = int(p) * int(g) if p is not None and g is not None else None
+    samples = dict(log.samples)
+    missing = [s for s in log.steps if s not in samples]
+    if missing and batch is None:
+        need = [f"--{n}" for n, v in (("batch-prompts", p), ("group-size", g)) if v is None]
+        raise ConfigError(
+            f"{log.path}: samples are not logged and the batch size is unknown; pass "
+            f"{' and '.join(need)} (samples = step × prompts × group size)"
+        )
+    for s in missing:
+        samples[s] = s * batch
+    digest = hashlib.sha256(log.fmt.encode() + b"\0")
+    if opts.identity == "path":
+        digest.update(str(log.path.resolve()).encode())
+    elif opts.identity == "content":
+        digest.update(log.sha256.encode())
+    else:
+        raise ConfigError(f"--identity {opts.identity!r}: allowed are content, path")
+    columns = {
+        "batch_prompts": int(p) if p is not None else None,
+        "group_size": int(g) if g is not None else None,
+        "batch_samples": batch,
+        "lr": float(params["lr"]) if params.get("lr") is not None else None,
+        "seed": int(params["seed"]) if params.get("seed") is not None else None,
+    }
+    config = {
+        "prompts_per_batch": columns["batch_prompts"],
+        "group_size": columns["group_size"],
+        "lr": columns["lr"],
+        "seed": columns["seed"],
+        "ingest": {
+            "format": log.fmt, "path": str(log.path.resolve()), "sha256": log.sha256,
+            "bytes": log.size, "identity": opts.identity, "params_from": origin,
+            "sources": log.sources, "map": opts.column_map,
+            "skipped_lines": [line for line, _ in log.bad_lines],
+        },
+    }
+    return _Plan(log, digest.hexdigest()[:32], columns, config, samples, notes)
+
+
+def _run_name(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"[-200:] if path.parent.name else path.name[-200:]
+
+
+def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str) -> tuple[int, str]:
+    """Find or create the sweep and the run; returns (run id, created|updated|unchanged)."""
+    from sqlalchemy import delete, select
+
+    from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep
+
+    with store.session() as s:
+        sweep = s.scalar(select(Sweep).where(Sweep.name == sweep_name))
+        if sweep is None:
+            sweep = Sweep(name=sweep_name, backend=fmt, config={"ingested": True})
+            s.add(sweep)
+            s.flush()
+        elif sweep.backend not in base.FORMATS:
+            raise ConfigError(
+                f"sweep {sweep_name!r} holds {sweep.backend} runs made by twoclocks; "
+                f"import into another sweep (--sweep NAME)"
+            )
+        run = s.scalar(select(Run).where(Run.sweep_id == sweep.id, Run.cell_id == plan.cell_id))
+        if run is None:
+            run = Run(sweep_id=sweep.id, cell_id=plan.cell_id, name=_run_name(plan.log.path),
+                      backend=fmt, config=plan.config, status=RunStatus.planned.value,
+                      **plan.columns)
+            s.add(run)
+            s.flush()
+            return run.id, "created"
+        if run.config == plan.config and all(
+            getattr(run, k) == v for k, v in plan.columns.items()
+        ) and run.status == RunStatus.completed.value:
+            return run.id, "unchanged"
+        run.config = plan.config
+        for k, v in plan.columns.items():
+            setattr(run, k, v)
+        s.execute(delete(Metric).where(Metric.run_id == run.id))  # mapping may have changed
+        return run.id, "updated"
+
+
+def _write(store, run_id: int, plan: _Plan) -> int:
+    rows = sum(len(v) for v in plan.log.steps.values())
+    with store.metric_writer(run_id, batch_rows=max(rows + 1, 10_000)) as writer:
+        for step in sorted(plan.log.steps):
+            if plan.log.steps[step]:
+                writer.log(step, plan.samples[step], plan.log.steps[step])
+    return rows
+
+
+def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestResult]:
+    """Parse every file (refusing the lot if one is bad), then write one run per file."""
+    from twoclocks_cli.store.models import RunStatus
+
+    plans = [_resolve(parse_file(Path(p), opts), opts) for p in paths]
+    results: list[IngestResult] = []
+    seen: dict[str, IngestResult] = {}
+    for plan in plans:
+        log = plan.log
+        if plan.cell_id in seen:
+            seen[plan.cell_id].notes.append(f"{log.path} is the same run; imported once")
+            continue
+        run_id, action = _upsert_run(store, plan, opts.sweep, opts.fmt)
+        try:
+            rows = _write(store, run_id, plan)
+        except Exception as exc:
+            store.set_status(run_id, RunStatus.failed, message="ingest failed", error=str(exc))
+            raise
+        if action != "unchanged":
+            store.set_status(run_id, RunStatus.completed, message=f"ingested {log.path}")
+        results.append(IngestResult(
+            path=str(log.path), format=log.fmt, sweep=opts.sweep, run_id=run_id, action=action,
+            steps=len(log.steps), rows=rows, params_from=plan.config["ingest"]["params_from"],
+            sources=dict(log.sources), unmapped=sorted(log.unmapped),
+            skipped_lines=[[line, why] for line, why in log.bad_lines],
+            duplicates=log.duplicates, notes=plan.notes, **plan.columns,
+        ))
+        seen[plan.cell_id] = results[-1]
+    return results

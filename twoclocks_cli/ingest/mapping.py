@@ -1,0 +1,114 @@
+"""Foreign metric names → the store's metric names, for TRL, verl and generic tables.
+
+Each store key lists the source keys that mean it, newest naming first; the first one present in a
+file wins for the whole file (so a file never mixes two sources for one key). Names that depend on
+the user's reward functions or data sources (TRL `rewards/<fn>/mean`, verl
+`val-core/<source>/reward/mean@N`) are resolved by the format modules and added as explicit picks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from twoclocks_cli.errors import ConfigError
+
+TRL_KEYS: dict[str, tuple[str, ...]] = {
+    "reward_mean": ("reward",),
+    "reward_std": ("reward_std",),
+    "zero_std_frac": ("frac_reward_zero_std",),
+    "entropy": ("entropy",),
+    "kl_init": ("kl",),  # TRL's reference model is the initial policy
+    "clip_frac": ("clip_ratio/region_mean", "clip_ratio"),
+    "clip_frac_low": ("clip_ratio/low_mean",),
+    "clip_frac_high": ("clip_ratio/high_mean",),
+    "resp_len_mean": ("completions/mean_length", "completion_length"),
+    "resp_len_max": ("completions/max_length",),
+    "truncated_frac": ("completions/clipped_ratio",),
+    "grad_norm": ("grad_norm",),
+    "loss": ("loss",),
+    "lr": ("learning_rate",),
+}
+
+VERL_KEYS: dict[str, tuple[str, ...]] = {
+    "reward_mean": ("critic/score/mean",),
+    "entropy": ("actor/entropy", "actor/entropy_loss"),
+    "kl_init": ("actor/kl_loss",),  # verl's reference policy is the initial one
+    "approx_kl": ("actor/ppo_kl",),
+    "clip_frac": ("actor/pg_clipfrac",),
+    "grad_norm": ("actor/grad_norm",),
+    "loss": ("actor/pg_loss",),
+    "lr": ("actor/lr",),
+    "resp_len_mean": ("response_length/mean",),
+    "resp_len_max": ("response_length/max",),
+    "truncated_frac": ("response_length/clip_ratio",),
+    "time_gen_s": ("timing_s/gen", "timing/gen"),
+    "time_reward_s": ("timing_s/reward", "timing/reward"),
+    "time_update_s": ("timing_s/update_actor", "timing/update_actor"),
+    "tokens_per_s": ("perf/throughput",),
+}
+
+# Every metric name a backend writes (common brief); tables may use them directly.
+STORE_KEYS = (
+    "reward_mean", "reward_std", "accuracy", "eval_accuracy", "entropy", "kl_init", "drift_abs",
+    "drift_rel", "grad_norm", "grad_sq_micro", "grad_sq_full", "grad_micro_size",
+    "grad_full_size", "lr", "batch_samples", "prompts", "phase", "clip_frac", "clip_frac_low",
+    "clip_frac_high", "approx_kl", "zero_std_frac", "resp_len_mean", "resp_len_max",
+    "truncated_frac", "time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s", "loss",
+    "nonfinite",
+)
+
+# Columns a table may use for its x axes (besides what --map names).
+STEP_COLUMNS = ("step", "global_step", "_step", "trainer/global_step", "training/global_step")
+SAMPLES_COLUMN = "samples"
+AXES = ("step", "samples")
+
+
+def parse_map(items: Iterable[str]) -> dict[str, str]:
+    """`--map step=global_step,reward_mean=rew` (repeatable) → {store key: source column}."""
+    out: dict[str, str] = {}
+    for item in items:
+        for pair in item.split(","):
+            pair = pair.strip()
+            if not pair:
+                continue
+            target, sep, source = pair.partition("=")
+            target, source = target.strip(), source.strip()
+            if not sep or not target or not source:
+                raise ConfigError(f"--map {pair!r}: expected STORE_KEY=SOURCE_COLUMN")
+            if target not in STORE_KEYS and target not in AXES:
+                allowed = ", ".join(AXES + STORE_KEYS)
+                raise ConfigError(
+                    f"--map {pair!r}: unknown store key {target!r} (allowed: {allowed})"
+                )
+            out[target] = source
+    return out
+
+
+def choose_sources(
+    present: Iterable[str], table: Mapping[str, tuple[str, ...]], explicit: Mapping[str, str]
+) -> dict[str, str]:
+    """For each store key, the one source key to read in this file: explicit, else first present."""
+    have = set(present)
+    picks = {k: v for k, v in explicit.items() if k not in AXES}
+    for target, candidates in table.items():
+        if target in picks:
+            continue
+        for cand in candidates:
+            if cand in have:
+                picks[target] = cand
+                break
+    return picks
+
+
+def apply(record: Mapping[str, float], picks: Mapping[str, str]) -> dict[str, float]:
+    """One record (source key → number) in store names; adds `nonfinite` when loss/grad blew up."""
+    out = {target: record[src] for target, src in picks.items() if src in record}
+    if any(not math.isfinite(out[k]) for k in ("loss", "grad_norm") if k in out):
+        out["nonfinite"] = 1.0
+    return out
+
+
+def unmapped(present: Iterable[str], picks: Mapping[str, str], ignore: Iterable[str] = ()) -> set:
+    used = set(picks.values()) | set(ignore)
+    return {k for k in present if k not in used}

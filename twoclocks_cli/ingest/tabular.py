@@ -1,0 +1,145 @@
+"""Generic tables: CSV with a header row, or JSON Lines (one object per line).
+
+Columns are matched to store keys by `--map KEY=COLUMN`, else by the store's own names, else by
+the TRL and verl names in `mapping`. The step column is `--map step=...` or the first of
+`mapping.STEP_COLUMNS`; a `samples` column (or `--map samples=...`) gives the samples axis,
+otherwise it is derived from the batch size. Empty cells and nulls are missing values.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.ingest import mapping
+from twoclocks_cli.ingest.base import (
+    IngestOptions,
+    ParsedLog,
+    decode_text,
+    new_log,
+    read_bytes,
+    to_number,
+    to_step,
+)
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    key: (key,) + mapping.TRL_KEYS.get(key, ()) + mapping.VERL_KEYS.get(key, ())
+    for key in mapping.STORE_KEYS
+}
+
+Row = tuple[int, dict]  # (line number, column -> raw value)
+
+
+def _csv_rows(log: ParsedLog, text: str) -> tuple[list[Row], list[str]]:
+    reader = csv.reader(text.splitlines(keepends=True))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise ConfigError(f"{log.path}: empty file, expected a CSV header row") from None
+    except csv.Error as exc:
+        raise ConfigError(f"{log.path}:1: unreadable CSV header ({exc})") from None
+    header = [h.strip() for h in header]
+    rows: list[Row] = []
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            log.bad(reader.line_num, f"unreadable CSV row ({exc})")
+            continue
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if len(cells) != len(header):
+            log.bad(reader.line_num, f"expected {len(header)} fields, got {len(cells)}")
+            continue
+        rows.append((reader.line_num, dict(zip(header, cells, strict=True))))
+    return rows, header
+
+
+def _jsonl_rows(log: ParsedLog, text: str) -> tuple[list[Row], list[str]]:
+    rows: list[Row] = []
+    columns: dict[str, None] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            log.bad(number, f"invalid JSON ({exc.msg}, column {exc.colno})")
+            continue
+        except RecursionError:
+            log.bad(number, "JSON nested too deeply")
+            continue
+        if not isinstance(record, dict):
+            log.bad(number, f"expected a JSON object, got {type(record).__name__}")
+            continue
+        columns.update(dict.fromkeys(record))
+        rows.append((number, record))
+    return rows, list(columns)
+
+
+def _missing(raw) -> bool:
+    return raw is None or (isinstance(raw, str) and raw.strip() == "")
+
+
+def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: IngestOptions) -> None:
+    """Rows of raw cells → per-step store values, marking bad lines."""
+    explicit = opts.column_map
+    absent = [f"{k}={v}" for k, v in explicit.items() if v not in columns]
+    if absent:
+        raise ConfigError(
+            f"{log.path}: --map {', '.join(absent)}: no such column "
+            f"(columns: {', '.join(columns[:30])})"
+        )
+    step_col = explicit.get("step") or next((c for c in mapping.STEP_COLUMNS if c in columns), None)
+    if step_col is None:
+        raise ConfigError(
+            f"{log.path}: no step column (looked for {', '.join(mapping.STEP_COLUMNS)}; "
+            f"columns: {', '.join(columns[:30])}); name it with --map step=COLUMN"
+        )
+    samples_col = explicit.get("samples") or (
+        mapping.SAMPLES_COLUMN if mapping.SAMPLES_COLUMN in columns else None
+    )
+    picks = mapping.choose_sources(
+        [c for c in columns if c not in (step_col, samples_col)], ALIASES, explicit
+    )
+    for number, record in rows:
+        try:
+            step = to_step(record.get(step_col))
+        except (ValueError, TypeError):
+            log.bad(number, f"{step_col!r} is {record.get(step_col)!r}, not a step number")
+            continue
+        values, bad = {}, None
+        for col in picks.values():
+            raw = record.get(col)
+            if _missing(raw):
+                continue
+            try:
+                values[col] = to_number(raw)
+            except (ValueError, TypeError):
+                bad = f"column {col!r} is {raw!r}, not a number"
+                break
+        if bad is None and samples_col and not _missing(record.get(samples_col)):
+            try:
+                log.samples[step] = to_step(record[samples_col])
+            except (ValueError, TypeError):
+                bad = f"column {samples_col!r} is {record[samples_col]!r}, not a sample count"
+        if bad:
+            log.bad(number, bad)
+            continue
+        log.put(step, mapping.apply(values, picks))
+    log.sources = {**picks, "step": step_col, **({"samples": samples_col} if samples_col else {})}
+    log.unmapped = mapping.unmapped(columns, picks, ignore=(step_col, samples_col or ""))
+
+
+def parse(path: Path, opts: IngestOptions) -> ParsedLog:
+    """Read a CSV (fmt 'csv') or JSON Lines (fmt 'jsonl') file into a ParsedLog."""
+    data = read_bytes(path, opts.max_bytes)
+    log = new_log(path, opts.fmt, data)
+    text = decode_text(path, data)
+    rows, columns = (_csv_rows if opts.fmt == "csv" else _jsonl_rows)(log, text)
+    _translate(log, rows, columns, opts)
+    return log
