@@ -58,6 +58,9 @@ def _register() -> None:
     from twoclocks_cli.commands import ingest
 
     app.command("ingest")(ingest.ingest)
+    from twoclocks_cli.commands import report
+
+    app.command("report")(report.report)
     from twoclocks_cli.commands import train
 
     app.command("train")(train.train)
