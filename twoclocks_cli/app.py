@@ -64,6 +64,11 @@ def _register() -> None:
     from twoclocks_cli.commands import train
 
     app.command("train")(train.train)
+    from twoclocks_cli.commands import analyze, schedule, theory
+
+    app.command("analyze")(analyze.analyze)
+    app.command("schedule")(schedule.schedule)
+    app.command("theory")(theory.theory)
 
 
 _register()

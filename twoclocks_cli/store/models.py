@@ -139,3 +139,16 @@ class RunEvent(Base):
     from_status: Mapped[str | None] = mapped_column(String(16))
     to_status: Mapped[str] = mapped_column(String(16))
     message: Mapped[str | None] = mapped_column(Text)
+
+
+class Analysis(Base):
+    """A stored `twoclocks analyze` result (options and result JSON), reused by schedule/report."""
+
+    __tablename__ = "analyses"
+    __table_args__ = (Index("ix_analyses_sweep_created", "sweep_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    options: Mapped[dict] = mapped_column(JSON, default=dict)
+    result: Mapped[dict] = mapped_column(JSON, default=dict)

@@ -1,0 +1,50 @@
+"""Aggregation with censoring, the McCandlish fit, the noise-scale estimator, the slope test."""
+
+import numpy as np
+
+from twoclocks_cli.clocks.stats import aggregate, mccandlish, noise_scale, slope_test
+
+
+def test_aggregate_censoring_and_one_seed():
+    rng = np.random.default_rng(0)
+    a = aggregate([100.0, 120.0, None], [500.0], rng)
+    assert a.median == 120.0 and a.n_censored == 1 and a.lower_bound == 500.0
+    b = aggregate([None, None, 100.0], [400.0, 500.0], rng)
+    assert b.median is None and b.lower_bound == 400.0  # never averaged as a crossing
+    c = aggregate([42.0], [], rng)
+    assert c.median == 42.0 and c.low is None and "one seed" in c.note
+
+
+def test_mccandlish_recovers_exact_line_and_refuses_one_batch():
+    rng = np.random.default_rng(0)
+    e_min, s_min = 2000.0, 40.0
+    data = {b: [e_min + s_min * b * f for f in (0.97, 1.0, 1.03)] for b in (8, 16, 32, 64, 128)}
+    fit = mccandlish(data, rng, reps=200)
+    assert abs(fit["b_crit"] - e_min / s_min) / (e_min / s_min) < 0.05
+    assert fit["low"] <= fit["b_crit"] <= fit["high"]
+    one = mccandlish({16: [1.0, 2.0]}, rng)
+    assert one["b_crit"] is None and "no fit possible" in one["note"]
+
+
+def test_noise_scale_estimator_is_unbiased_on_a_known_gradient():
+    rng = np.random.default_rng(1)
+    d, sigma, b, bb = 50, 2.0, 8, 64
+    g = np.full(d, 0.1)
+    micro, full = [], []
+    for _ in range(4000):
+        zb = rng.normal(0, sigma / np.sqrt(b), d)
+        zr = rng.normal(0, sigma / np.sqrt(bb - b), d)
+        micro.append(np.sum((g + zb) ** 2))
+        full.append(np.sum((g + (b * zb + (bb - b) * zr) / bb) ** 2))
+    est = noise_scale(micro, full, [b] * 4000, [bb] * 4000, ema_alpha=0.001)[-1]
+    truth = d * sigma**2 / np.sum(g**2)
+    assert abs(est - truth) / truth < 0.2
+
+
+def test_slope_verdicts():
+    b = [16, 16, 32, 32, 64, 64, 128, 128]
+    flat = slope_test(b, [1e4 * (1 + 0.01 * (i % 2)) for i in range(8)])
+    assert abs(flat["slope"]) < 0.05 and flat["verdict"].startswith("invariant per sample")
+    step = slope_test(b, [10.0 * x * (1 + 0.01 * (i % 2)) for i, x in enumerate(b)])
+    assert abs(step["slope"] - 1) < 0.05 and step["verdict"].startswith("invariant per step")
+    assert slope_test([16, 16], [1.0, 2.0])["slope"] is None

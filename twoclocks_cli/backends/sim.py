@@ -1,0 +1,157 @@
+"""The `sim` backend: runs the local quadratic model and logs the same metrics a GRPO run logs.
+
+Cell keys read: `prompts_per_batch`, `group_size` (batch B = P*G samples), `lr`, `clip_eps_low`,
+`clip_eps_high` (-> the displacement cap when `sim.cap_per_clip` is set: cap = cap_per_clip *
+mean(clip_eps_low, clip_eps_high); `sim.cap` sets it directly), `seed`, `sample_budget`, `phases`,
+and the `sim` table (twoclocks_cli.theory.ModelConfig fields). Progress metric: reward_mean is the
+mean of B Bernoulli draws with success probability p = 1 - L/L0 (decaying after collapse);
+eval_accuracy the same with `sim.eval_samples` draws at eval points. The state is checkpointed in
+`workdir/sim_state.npz` every `sim.checkpoint_every` steps; a rerun resumes from it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.store.models import RunStatus
+from twoclocks_cli.theory.model import ModelConfig
+from twoclocks_cli.theory.simulate import SimState
+
+STATE_FILE = "sim_state.npz"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of constant batch/lr/clip, running while samples < until_samples."""
+
+    until_samples: float
+    prompts_per_batch: int
+    group_size: int
+    lr: float
+    clip_eps_low: float | None
+    clip_eps_high: float | None
+
+    @property
+    def batch(self) -> int:
+        return self.prompts_per_batch * self.group_size
+
+
+def _number(cell: dict, key: str, kind=float, required=True, where="cell"):
+    value = cell.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"{where}: missing key {key!r} (the sim backend needs it)")
+        return None
+    try:
+        out = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {key} = {value!r} is not a {kind.__name__}") from None
+    if kind is int and out < 1 or kind is float and not math.isfinite(out):
+        raise ConfigError(f"{where}: {key} = {value!r} is out of range")
+    return out
+
+
+def phases_of(cell: dict) -> list[Phase]:
+    """The cell's phases (the last runs to the budget); a cell without phases is one phase."""
+    base = {
+        "prompts_per_batch": _number(cell, "prompts_per_batch", int),
+        "group_size": _number(cell, "group_size", int, required=False) or 1,
+        "lr": _number(cell, "lr"),
+        "clip_eps_low": _number(cell, "clip_eps_low", required=False),
+        "clip_eps_high": _number(cell, "clip_eps_high", required=False),
+    }
+    raw = cell.get("phases") or []
+    if not isinstance(raw, list):
+        raise ConfigError(f"cell: phases = {raw!r} must be a list of tables")
+    out = []
+    for i, ph in enumerate(raw):
+        where = f"cell phases[{i}]"
+        if not isinstance(ph, dict):
+            raise ConfigError(f"{where} = {ph!r} must be a table")
+        out.append(Phase(
+            until_samples=_number(ph, "until_samples", required=i < len(raw) - 1, where=where)
+            or math.inf,
+            prompts_per_batch=_number(ph, "prompts_per_batch", int, False, where)
+            or base["prompts_per_batch"],
+            group_size=_number(ph, "group_size", int, False, where) or base["group_size"],
+            lr=_number(ph, "lr", float, False, where) or base["lr"],
+            clip_eps_low=_number(ph, "clip_eps_low", float, False, where) or base["clip_eps_low"],
+            clip_eps_high=_number(ph, "clip_eps_high", float, False, where)
+            or base["clip_eps_high"],
+        ))
+    if not out:
+        out = [Phase(until_samples=math.inf, **base)]
+    return out
+
+
+def _phase_at(phases: list[Phase], samples: float) -> int:
+    for i, ph in enumerate(phases):
+        if samples < ph.until_samples:
+            return i
+    return len(phases) - 1
+
+
+def run(cell: dict, writer, workdir: Path) -> RunStatus:
+    """Simulate one cell to its sample budget, writing step metrics; resumes from `workdir`."""
+    cfg = ModelConfig.from_dict(cell.get("sim"), where="cell sim")
+    phases = phases_of(cell)
+    budget = _number(cell, "sample_budget")
+    seed = int(cell.get("seed") or 0)
+    path = Path(workdir) / STATE_FILE
+    if path.exists():
+        state, extra = SimState.load(cfg, path)
+        step, logged = int(extra["step"]), int(extra["logged"])
+    else:
+        state, step, logged = SimState.start(cfg, 1, seed), 0, 0
+    norm0 = float(np.linalg.norm(state.theta0)) or 1.0
+    while True:
+        samples = float(state.samples[0])
+        k = _phase_at(phases, samples)
+        ph = phases[k]
+        if samples + ph.batch > budget:
+            break
+        p_before = float(state.progress(np.array([_loss(state)]))[0])
+        cap = cfg.cap_for(ph.clip_eps_low, ph.clip_eps_high)
+        info = state.step(ph.batch, ph.lr, cap)
+        step += 1
+        bad = bool(info.nonfinite[0])
+        if bad or step % cfg.log_every == 0:
+            obs = np.random.default_rng([seed, step])
+            values = {
+                "reward_mean": obs.binomial(ph.batch, p_before) / ph.batch,
+                "loss": float(info.loss[0]),
+                "drift_abs": float(info.drift[0]),
+                "drift_rel": float(info.drift[0]) / norm0,
+                "lr": ph.lr,
+                "batch_samples": ph.batch,
+                "prompts": ph.prompts_per_batch,
+                "phase": k,
+                "grad_sq_micro": float(info.grad_sq_micro[0]),
+                "grad_sq_full": float(info.grad_sq_full[0]),
+                "grad_micro_size": float(info.micro_size[0]),
+                "grad_full_size": ph.batch,
+                "nonfinite": 1.0 if bad else 0.0,
+            }
+            if logged % cfg.eval_every == 0:
+                p_now = float(state.progress(info.loss)[0])
+                values["eval_accuracy"] = obs.binomial(cfg.eval_samples, p_now) / cfg.eval_samples
+            logged += 1
+            writer.log(step, int(state.samples[0]), values)
+        if bad:
+            writer.flush()
+            return RunStatus.diverged
+        if step % cfg.checkpoint_every == 0:
+            writer.flush()  # rows first: a resume replays from the checkpoint, never skips
+            state.save(path, {"step": step, "logged": logged})
+    writer.flush()
+    state.save(path, {"step": step, "logged": logged})
+    return RunStatus.completed
+
+
+def _loss(state: SimState) -> float:
+    return float(0.5 * np.sum(state.cfg.h * state.theta[0] ** 2))

@@ -1,0 +1,67 @@
+"""Every knob of the analysis, documented once; `--json` output carries all of them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from twoclocks_cli.errors import ConfigError
+
+SMOOTHING = ("ma", "ema", "none")
+
+
+@dataclass
+class AnalysisOptions:
+    """Options of `twoclocks analyze` (defaults from the two-clocks note)."""
+
+    metric: str | None = None  # progress metric; None: eval_accuracy when logged, else reward_mean
+    target: str = "frac:0.5"  # absolute value, or frac:X of the way from initial to best of the sweep
+    smoothing: str = "ma"  # ma (centred moving average), ema, none
+    window: int = 5  # moving-average window in logged points
+    ema_alpha: float = 0.3  # EMA weight of the newest point
+    drop: bool = True  # the drop collapse rule
+    drop_rho: float = 0.3  # drop: fraction of the gain made so far that may be lost
+    drop_delta: float = 0.05  # drop: minimum fall in metric units
+    drop_k: int = 3  # drop: consecutive logged points below the floor
+    drift_key: str = "drift_abs"  # drift rule's metric (drift_abs, drift_rel, kl_init)
+    drift_threshold: float | None = None  # drift rule fires at >= this (None: rule off)
+    entropy_key: str = "entropy"  # entropy rule's metric
+    entropy_low: float | None = None  # entropy rule: lower edge of the band (None: open)
+    entropy_high: float | None = None  # entropy rule: upper edge of the band (None: open)
+    length_max: float | None = None  # length rule: resp_len_mean bound (None: off)
+    truncated_max: float | None = None  # length rule: truncated_frac bound (None: off)
+    noise_ema: float = 0.05  # EMA weight for the gradient-noise terms
+    bootstrap: int = 1000  # bootstrap replicates for every interval
+    seed: int = 0  # bootstrap RNG seed (results are reproducible)
+    theory: bool = True  # compute the theory B_crit for sim sweeps (a short simulation)
+
+    def __post_init__(self):
+        if self.smoothing not in SMOOTHING:
+            raise ConfigError(f"--smoothing {self.smoothing!r}: allowed are {', '.join(SMOOTHING)}")
+        if self.window < 1:
+            raise ConfigError(f"--window {self.window}: must be >= 1")
+        if not 0 < self.ema_alpha <= 1:
+            raise ConfigError(f"--ema-alpha {self.ema_alpha}: must be in (0, 1]")
+        if self.drop_k < 1:
+            raise ConfigError(f"--drop-k {self.drop_k}: must be >= 1")
+        if self.bootstrap < 1:
+            raise ConfigError(f"--bootstrap {self.bootstrap}: must be >= 1")
+        parse_target(self.target)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def parse_target(spec: str) -> tuple[str, float]:
+    """('abs', value) or ('frac', x) from '0.6' or 'frac:0.5'."""
+    text = str(spec).strip()
+    try:
+        if text.startswith("frac:"):
+            x = float(text[5:])
+            if not 0 < x <= 1:
+                raise ValueError
+            return "frac", x
+        return "abs", float(text)
+    except ValueError:
+        raise ConfigError(
+            f"--target {spec!r}: give a number (absolute) or frac:X with 0 < X <= 1"
+        ) from None

@@ -1,0 +1,79 @@
+"""The two-panel analysis figure: curves with both clock markers; clocks vs batch with the fit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from twoclocks_cli.clocks.curves import clean, smooth
+from twoclocks_cli.errors import ConfigError
+
+
+def plot_analysis(store, result: dict, path: str) -> None:
+    """Write a PNG: (1) metric vs samples per batch, clocks marked; (2) clocks vs B, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    opts = result["options"]
+    runs = result["runs"]
+    curves = store.load_metric([r["run_id"] for r in runs], result["metric"])
+    batches = sorted({r["batch_samples"] for r in runs if r["batch_samples"]})
+    cmap = plt.get_cmap("viridis")
+    color = {b: cmap(i / max(len(batches) - 1, 1)) for i, b in enumerate(batches)}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    seen = set()
+    for r in runs:
+        s = curves.get(r["run_id"])
+        if s is None:
+            continue
+        c = clean(s.steps, s.samples, s.values)
+        if c.empty:
+            continue
+        sm = smooth(c.values, opts["smoothing"], opts["window"], opts["ema_alpha"])
+        b = r["batch_samples"]
+        ax1.plot(c.samples, sm, color=color.get(b, "grey"), lw=1, alpha=0.8,
+                 label=f"B={b}" if b not in seen else None)
+        seen.add(b)
+        if r["progress"]["samples"] is not None:
+            ax1.plot(r["progress"]["samples"], result["target"]["value"], "o",
+                     color=color.get(b, "grey"), ms=5)
+        if r["failure"]["samples"] is not None:
+            ax1.axvline(r["failure"]["samples"], color=color.get(b, "grey"), ls=":", lw=1)
+    ax1.axhline(result["target"]["value"], color="k", ls="--", lw=0.8, label="target")
+    ax1.set(xlabel="samples", ylabel=result["metric"],
+            title="progress (o = progress clock, dotted = failure clock)")
+    ax1.legend(fontsize=8)
+    bs = [b["batch_samples"] for b in result["batches"]]
+    for key, marker, label in (("progress", "o-", "progress clock"),
+                               ("failure", "s-", "failure clock")):
+        med = [b[key]["median"] for b in result["batches"]]
+        x = [b for b, m in zip(bs, med) if m is not None]
+        y = [m for m in med if m is not None]
+        lo = [b[key]["low"] if b[key]["low"] is not None else m
+              for b, m in zip(result["batches"], med) if m is not None]
+        hi = [b[key]["high"] if b[key]["high"] is not None else m
+              for b, m in zip(result["batches"], med) if m is not None]
+        if x:
+            yerr = np.clip([np.subtract(y, lo), np.subtract(hi, y)], 0, None)
+            ax2.errorbar(x, y, yerr=yerr, fmt=marker, capsize=3, label=label)
+    fit = result["critical_batch"]["mccandlish"]
+    if fit["b_crit"] is not None and bs:
+        grid = np.geomspace(min(bs), max(bs), 50)
+        ax2.plot(grid, fit["e_min"] + fit["s_min"] * grid, "k--", lw=1,
+                 label="fit E_min + S_min B")
+        ax2.axvline(fit["b_crit"], color="r", lw=1, label=f"B_crit = {fit['b_crit']:.3g}")
+    theory = result["critical_batch"].get("theory") or {}
+    if theory.get("b_crit"):
+        ax2.axvline(theory["b_crit"], color="m", ls=":", lw=1,
+                    label=f"theory B_crit = {theory['b_crit']:.3g}")
+    ax2.set(xscale="log", yscale="log", xlabel="batch (samples)", ylabel="samples",
+            title="clocks vs batch size")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,167 @@
+"""Aggregation over seeds and the fits: median + bootstrap, McCandlish B_crit, noise scale, slope.
+
+Censored clocks enter as +inf: a median that lands on a censored seed is reported as censored
+(a lower bound), never averaged as if it were a crossing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CONF = 0.9  # two-sided interval level for every bootstrap / t interval below
+
+
+@dataclass
+class Aggregate:
+    """One clock at one batch size over its seeds."""
+
+    n: int
+    n_censored: int
+    median: float | None  # None when the median seed is censored
+    low: float | None
+    high: float | None  # None when the upper bound is censored
+    lower_bound: float | None  # when censored: the clock is at least this
+    note: str
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _median_inf(x: np.ndarray) -> float:
+    return float(np.median(x))  # +inf entries sort last, so this is an order statistic
+
+
+def aggregate(values: list[float | None], censor_at: list[float], rng, reps=1000) -> Aggregate:
+    """Median and bootstrap interval of per-seed clocks (None = censored at censor_at)."""
+    n = len(values)
+    x = np.array([np.inf if v is None else v for v in values], float)
+    n_cens = int(np.isinf(x).sum())
+    if n == 0:
+        return Aggregate(0, 0, None, None, None, None, "no runs")
+    med = _median_inf(x)
+    note = "one seed: no interval" if n == 1 else f"{n} seeds"
+    if n_cens:
+        note += f", {n_cens} censored"
+    lb = float(min(censor_at)) if n_cens and censor_at else None
+    if n == 1:
+        return Aggregate(1, n_cens, _fin(med), None, None, lb, note)
+    boots = np.median(x[rng.integers(0, n, size=(reps, n))], axis=1)
+    lo, hi = np.quantile(boots, [(1 - CONF) / 2, (1 + CONF) / 2], method="lower")
+    return Aggregate(n, n_cens, _fin(med), _fin(lo), _fin(hi), lb, note)
+
+
+def _fin(v) -> float | None:
+    return float(v) if v is not None and np.isfinite(v) else None
+
+
+def fit_line_nonneg(b: np.ndarray, e: np.ndarray) -> tuple[float, float] | None:
+    """Least squares E = E_min + S_min*B with both coefficients >= 0 (scipy nnls)."""
+    from scipy.optimize import nnls
+
+    if np.unique(b).size < 2:
+        return None
+    a = np.column_stack([np.ones_like(b), b])
+    coef, _ = nnls(a, e)
+    return float(coef[0]), float(coef[1])
+
+
+def mccandlish(per_batch: dict[float, list[float | None]], rng, reps=1000) -> dict:
+    """Fit E(B) = E_min + S_min*B to per-batch median progress clocks; B_crit = E_min/S_min.
+
+    Only batches whose median is uncensored enter. The interval resamples seeds within each
+    batch (bootstrap), refits, and takes quantiles of B_crit.
+    """
+    usable = {b: np.array([np.inf if v is None else v for v in vs], float)
+              for b, vs in per_batch.items() if vs}
+    usable = {b: x for b, x in usable.items() if np.isfinite(np.median(x))}
+    if len(usable) < 2:
+        why = "one batch size: no fit possible" if len(per_batch) < 2 else (
+            f"{len(usable)} batch size(s) with an uncensored median: no fit possible")
+        return {"b_crit": None, "e_min": None, "s_min": None, "low": None, "high": None,
+                "batches_used": sorted(usable), "note": why}
+    bs = np.array(sorted(usable))
+    meds = np.array([np.median(usable[b]) for b in bs])
+    fit = fit_line_nonneg(bs, meds)
+    e_min, s_min = fit
+    b_crit = e_min / s_min if s_min > 0 else None
+    samples = []
+    for _ in range(reps):
+        m = np.array([np.median(usable[b][rng.integers(0, usable[b].size, usable[b].size)])
+                      for b in bs])
+        ok = np.isfinite(m)
+        if ok.sum() < 2:
+            continue
+        f = fit_line_nonneg(bs[ok], m[ok])
+        if f and f[1] > 0:
+            samples.append(f[0] / f[1])
+        else:
+            samples.append(np.inf)  # flat: B_crit beyond any measured batch
+    lo = hi = None
+    if samples:
+        lo, hi = np.quantile(np.array(samples), [(1 - CONF) / 2, (1 + CONF) / 2], method="lower")
+    single = all(usable[b].size == 1 for b in bs)
+    note = "fit on medians; one seed per batch: the interval is degenerate" if single else (
+        f"fit on {bs.size} batch medians, bootstrap over seeds ({reps} reps)")
+    if b_crit is None:
+        note = "E(B) does not grow with B on this grid: B_crit above the largest batch"
+    return {"b_crit": b_crit, "e_min": e_min, "s_min": s_min, "low": _fin(lo), "high": _fin(hi),
+            "batches_used": [float(b) for b in bs], "note": note}
+
+
+def noise_scale(micro_sq, full_sq, micro_size, full_size, ema_alpha=0.05) -> np.ndarray:
+    """B_simple = tr(S)/|G|^2 per step from the two-batch estimators, each term EMA-smoothed."""
+    b = np.asarray(micro_size, float)
+    bb = np.asarray(full_size, float)
+    gb = np.asarray(micro_sq, float)
+    gbb = np.asarray(full_sq, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g2 = (bb * gbb - b * gb) / (bb - b)
+        trs = (gb - gbb) / (1 / b - 1 / bb)
+    ok = np.isfinite(g2) & np.isfinite(trs)
+    g2, trs = g2[ok], trs[ok]
+    out = np.full(ok.size, np.nan)
+    if not ok.any():
+        return out
+    eg, et = g2[0], trs[0]
+    res = np.empty(g2.size)
+    for i in range(g2.size):
+        eg = ema_alpha * g2[i] + (1 - ema_alpha) * eg
+        et = ema_alpha * trs[i] + (1 - ema_alpha) * et
+        res[i] = et / eg if eg > 0 else np.nan
+    out[ok] = res
+    return out
+
+
+def slope_test(batches: list[float], clocks: list[float]) -> dict:
+    """OLS slope of log N_fail on log B with a t interval; verdict vs 0 (per sample), 1 (per step)."""
+    from scipy import stats
+
+    x = np.log(np.asarray(batches, float))
+    y = np.log(np.asarray(clocks, float))
+    if np.unique(x).size < 2:
+        return {"slope": None, "low": None, "high": None, "n": int(x.size),
+                "verdict": "one batch size: no slope possible"}
+    res = stats.linregress(x, y)
+    dof = x.size - 2
+    if dof >= 1 and np.isfinite(res.stderr):
+        t = stats.t.ppf((1 + CONF) / 2, dof)
+        lo, hi = res.slope - t * res.stderr, res.slope + t * res.stderr
+    else:
+        lo = hi = None
+    return {"slope": float(res.slope), "low": _fin(lo), "high": _fin(hi), "n": int(x.size),
+            "verdict": _verdict(lo, hi)}
+
+
+def _verdict(lo, hi) -> str:
+    if lo is None or hi is None:
+        return "too few points for an interval"
+    has0, has1 = lo <= 0 <= hi, lo <= 1 <= hi
+    if has0 and not has1:
+        return "invariant per sample (slope 0 inside the interval, 1 outside)"
+    if has1 and not has0:
+        return "invariant per step (slope 1 inside the interval, 0 outside)"
+    if has0 and has1:
+        return "inconclusive (interval contains 0 and 1)"
+    return "neither (interval excludes 0 and 1)"

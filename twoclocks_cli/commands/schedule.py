@@ -1,0 +1,74 @@
+"""`twoclocks schedule [SWEEP]`: small batch first, switch to a large batch before failure."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from twoclocks_cli.options import DbOption, JsonOption
+
+
+def schedule_sweep(store, sweep: str, safety: float = 0.8, budget: float | None = None,
+                   reanalyze: bool = False) -> dict:
+    """The schedule of `sweep` from its latest stored analysis (analysing with defaults if none)."""
+    from twoclocks_cli.clocks import analyze_sweep, make_schedule
+    from twoclocks_cli.clocks.saved import latest_analysis, save_analysis
+
+    analysis = None if reanalyze else latest_analysis(store, sweep)
+    if analysis is None:
+        analysis = analyze_sweep(store, sweep).to_json()
+        analysis["analysis_id"] = save_analysis(store, sweep, analysis)
+    out = make_schedule(analysis, budget=budget, safety=safety)
+    out["analysis_id"] = analysis.get("analysis_id")
+    out["analysis_options"] = analysis["options"]
+    return out
+
+
+def schedule(
+    sweep: Annotated[str | None, typer.Argument(help="Sweep name (default: the only sweep).")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Write the phase list as TOML.")] = None,
+    safety: Annotated[float, typer.Option(help="Switch at safety x lower bound of N_fail.")] = 0.8,
+    budget: Annotated[float | None, typer.Option(help="Samples the schedule runs to "
+                                                      "(default: the sweep's longest run).")] = None,
+    reanalyze: Annotated[bool, typer.Option(help="Analyse afresh with default options instead "
+                                                 "of reusing the latest stored analysis.")] = False,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Recommend phases (until_samples, batch, lr, clip) from the analysed clocks of a sweep."""
+    from twoclocks_cli.clocks import to_toml
+    from twoclocks_cli.commands.analyze import resolve_sweep
+    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.store import Store
+
+    store = Store.open(db)
+    name = resolve_sweep(store, sweep)
+    result = schedule_sweep(store, name, safety=safety, budget=budget, reanalyze=reanalyze)
+    if out:
+        try:
+            with open(out, "w") as fh:
+                fh.write(to_toml(result))
+        except OSError as exc:
+            raise ConfigError(f"--out {out}: {exc.strerror}") from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    typer.echo(f"schedule for sweep {name!r}:")
+    for i, ph in enumerate(result["phases"]):
+        typer.echo(f"  phase {i}: until {ph['until_samples']:.0f} samples: "
+                   f"{ph['prompts_per_batch']} prompts/batch, lr {ph['lr']:.4g}, "
+                   f"clip [{ph['clip_eps_low']}, {ph['clip_eps_high']}]")
+    pred = result["predicted"]
+    typer.echo(f"predicted progress clock: {_f(pred['progress_samples'])} samples; "
+               f"failure clock: {_f(pred['failure_samples'])} samples")
+    typer.echo("rationale:")
+    for line in result["rationale"]:
+        typer.echo(f"  - {line}")
+    if out:
+        typer.echo(f"wrote {out}")
+
+
+def _f(v) -> str:
+    return "beyond the data" if v is None else f"{v:.4g}"
