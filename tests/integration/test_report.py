@@ -1,0 +1,118 @@
+"""`twoclocks report`: a self-contained page that real headless chromium renders with its plots.
+
+CI must have Debian's chromium (`apt-get install -y chromium`): with CI=true a missing browser
+fails the test instead of skipping it.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from tests.unit.test_ingest_analyze import ingest_synthetic
+from twoclocks_cli.app import app
+
+PLOT_RED = (0xC0, 0x39, 0x2B)  # target line and failure markers
+PLOT_BLUE = (0x2E, 0x86, 0xC1)  # progress-clock markers and the fit
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI") == "true":
+        pytest.fail("chromium is not installed (CI must run: apt-get install -y chromium)")
+    pytest.skip("chromium is not installed (apt-get install -y chromium)")
+
+
+def screenshot(page, tmp_path, name) -> np.ndarray:
+    """Render `page` in headless chromium at 1200x1600; the screenshot as an RGB array."""
+    png = tmp_path / f"{name}.png"
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", f"--user-data-dir={tmp_path / ('chrome-' + name)}",
+           f"--screenshot={png}", "--window-size=1200,1600", page.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert png.exists(), (proc.returncode, proc.stderr[-2000:])
+    return np.asarray(Image.open(png).convert("RGB")).astype(int)
+
+
+def near(img: np.ndarray, rgb, tol=12) -> int:
+    return int((np.abs(img - np.array(rgb)).max(axis=2) <= tol).sum())
+
+
+def report(*args):
+    return CliRunner().invoke(app, ["report", *map(str, args)])
+
+
+def test_report_renders_in_headless_chromium_with_plots(tmp_path, sqlite_url):
+    ingest_synthetic(tmp_path, sqlite_url)
+    out = tmp_path / "rep"
+    r = report("syn", "--out", out, "--db", sqlite_url)
+    assert r.exit_code == 0, r.output
+    page = out / "index.html"
+    text = page.read_text()
+    # self-contained: no scripts, nothing fetched from elsewhere, every image beside the page
+    assert "<script" not in text.lower()
+    assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:|//)""", text, re.I)
+    images = re.findall(r"<img src='([^']+)'", text)
+    assert sorted(images) == ["clocks.png", "curves.png", "side.png"]
+    assert all((out / i).stat().st_size > 5000 for i in images)
+    for section in ("Summary", "Clock table", "Runs", "Fits", "Schedule", "Options used"):
+        assert f"<h2>{section}</h2>" in text
+    assert "[[phases]]" in text and "&quot;target&quot;: &quot;frac:0.5&quot;" in text
+    assert (out / "analysis.json").exists()
+
+    shot = screenshot(page, tmp_path, "full")
+    white = (shot.min(axis=2) >= 250).mean()
+    colours = len(np.unique(shot.reshape(-1, 3), axis=0))
+    assert white < 0.98 and colours > 200, (white, colours)  # a blank page is ~1.0 and 1
+    red, blue = near(shot, PLOT_RED), near(shot, PLOT_BLUE)
+    # control: the same page without its images has (almost) none of the plot colours
+    bare = out / "bare.html"
+    bare.write_text(re.sub(r"<img [^>]*>", "", text))
+    control = screenshot(bare, tmp_path, "bare")
+    assert red > 200 and blue > 50, (red, blue)
+    assert near(control, PLOT_RED) < red / 10 and near(control, PLOT_BLUE) < blue / 10
+
+
+def test_report_without_a_fit_still_renders_and_says_why(tmp_path, sqlite_url):
+    log = tmp_path / "run<script>.jsonl"  # a file name is a run name: it must be escaped
+    log.write_text("".join(f'{{"step": {s}, "reward_mean": {min(0.9, 0.1 + s / 50)}}}\n'
+                           for s in range(1, 60)))
+    r = CliRunner().invoke(app, ["ingest", str(log), "-f", "jsonl", "--sweep", "one",
+                                 "--batch-prompts", "4", "--group-size", "2", "--db", sqlite_url])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "rep"
+    r = report("one", "--out", out, "--db", sqlite_url)
+    assert r.exit_code == 0, r.output
+    text = (out / "index.html").read_text()
+    assert "<script>" not in text and "run&lt;script&gt;.jsonl" in text
+    assert "No schedule:" in text and "no fit possible" in text
+    assert (out / "curves.png").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["nope", "--out", "OUT"], "no sweep named 'nope'"),
+    (["one", "--out", "FILE"], "cannot create the folder"),
+    (["one", "--out", "OUT", "--smoothing", "spline"], "--smoothing 'spline'"),
+])
+def test_report_bad_input_is_one_line(tmp_path, sqlite_url, args, needle):
+    log = tmp_path / "r.jsonl"
+    log.write_text('{"step": 1, "reward_mean": 0.1}\n{"step": 2, "reward_mean": 0.2}\n')
+    CliRunner().invoke(app, ["ingest", str(log), "-f", "jsonl", "--sweep", "one",
+                             "--batch-prompts", "4", "--group-size", "2", "--db", sqlite_url])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    args = [str(tmp_path / "o") if a == "OUT" else str(blocker / "sub") if a == "FILE" else a
+            for a in args]
+    r = report(*args, "--db", sqlite_url)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
