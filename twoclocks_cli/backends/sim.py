@@ -115,7 +115,7 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         ph = phases[k]
         if samples + ph.batch > budget:
             break
-        p_before = float(state.progress(np.array([_loss(state)]))[0])
+        p_before = _progress(state, _loss(state))
         cap = cfg.cap_for(ph.clip_eps_low, ph.clip_eps_high)
         info = state.step(ph.batch, ph.lr, cap)
         step += 1
@@ -138,7 +138,7 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
                 "nonfinite": 1.0 if bad else 0.0,
             }
             if logged % cfg.eval_every == 0:
-                p_now = float(state.progress(info.loss)[0])
+                p_now = _progress(state, float(info.loss[0]))
                 values["eval_accuracy"] = obs.binomial(cfg.eval_samples, p_now) / cfg.eval_samples
             logged += 1
             writer.log(step, int(state.samples[0]), values)
@@ -154,4 +154,17 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
 
 
 def _loss(state: SimState) -> float:
-    return float(0.5 * np.sum(state.cfg.h * state.theta[0] ** 2))
+    th = state.theta[0]
+    return float(0.5 * np.dot(state.cfg.h, th * th))
+
+
+def _progress(state: SimState, loss: float) -> float:
+    """Scalar twin of SimState.progress for one row (the per-step hot path)."""
+    cfg = state.cfg
+    if not math.isfinite(loss):
+        return 0.0
+    p = min(max(1.0 - loss / cfg.loss0, 0.0), 1.0)
+    at = state.collapsed_at[0]
+    if at == at:  # collapsed
+        p *= math.exp(-max(state.samples[0] - at, 0.0) / cfg.collapse_samples)
+    return p

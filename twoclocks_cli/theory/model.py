@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 
 import numpy as np
 
@@ -72,13 +73,13 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @property
+    @cached_property
     def h(self) -> np.ndarray:
         """Curvatures of the curved directions followed by zeros for the flat ones."""
         curved = np.geomspace(self.h_min, self.h_max, self.dim) if self.dim else np.zeros(0)
         return np.concatenate([curved, np.zeros(self.flat_dims)])
 
-    @property
+    @cached_property
     def loss0(self) -> float:
         """The initial loss 1/2 sum h theta0^2 (the progress metric's zero)."""
         return 0.5 * float(np.sum(self.h)) * self.theta0**2

@@ -1,0 +1,106 @@
+"""The analysis against the theory model's ground truth, on sweeps run by the sim backend.
+
+Sweeps: sqrt lr scaling, batches 4..64 samples (16x), 3 seeds, 40k samples each. `capped` has a
+per-step displacement cap of 0.05 (sim.cap), `free` none. Model defaults otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.integration.simsweep import B0, G, LR0, make_sweep
+from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep, make_schedule
+from twoclocks_cli.store import Store
+from twoclocks_cli.theory import ModelConfig, predict_critical_batch
+
+PROMPTS = [1, 2, 4, 8, 16]
+BUDGET = 40_000
+SIM = {"log_every": 4, "eval_every": 1, "checkpoint_every": 2000}
+CAP = 0.05
+TARGET = 0.9
+OPTS = dict(target=str(TARGET), drift_threshold=ModelConfig().drift_threshold, theory=False,
+            bootstrap=300)
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("simsweeps")
+    store = Store.open(f"sqlite:///{root / 'store.db'}")
+    make_sweep(store, "free", PROMPTS, 3, BUDGET, SIM, root / "free")
+    make_sweep(store, "capped", PROMPTS, 3, BUDGET, {**SIM, "cap": CAP}, root / "capped")
+    yield store, root
+    store.close()
+
+
+def _by_batch(result, key):
+    return {b["batch_samples"]: b[key]["median"] for b in result["batches"]}
+
+
+def test_fitted_critical_batch_matches_dense_simulation_truth(sweeps):
+    """Truth = McCandlish's B_crit = E_min / S_min of the model, from dense simulation.
+
+    E_min: median samples-to-target (noise-free progress p = 1 - L/L0 reaching 0.9) over 32 seeds
+    at B = 1 (the small-batch limit); S_min: steps-to-target at B = 1e10 (noise gone, the cap
+    binding every step: the large-batch limit). Both under the sweep's own sqrt rule and cap.
+    The analysis sees only the stored, noisy binomial reward curves of 3 seeds x 5 batches.
+    """
+    store, _ = sweeps
+    result = analyze_sweep(store, "capped", AnalysisOptions(**OPTS)).to_json()
+    fit = result["critical_batch"]["mccandlish"]
+    truth = predict_critical_batch(ModelConfig(), LR0, B0, TARGET, 0.5, CAP, seeds=32)
+    assert truth["mechanism"].startswith("step cap")
+    assert fit["b_crit"] is not None
+    assert abs(fit["b_crit"] / truth["b_crit"] - 1) <= 0.20, (fit, truth)
+
+
+def test_failure_clock_is_invariant_without_cap(sweeps):
+    store, _ = sweeps
+    result = analyze_sweep(store, "free", AnalysisOptions(**OPTS)).to_json()
+    inv = result["failure_invariance"]
+    assert inv["n"] == 15, inv  # every run failed within the budget
+    assert abs(inv["slope"]) < 0.15, inv
+    rules = {r["failure"]["rule"] for r in result["runs"]}
+    assert rules == {"drift"}
+
+
+def test_cap_delays_failure_of_the_largest_batch(sweeps):
+    store, _ = sweeps
+    result = analyze_sweep(store, "capped", AnalysisOptions(**OPTS)).to_json()
+    fail = _by_batch(result, "failure")
+    small, large = fail[min(fail)], fail[max(fail)]
+    assert small is not None and large is not None, fail
+    assert large >= 1.3 * small, fail
+
+
+def test_drop_rule_alone_sees_the_collapse(sweeps):
+    store, _ = sweeps
+    opts = {**OPTS, "drift_threshold": None}
+    result = analyze_sweep(store, "free", AnalysisOptions(**opts)).to_json()
+    drift = analyze_sweep(store, "free", AnalysisOptions(**OPTS)).to_json()
+    for r, d in zip(result["runs"], drift["runs"]):
+        assert r["failure"]["rule"] == "drop"
+        assert d["failure"]["samples"] < r["failure"]["samples"] < d["failure"]["samples"] + 4000
+
+
+def test_schedule_beats_largest_batch_and_fails_no_earlier_than_smallest(sweeps):
+    store, root = sweeps
+    analysis = analyze_sweep(store, "capped", AnalysisOptions(**OPTS)).to_json()
+    plan = make_schedule(analysis, budget=BUDGET)
+    assert len(plan["phases"]) == 2 and plan["b_large"] > plan["b_small"], plan
+    phases = [dict(p) for p in plan["phases"]]
+    make_sweep(store, "scheduled", [phases[0]["prompts_per_batch"]], 3, BUDGET, {**SIM, "cap": CAP},
+               root / "scheduled", phases=phases)
+    sched = analyze_sweep(store, "scheduled", AnalysisOptions(**OPTS)).to_json()
+    prog = _by_batch(analysis, "progress")
+    fail = _by_batch(analysis, "failure")
+    s_prog = sched["batches"][0]["progress"]["median"]
+    s_fail = sched["batches"][0]["failure"]["median"]
+    assert s_prog is not None and s_prog < prog[max(prog)], (s_prog, prog)
+    assert s_fail is None or s_fail >= fail[min(fail)], (s_fail, fail)
+    # the runs really switched batch at until_samples
+    b = store.load_metric([r.id for r in store.list_runs("scheduled")], "batch_samples")
+    series = next(iter(b.values()))
+    assert set(np.unique(series.values)) == {phases[0]["prompts_per_batch"] * G,
+                                             phases[1]["prompts_per_batch"] * G}
+
