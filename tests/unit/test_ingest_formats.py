@@ -120,3 +120,27 @@ def test_not_a_trainer_state(tmp_path):
     f.write_text('{"global_step": 3}')
     with pytest.raises(ConfigError, match="no 'log_history' list"):
         parse_file(f, _opts("trl"))
+
+
+def test_verl_tqdm_carriage_returns_keep_line_numbers(tmp_path):
+    f = tmp_path / "v.log"
+    f.write_text("data.train_batch_size=4 actor_rollout_ref.rollout.n=2\n"
+                 "bar  0%|\rbar 50%|\rstep:1 - critic/score/mean:0.25\rbar 100%|\n"
+                 "step:2 - critic/score/mean:0.5\n"
+                 "step:3 - critic/score/mean:oops\n")
+    log = parse_file(f, _opts("verl", skip_bad=True))
+    assert log.steps == {1: {"reward_mean": 0.25}, 2: {"reward_mean": 0.5}}
+    line, why = log.bad_lines[0]
+    assert line == 4 and "'critic/score/mean' has value 'oops'" in why
+    assert log.params == {"batch_prompts": 4, "group_size": 2}
+
+
+def test_crlf_csv_and_unicode_line_separator_in_jsonl(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_bytes(b'step,reward_mean,note\r\n1,0.5,"two\r\nlines"\r\n2,0.6,x\r\n')
+    assert parse_file(f, _opts("csv")).steps == {1: {"reward_mean": 0.5}, 2: {"reward_mean": 0.6}}
+    g = tmp_path / "t.jsonl"
+    g.write_text('{"step": 1, "reward_mean": 0.5, "note": "a\u2028b"}\n'
+                 '{"step": 2, "reward_mean": x}\n')
+    log = parse_file(g, _opts("jsonl", skip_bad=True))
+    assert log.steps == {1: {"reward_mean": 0.5}} and log.bad_lines[0][0] == 2

@@ -9,6 +9,7 @@ otherwise it is derived from the batch size. Empty cells and nulls are missing v
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -33,7 +34,7 @@ Row = tuple[int, dict]  # (line number, column -> raw value)
 
 
 def _csv_rows(log: ParsedLog, text: str) -> tuple[list[Row], list[str]]:
-    reader = csv.reader(text.splitlines(keepends=True))
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader)
     except StopIteration:
@@ -62,7 +63,7 @@ def _csv_rows(log: ParsedLog, text: str) -> tuple[list[Row], list[str]]:
 def _jsonl_rows(log: ParsedLog, text: str) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     columns: dict[str, None] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

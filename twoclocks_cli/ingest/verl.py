@@ -33,7 +33,7 @@ _MAX_CONFIG_CHARS = 4_000_000
 
 
 def _clean(line: str) -> str:
-    return _PREFIX.sub("", _ANSI.sub("", line.rstrip("\r\n")))
+    return _PREFIX.sub("", _ANSI.sub("", line))
 
 
 def _value(text: str) -> float:
@@ -134,22 +134,23 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     header: list[str] = []
     records: list[tuple[int, dict[str, float]]] = []
     present: set[str] = set()
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = _clean(raw)
-        m = _STEP.search(line)
-        if m is None or not (m.group(2).startswith(" - ")
-                             or (m.group(1).isdigit() and not m.group(2).strip())):
-            if not records:
-                header.append(line)
-            continue
-        try:
-            step = to_step(m.group(1))
-            values = _parse_step_line(m.group(2))
-        except ValueError as exc:
-            log.bad(number, f"malformed step line: {exc}")
-            continue
-        present.update(values)
-        records.append((step, values))
+    for number, raw in enumerate(text.split("\n"), start=1):
+        for segment in raw.split("\r"):  # tqdm redraws its bar with \r inside one line
+            line = _clean(segment)
+            m = _STEP.search(line)
+            if m is None or not (m.group(2).startswith(" - ")
+                                 or (m.group(1).isdigit() and not m.group(2).strip())):
+                if not records and line:
+                    header.append(line)
+                continue
+            try:
+                step = to_step(m.group(1))
+                values = _parse_step_line(m.group(2))
+            except ValueError as exc:
+                log.bad(number, f"malformed step line: {exc}")
+                continue
+            present.update(values)
+            records.append((step, values))
     params, origin = _header_params(header)
     log.params.update(params)
     log.params_from.update(origin)
