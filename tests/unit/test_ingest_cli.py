@@ -172,3 +172,16 @@ def test_unknown_format_and_foreign_sweep_refused(sqlite_url):
         s.add(Sweep(name="mine", backend="grpo", config={}))
     r = cli("ingest", FIX / "verl_old.log", "-f", "verl", "--sweep", "mine", "--db", sqlite_url)
     one_line_error(r, "sweep 'mine' holds grpo runs")
+
+
+def test_reimport_with_other_options_updates_the_same_run(sqlite_url):
+    base = ["ingest", FIX / "table.csv", "-f", "csv", "--map", "reward_mean=rew", "--db",
+            sqlite_url, "--json"]
+    first = json.loads(cli(*base, "--map", "accuracy=acc").stdout)[0]
+    store = Store.open(sqlite_url)
+    assert "accuracy" in store.metric_keys([first["run_id"]])
+    second = json.loads(cli(*base, "--seed", "5").stdout)[0]
+    assert second["action"] == "updated" and second["run_id"] == first["run_id"]
+    assert "accuracy" not in store.metric_keys([first["run_id"]])  # the old mapping is gone
+    assert store.get_run(first["run_id"]).seed == 5
+    assert [e.to_status for e in store.events(first["run_id"])] == ["completed", "completed"]

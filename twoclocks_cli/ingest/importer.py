@@ -167,13 +167,12 @@ def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str) -> tuple[int, str
         return run.id, "updated"
 
 
-def _write(store, run_id: int, plan: _Plan) -> int:
-    rows = sum(len(v) for v in plan.log.steps.values())
-    with store.metric_writer(run_id, batch_rows=max(rows + 1, 10_000)) as writer:
+def _write(store, run_id: int, plan: _Plan) -> None:
+    """Upsert every value in batches (bounded memory); the caller marks a failure."""
+    with store.metric_writer(run_id) as writer:
         for step in sorted(plan.log.steps):
             if plan.log.steps[step]:
                 writer.log(step, plan.samples[step], plan.log.steps[step])
-    return rows
 
 
 def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestResult]:
@@ -189,12 +188,14 @@ def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestRe
             seen[plan.cell_id].notes.append(f"{log.path} is the same run; imported once")
             continue
         run_id, action = _upsert_run(store, plan, opts.sweep, opts.fmt)
-        try:
-            rows = _write(store, run_id, plan)
-        except Exception as exc:
-            store.set_status(run_id, RunStatus.failed, message="ingest failed", error=str(exc))
-            raise
-        if action != "unchanged":
+        rows = sum(len(v) for v in log.steps.values())
+        if action != "unchanged":  # unchanged: same file, same options, completed: all written
+            try:
+                _write(store, run_id, plan)
+            except Exception as exc:
+                store.set_status(run_id, RunStatus.failed, message="ingest failed",
+                                 error=str(exc))
+                raise
             store.set_status(run_id, RunStatus.completed, message=f"ingested {log.path}")
         results.append(IngestResult(
             path=str(log.path), format=log.fmt, sweep=opts.sweep, run_id=run_id, action=action,

@@ -131,6 +131,9 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     data = read_bytes(path, opts.max_bytes)
     log = new_log(path, "verl", data)
     text = data.decode("utf-8", errors="replace")
+    del data
+    known = {c for cands in mapping.VERL_KEYS.values() for c in cands} | set(
+        opts.column_map.values())
     header: list[str] = []
     records: list[tuple[int, dict[str, float]]] = []
     present: set[str] = set()
@@ -150,7 +153,8 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
                 log.bad(number, f"malformed step line: {exc}")
                 continue
             present.update(values)
-            records.append((step, values))
+            records.append((step, {k: v for k, v in values.items()  # keep only what can map
+                                   if k in known or k.startswith("val")}))
     params, origin = _header_params(header)
     log.params.update(params)
     log.params_from.update(origin)
