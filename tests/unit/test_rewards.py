@@ -1,0 +1,123 @@
+"""Rewards: the answer-format policy, real math-verify in the fork pool, timeouts, plug-ins."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from trainer.data import Problem
+from trainer.rewards import FINAL_BOXED, MathVerifyReward, load_reward
+from twoclocks_cli.errors import ConfigError
+
+P = Problem("23+41", "64")
+HOSTILE = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10000000000!}"]
+
+
+@pytest.fixture(scope="module")
+def reward():
+    with MathVerifyReward(timeout_s=1.0) as r:
+        yield r
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("\\boxed{64}", 1.0),
+        ("\\boxed{64}  \n", 1.0),
+        ("\\boxed{65}", 0.0),
+        ("\\boxed{-64}", 0.0),
+        ("", 0.0),
+        ("}}{{\\boxed{", 0.0),
+        ("\\boxed{64} because", 0.0),
+        # format hacks math-verify alone would reward with 1
+        ("64", 0.0),
+        ("\\boxed{128/2}", 0.0),
+        ("\\boxed{x=64}", 0.0),
+        ("\\boxed{23+41}", 0.0),
+    ],
+)
+def test_strict_policy_then_math_verify(reward, completion, expected):
+    assert reward([completion], [P]) == [expected]
+
+
+def test_the_format_hacks_do_verify_without_the_policy():
+    """Proof the policy matters: with a permissive pattern math-verify accepts the hacks."""
+    hacks = ["64", "\\boxed{128/2}", "\\boxed{x=64}", "\\boxed{23+41}"]
+    with MathVerifyReward(answer_pattern="(?s).*", workers=1) as r:
+        assert r(hacks, [P] * 4) == [1.0] * 4
+
+
+def test_batch_mixed_answers_and_negative_gold(reward):
+    probs = [Problem("3-10", "-7"), Problem("2*3", "6"), P, P]
+    comps = ["\\boxed{-7}", "\\boxed{6}", "\\boxed{63}", "\\boxed{64}"]
+    assert reward(comps, probs) == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_final_boxed_pattern_for_chat_models():
+    with MathVerifyReward(answer_pattern=FINAL_BOXED, workers=1) as r:
+        out = r(["So 23+41 = \\boxed{64}", "So \\boxed{64} or 63", "\\boxed{64.0}"], [P] * 3)
+    assert out == [1.0, 0.0, 1.0]
+
+
+def test_hostile_answers_are_cut_at_the_timeout():
+    with MathVerifyReward(answer_pattern="(?s).*", timeout_s=1.0, workers=2) as r:
+        t0 = time.monotonic()
+        out = r(HOSTILE + ["\\boxed{64}", "nonsense"], [P] * 4)
+        elapsed = time.monotonic() - t0
+        assert out == [0.0, 0.0, 1.0, 0.0]
+        assert r.timeouts == 2
+        assert elapsed < 3.0  # two hung items on two workers in parallel, 1 s each, plus a fork
+        # the replaced workers still serve
+        assert r(["\\boxed{64}", "\\boxed{1}"], [P, P]) == [1.0, 0.0]
+
+
+def test_serial_mode_uses_math_verify_timeout():
+    with MathVerifyReward(workers=0) as r:
+        assert r(["\\boxed{64}", "64", "\\boxed{63}"], [P] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_pool_survives_a_fork_and_close_is_idempotent():
+    r = MathVerifyReward(workers=1)
+    assert r(["\\boxed{64}"], [P]) == [1.0]
+    r.close()
+    r.close()
+    assert r(["\\boxed{64}"], [P]) == [1.0]  # restarts its pool on demand
+    r.close()
+
+
+def test_length_mismatch_is_an_error(reward):
+    with pytest.raises(ValueError):
+        reward(["\\boxed{64}"], [P, P])
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"answer_pattern": "(["}, {"timeout_s": 0}, {"workers": -1}]
+)
+def test_bad_options(kwargs):
+    with pytest.raises(ConfigError):
+        MathVerifyReward(**kwargs)
+
+
+def _length_reward(completions, problems):
+    return [float(len(c)) for c in completions]
+
+
+def _bad_reward(completions, problems):
+    return [1.0]
+
+
+def test_load_reward_specs():
+    mod = sys.modules[__name__].__name__
+    with load_reward("math-verify", workers=1) as r:
+        assert isinstance(r, MathVerifyReward) and r([ "\\boxed{64}"], [P]) == [1.0]
+    user = load_reward(f"{mod}:_length_reward")
+    assert user(["ab", "c"], [P, P]) == [2.0, 1.0]
+    with pytest.raises(ConfigError, match="returned 1 values for 2"):
+        load_reward(f"{mod}:_bad_reward")(["a", "b"], [P, P])
+    for spec in ["nope", "no_such_module_xyz:f", f"{mod}:missing", f"{mod}:P"]:
+        with pytest.raises(ConfigError):
+            load_reward(spec)
+    with pytest.raises(ConfigError, match="only to math-verify"):
+        load_reward(f"{mod}:_length_reward", workers=2)

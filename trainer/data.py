@@ -1,0 +1,256 @@
+"""Training problems: the built-in synthetic arithmetic task, file datasets, and prompt rendering.
+
+A `Problem` is a question and its gold answer (both strings); rewards compare completions to it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from twoclocks_cli.errors import ConfigError
+
+# The prompt the built-in tiny model was trained on (it has no chat template); the expected
+# completion is `\boxed{ANSWER}` followed by the tokenizer's EOS token.
+PLAIN_TEMPLATE = "{question}="
+# What a chat model is asked, wrapped in its own chat template by `render_prompt`.
+CHAT_INSTRUCTION = "{question}\nGive only the final answer, as \\boxed{{ANSWER}}."
+ALLOWED_OPS = ("+", "-", "*")
+# 1 in HELDOUT_MODULUS of all possible problems is reserved for evaluation (never sampled).
+HELDOUT_MODULUS = 10
+# Problem spaces up to this size are enumerated to draw a held-out set without replacement.
+_ENUMERATE_LIMIT = 2_000_000
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One question with its gold answer (e.g. `23+41` and `64`)."""
+
+    question: str
+    answer: str
+
+
+def _mix(a: np.ndarray, b: np.ndarray, op: np.ndarray) -> np.ndarray:
+    """A fixed integer hash of (a, op, b) (splitmix64 finaliser); decides the held-out split."""
+    with np.errstate(over="ignore"):
+        x = (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
+            b.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+        ) ^ (op.astype(np.uint64) * np.uint64(0x165667B19E3779F9))
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+class ArithmeticTask:
+    """Random `a<op>b` problems with integer answers; a fixed tenth of them is held out.
+
+    Options: `min_value`/`max_value` bound both operands (inclusive, min_value ≥ 0) and set the
+    difficulty; `ops` is any non-empty subset of `+`, `-`, `*` (subtraction may give negative
+    answers). Training samples never include a held-out problem, so evaluation is disjoint
+    by construction.
+    """
+
+    def __init__(self, min_value: int = 0, max_value: int = 99, ops: tuple[str, ...] = ("+", "-")):
+        if not isinstance(min_value, int) or not isinstance(max_value, int) or min_value < 0:
+            raise ConfigError(
+                f"arithmetic task: min_value={min_value!r}, max_value={max_value!r}: "
+                "both must be integers with 0 <= min_value"
+            )
+        if max_value < min_value:
+            raise ConfigError(
+                f"arithmetic task: max_value={max_value} is below min_value={min_value}"
+            )
+        ops = tuple(ops)
+        bad = [o for o in ops if o not in ALLOWED_OPS]
+        if not ops or bad or len(set(ops)) != len(ops):
+            raise ConfigError(
+                f"arithmetic task: ops={list(ops)!r}: allowed are distinct values of "
+                f"{list(ALLOWED_OPS)}"
+            )
+        self.min_value, self.max_value, self.ops = min_value, max_value, ops
+        self.space = (max_value - min_value + 1) ** 2 * len(ops)
+
+    def _problems(self, a: np.ndarray, b: np.ndarray, op: np.ndarray) -> list[Problem]:
+        """Problems for operand and operator-index arrays."""
+        out = []
+        for x, y, k in zip(a.tolist(), b.tolist(), op.tolist()):
+            sym = self.ops[k]
+            val = x + y if sym == "+" else x - y if sym == "-" else x * y
+            out.append(Problem(f"{x}{sym}{y}", str(val)))
+        return out
+
+    def _is_heldout(self, a, b, op) -> np.ndarray:
+        """True where (a, op, b) belongs to the held-out tenth (depends on values, not options)."""
+        codes = np.array([ALLOWED_OPS.index(o) for o in self.ops])[op]
+        return _mix(a, b, codes) % np.uint64(HELDOUT_MODULUS) == 0
+
+    def _draw(self, rng: np.random.Generator, n: int):
+        """n raw (a, b, op-index) triples."""
+        a = rng.integers(self.min_value, self.max_value + 1, size=n)
+        b = rng.integers(self.min_value, self.max_value + 1, size=n)
+        op = rng.integers(0, len(self.ops), size=n)
+        return a, b, op
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+        """n training problems (never held-out ones); deterministic given the rng's state."""
+        parts, have = [], 0
+        for _ in range(1000):
+            if have >= n:
+                break
+            a, b, op = self._draw(rng, max(2 * (n - have), 16))
+            keep = ~self._is_heldout(a, b, op)
+            parts.append((a[keep], b[keep], op[keep]))
+            have += int(keep.sum())
+        else:
+            raise ConfigError(
+                f"arithmetic task {self.min_value}..{self.max_value} {list(self.ops)}: "
+                "every problem is held out; widen the range"
+            )
+        a, b, op = (np.concatenate([p[i] for p in parts])[:n] for i in range(3))
+        return self._problems(a, b, op)
+
+    def heldout(self, n: int, seed: int) -> list[Problem]:
+        """n held-out evaluation problems, fixed per seed, distinct where the split allows."""
+        rng = np.random.default_rng(seed)
+        if self.space <= _ENUMERATE_LIMIT:
+            width = self.max_value - self.min_value + 1
+            idx = np.arange(self.space)
+            op, rest = np.divmod(idx, width * width)
+            a, b = np.divmod(rest, width)
+            a, b = a + self.min_value, b + self.min_value
+            mask = self._is_heldout(a, b, op)
+            pool = np.flatnonzero(mask)
+            if pool.size == 0:
+                raise ConfigError(
+                    f"arithmetic task {self.min_value}..{self.max_value} {list(self.ops)}: "
+                    f"only {self.space} problems, none held out; widen the range"
+                )
+            pick = rng.choice(pool, size=n, replace=n > pool.size)
+            return self._problems(a[pick], b[pick], op[pick])
+        parts, have = [], 0
+        while have < n:
+            a, b, op = self._draw(rng, 4 * HELDOUT_MODULUS * (n - have))
+            keep = self._is_heldout(a, b, op)
+            parts.append((a[keep], b[keep], op[keep]))
+            have += int(keep.sum())
+        a, b, op = (np.concatenate([p[i] for p in parts])[:n] for i in range(3))
+        return self._problems(a, b, op)
+
+
+def _cell(value, path: Path, where: str, key: str) -> str:
+    """A question/answer cell as a non-empty string, or a ConfigError naming file and row."""
+    if value is None or (isinstance(value, float) and value != value):
+        raise ConfigError(f"{path}: {where}: column {key!r} is empty")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(
+            f"{path}: {where}: column {key!r} must be a string or number, got "
+            f"{type(value).__name__}"
+        )
+    text = str(value).strip()
+    if not text:
+        raise ConfigError(f"{path}: {where}: column {key!r} is empty")
+    return text
+
+
+def _jsonl_rows(path: Path, qk: str, ak: str):
+    """(where, question, answer) per non-blank line of a JSON Lines file."""
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}: line {lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}: line {lineno}: expected a JSON object")
+            for k in (qk, ak):
+                if k not in row:
+                    raise ConfigError(
+                        f"{path}: line {lineno}: missing column {k!r} (has {sorted(row)})"
+                    )
+            yield f"line {lineno}", row[qk], row[ak]
+
+
+def _csv_rows(path: Path, qk: str, ak: str):
+    """(where, question, answer) per data row of a CSV file with a header line."""
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        for k in (qk, ak):
+            if k not in header:
+                raise ConfigError(f"{path}: missing column {k!r} (header has {header})")
+        for row in reader:
+            where = f"line {reader.line_num}"
+            if None in row or any(v is None for v in row.values()):
+                raise ConfigError(
+                    f"{path}: {where}: expected {len(header)} fields like the header"
+                )
+            yield where, row[qk], row[ak]
+
+
+def _parquet_rows(path: Path, qk: str, ak: str):
+    """(where, question, answer) per row of a Parquet file (needs pyarrow)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(
+            f"{path}: reading Parquet needs pyarrow (pip install pyarrow); "
+            "or convert the file to .jsonl or .csv"
+        ) from None
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for a bad file
+        raise ConfigError(f"{path}: not a readable Parquet file ({e})") from None
+    for k in (qk, ak):
+        if k not in table.column_names:
+            raise ConfigError(f"{path}: missing column {k!r} (has {table.column_names})")
+    for i, (q, a) in enumerate(zip(table[qk].to_pylist(), table[ak].to_pylist()), 1):
+        yield f"row {i}", q, a
+
+
+_READERS = {".jsonl": _jsonl_rows, ".csv": _csv_rows, ".parquet": _parquet_rows}
+
+
+def load_problems(path, question_key: str = "question", answer_key: str = "answer") -> list[Problem]:
+    """Problems from a .jsonl, .csv or .parquet file; a bad file or row is a ConfigError."""
+    path = Path(path)
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None:
+        raise ConfigError(
+            f"{path}: unsupported dataset file type {path.suffix!r}: allowed are "
+            f"{', '.join(_READERS)}"
+        )
+    if not path.is_file():
+        raise ConfigError(f"{path}: dataset file not found")
+    try:
+        problems = [
+            Problem(_cell(q, path, where, question_key), _cell(a, path, where, answer_key))
+            for where, q, a in reader(path, question_key, answer_key)
+        ]
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except csv.Error as e:
+        raise ConfigError(f"{path}: malformed CSV ({e})") from None
+    if not problems:
+        raise ConfigError(f"{path}: no problems in the file")
+    return problems
+
+
+def render_prompt(problem: Problem, tokenizer) -> str:
+    """The prompt text for `problem`: the tokenizer's chat template if it has one, else PLAIN_TEMPLATE.
+
+    Encode the result with `add_special_tokens=False` for chat templates (they carry their own);
+    the tiny model's tokenizer adds no special tokens either way.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": CHAT_INSTRUCTION.format(question=problem.question)}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return PLAIN_TEMPLATE.format(question=problem.question)

@@ -1,0 +1,265 @@
+"""Verifiable rewards: an answer-format policy, then math-verify in a fork-based worker pool.
+
+math-verify alone rewards format hacks (`64` unboxed, `\\boxed{128/2}`, `\\boxed{23+41}`), so a
+completion must first match `answer_pattern`. Its own timeouts use signal.alarm (main thread only),
+so the workers run it without timeouts and the parent kills a worker whose item overruns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import multiprocessing as mp
+import os
+import re
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from typing import Protocol
+
+from twoclocks_cli.errors import ConfigError
+from trainer.data import Problem
+
+# The tiny task's policy: exactly `\boxed{<integer>}`, optionally followed by whitespace.
+STRICT_INTEGER_BOXED = r"\\boxed\{-?[0-9]+\}\s*"
+# A looser policy for chat models: any text ending in one `\boxed{...}` (no nested braces).
+FINAL_BOXED = r"(?s).*\\boxed\{[^{}]*\}\s*"
+# Items sent to a worker per message (results still come back, and time out, one by one).
+_CHUNK = 16
+
+
+class RewardFunction(Protocol):
+    """Scores completions against their problems: one float per completion, same order."""
+
+    def __call__(self, completions: list[str], problems: list[Problem]) -> list[float]: ...
+
+
+def _gold_text(answer: str) -> str:
+    """The gold answer as text math-verify extracts reliably (boxed unless it already is)."""
+    return answer if "\\boxed" in answer else f"\\boxed{{{answer}}}"
+
+
+def _verify(completion: str, answer: str, timeout: int | None) -> float:
+    """1.0 if math-verify finds `completion` equivalent to `answer`, else 0.0; never raises."""
+    from math_verify import parse, verify
+
+    try:
+        gold = parse(_gold_text(answer), parsing_timeout=timeout)
+        pred = parse(completion, parsing_timeout=timeout)
+        if not gold or not pred:
+            return 0.0
+        return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
+    except BaseException:  # noqa: BLE001 — garbage must never crash a step (incl. RecursionError)
+        return 0.0
+
+
+def _worker(conn) -> None:
+    """Worker loop: receive a list of (index, completion, answer), send (index, reward) for each."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": by design
+    while True:
+        try:
+            items = conn.recv()
+        except (EOFError, OSError):
+            return
+        if items is None:
+            return
+        for idx, completion, answer in items:
+            conn.send((idx, _verify(completion, answer, None)))
+
+
+class _Worker:
+    """One forked verifier process, its pipe, and the item indices it still owes."""
+
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        self.pending: deque[int] = deque()
+        self.deadline = math.inf
+
+    def kill(self) -> None:
+        """Stop the process now and release its pipe."""
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+class MathVerifyReward:
+    """Reward 1.0 for a completion matching `answer_pattern` that math-verify finds equal to the gold
+    answer, else 0.0.
+
+    `answer_pattern` must match the whole completion (re.fullmatch); `timeout_s` bounds each
+    item's verification (an overrun scores 0 and its worker is replaced); `workers` forked
+    processes verify in parallel (0 = in this process, main thread only, using math-verify's own
+    signal-based timeout rounded up to whole seconds).
+    """
+
+    def __init__(self, answer_pattern: str = STRICT_INTEGER_BOXED, timeout_s: float = 2.0,
+                 workers: int = 2):
+        try:
+            self.pattern = re.compile(answer_pattern)
+        except re.error as e:
+            raise ConfigError(f"reward answer_pattern {answer_pattern!r} is not a regex: {e}") from None
+        if not timeout_s > 0:
+            raise ConfigError(f"reward timeout_s={timeout_s!r}: must be > 0")
+        if not isinstance(workers, int) or workers < 0:
+            raise ConfigError(f"reward workers={workers!r}: must be an integer >= 0")
+        self.timeout_s, self.n_workers = float(timeout_s), workers
+        self._ctx = mp.get_context("fork")
+        self._workers: list[_Worker] = []
+        self.timeouts = 0  # items that overran timeout_s since creation
+        if workers:
+            import math_verify  # noqa: F401 — import once here so forked workers inherit it
+
+    def __call__(self, completions: list[str], problems: list[Problem]) -> list[float]:
+        """One reward per completion; a length mismatch is a programming error (ValueError)."""
+        if len(completions) != len(problems):
+            raise ValueError(f"{len(completions)} completions for {len(problems)} problems")
+        rewards = [0.0] * len(completions)
+        unique: dict[tuple[str, str], list[int]] = {}
+        for i, (c, p) in enumerate(zip(completions, problems)):
+            if isinstance(c, str) and self.pattern.fullmatch(c):
+                unique.setdefault((c, p.answer), []).append(i)
+        keys = list(unique)
+        scores = self._score(keys)
+        for key, score in zip(keys, scores):
+            for i in unique[key]:
+                rewards[i] = score
+        return rewards
+
+    def _score(self, items: list[tuple[str, str]]) -> list[float]:
+        """math-verify scores for (completion, answer) pairs, serially or through the pool."""
+        if not items:
+            return []
+        if self.n_workers == 0:
+            seconds = max(1, math.ceil(self.timeout_s))
+            return [_verify(c, a, seconds) for c, a in items]
+        return self._pool_score(items)
+
+    def _pool_score(self, items: list[tuple[str, str]]) -> list[float]:
+        """Scores from the worker pool, enforcing the per-item deadline from this process."""
+        self._spawn()
+        out = [0.0] * len(items)
+        todo = deque(range(len(items)))
+        done = 0
+        while done < len(items):
+            for w in self._workers:
+                if not w.pending and todo:
+                    size = min(_CHUNK, -(-len(todo) // len(self._workers)))
+                    chunk = [todo.popleft() for _ in range(size)]
+                    w.pending.extend(chunk)
+                    w.deadline = time.monotonic() + self.timeout_s
+                    w.conn.send([(i, *items[i]) for i in chunk])
+            busy = [w for w in self._workers if w.pending]
+            left = min(w.deadline for w in busy) - time.monotonic()
+            ready = wait([w.conn for w in busy], timeout=max(0.0, left))
+            now = time.monotonic()
+            for w in busy:
+                if w.conn in ready:
+                    try:
+                        while w.conn.poll():
+                            idx, score = w.conn.recv()
+                            out[idx] = score
+                            w.pending.remove(idx)
+                            done += 1
+                            w.deadline = now + self.timeout_s
+                    except (EOFError, OSError):  # the worker died: its current item scores 0
+                        done += self._replace(w, todo)
+                elif now >= w.deadline:
+                    self.timeouts += 1
+                    done += self._replace(w, todo)
+        return out
+
+    def _replace(self, w: _Worker, todo: deque) -> int:
+        """Kill `w` (its current item scores 0), requeue the rest of its chunk, start a new one."""
+        lost = w.pending.popleft() if w.pending else None
+        todo.extendleft(reversed(w.pending))
+        w.kill()
+        self._workers[self._workers.index(w)] = _Worker(self._ctx)
+        return 0 if lost is None else 1
+
+    def _spawn(self) -> None:
+        """Start the pool (again after a fork into a child process, whose pipes are not ours)."""
+        if self._workers and getattr(self, "_pid", None) == os.getpid():
+            return
+        self._workers = [_Worker(self._ctx) for _ in range(self.n_workers)]
+        self._pid = os.getpid()
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        if getattr(self, "_pid", None) == os.getpid():
+            for w in self._workers:
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+            for w in self._workers:
+                w.proc.join(timeout=1.0)
+                w.kill()
+        self._workers = []
+
+    def __enter__(self) -> MathVerifyReward:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 — interpreter shutdown
+            pass
+
+
+class _UserReward:
+    """A user's `module:function` reward, checked so a bad return value is one clear error."""
+
+    def __init__(self, spec: str, func):
+        self.spec, self.func = spec, func
+
+    def __call__(self, completions: list[str], problems: list[Problem]) -> list[float]:
+        values = self.func(completions, problems)
+        try:
+            values = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"reward {self.spec}: must return a list of numbers, got {type(values).__name__}"
+            ) from None
+        if len(values) != len(completions):
+            raise ConfigError(
+                f"reward {self.spec}: returned {len(values)} values for {len(completions)} "
+                "completions"
+            )
+        return values
+
+    def close(self) -> None:
+        """Nothing to release (kept for the RewardFunction lifecycle)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_reward(spec: str = "math-verify", **options) -> RewardFunction:
+    """The reward named by `spec`: `math-verify` (options go to MathVerifyReward) or `module:function`."""
+    if spec == "math-verify":
+        return MathVerifyReward(**options)
+    if options:
+        raise ConfigError(f"reward {spec!r}: options {sorted(options)} apply only to math-verify")
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"reward {spec!r}: allowed are 'math-verify' or 'module:function'")
+    try:
+        func = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ConfigError(f"reward {spec!r}: cannot import module {module!r} ({e})") from None
+    except AttributeError:
+        raise ConfigError(f"reward {spec!r}: module {module!r} has no {name!r}") from None
+    if not callable(func):
+        raise ConfigError(f"reward {spec!r}: {name!r} is not callable")
+    return _UserReward(spec, func)

@@ -1,0 +1,309 @@
+"""`builtin:tiny-arith`: a ~1M-parameter Qwen2 model with a character tokenizer, warmed up on arithmetic.
+
+Built once per seed by supervised training in which half the targets are deliberately wrong, so
+that its sampled (T=1) accuracy starts low (15–50%) and GRPO has room to improve it. The result is
+an ordinary HF directory (AutoModelForCausalLM / AutoTokenizer), cached under
+`$TWOCLOCKS_CACHE` or `~/.cache/twoclocks/`, written atomically under a file lock and checked
+against a manifest of checksums on every use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import string
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from twoclocks_cli.errors import ConfigError
+
+TINY_MODEL_ID = "builtin:tiny-arith"
+# Bump when the recipe changes: a new version never reuses an old cache entry.
+BUILD_VERSION = 1
+MANIFEST = "manifest.json"
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+# Every printable ASCII character plus newline, one token each.
+CHARS = "".join(sorted(set(string.printable) - set("\t\r\x0b\x0c")))
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """The architecture and warm-up recipe (part of the cache identity via BUILD_VERSION)."""
+
+    hidden_size: int = 128  # model width
+    num_layers: int = 4  # transformer blocks
+    num_heads: int = 4  # attention heads (no grouped KV)
+    intermediate_size: int = 512  # MLP width
+    steps: int = 1400  # supervised warm-up steps
+    batch_size: int = 128  # sequences per warm-up step
+    lr: float = 2e-3  # AdamW peak lr (linear warm-up, cosine decay)
+    warmup_steps: int = 100  # lr warm-up steps
+    wrong_frac: float = 0.5  # fraction of targets replaced by a wrong answer
+    max_offset: int = 10  # wrong answers are the right one plus a nonzero offset up to this
+    eval_size: int = 256  # held-out problems for the accuracies recorded in the manifest
+
+
+_RECIPE = TinyRecipe()
+
+
+def cache_root() -> Path:
+    """`$TWOCLOCKS_CACHE` when set, else `~/.cache/twoclocks`."""
+    env = os.environ.get("TWOCLOCKS_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "twoclocks"
+
+
+def _sha256(path: Path) -> str:
+    """Hex SHA-256 of a file."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_valid(model_dir: Path, seed: int) -> bool:
+    """True when `model_dir` holds a complete build of this version and seed (checksums match)."""
+    try:
+        manifest = json.loads((model_dir / MANIFEST).read_text())
+        if manifest.get("version") != BUILD_VERSION or manifest.get("seed") != seed:
+            return False
+        if manifest.get("recipe") != asdict(_RECIPE):
+            return False
+        files = manifest["files"]
+        return bool(files) and all(_sha256(model_dir / n) == h for n, h in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def build_tokenizer():
+    """The character-level tokenizer as a PreTrainedTokenizerFast (left padding, no auto specials)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate([PAD, BOS, EOS, UNK, *CHARS])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    tok.add_special_tokens([PAD, BOS, EOS, UNK])
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=512,
+    )
+
+
+def _build_model(tokenizer, recipe: TinyRecipe):
+    """A freshly initialised fp32 Qwen2 causal LM sized by `recipe` (uses the global torch RNG)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def _wrong(answer: str, rng, recipe: TinyRecipe) -> str:
+    """A wrong answer near `answer` (same format: an integer)."""
+    offset = int(rng.integers(1, recipe.max_offset + 1)) * (1 if rng.random() < 0.5 else -1)
+    return str(int(answer) + offset)
+
+
+def _warmup_batch(task, tokenizer, rng, recipe: TinyRecipe):
+    """One supervised batch: input ids, attention mask and labels (loss on the completion only)."""
+    import torch
+
+    from trainer.data import render_prompt
+
+    problems = task.sample(rng, recipe.batch_size)
+    prompts, fulls = [], []
+    for p in problems:
+        answer = _wrong(p.answer, rng, recipe) if rng.random() < recipe.wrong_frac else p.answer
+        prompt = render_prompt(p, tokenizer)
+        prompts.append(prompt)
+        fulls.append(prompt + "\\boxed{" + answer + "}")
+    enc = tokenizer(fulls, add_special_tokens=False)["input_ids"]
+    n_prompt = [len(x) for x in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    width = max(len(x) for x in enc) + 1
+    ids = torch.full((len(enc), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    mask = torch.zeros_like(ids)
+    for i, (row, k) in enumerate(zip(enc, n_prompt)):
+        row = row + [tokenizer.eos_token_id]
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+        labels[i, k : len(row)] = ids[i, k : len(row)]
+    return ids, mask, labels
+
+
+def _lr_factor(step: int, recipe: TinyRecipe) -> float:
+    """Linear warm-up then cosine decay to 10% of the peak."""
+    if step < recipe.warmup_steps:
+        return (step + 1) / recipe.warmup_steps
+    t = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def _warm_up(model, tokenizer, seed: int, recipe: TinyRecipe, progress: bool) -> None:
+    """Supervised training on the arithmetic task with `wrong_frac` of the targets wrong."""
+    import numpy as np
+    import torch
+
+    from trainer.data import ArithmeticTask
+
+    task = ArithmeticTask()
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, recipe))
+    model.train()
+    t0 = time.monotonic()
+    for step in range(recipe.steps):
+        ids, mask, labels = _warmup_batch(task, tokenizer, rng, recipe)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if progress and (step % 100 == 0 or step == recipe.steps - 1):
+            print(
+                f"tiny-arith warm-up step {step + 1}/{recipe.steps} loss {loss.item():.3f} "
+                f"({time.monotonic() - t0:.0f}s)",
+                file=sys.stderr,
+            )
+    model.eval()
+
+
+def accuracy(model, tokenizer, problems, temperature: float = 1.0, max_new_tokens: int = 12,
+             batch_size: int = 256) -> float:
+    """Fraction of `problems` whose completion is exactly `\\boxed{answer}` (greedy if T=0)."""
+    import torch
+
+    from trainer.data import render_prompt
+
+    hits = 0
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i : i + batch_size]
+        enc = tokenizer([render_prompt(p, tokenizer) for p in chunk], return_tensors="pt",
+                        padding=True, add_special_tokens=False)
+        sample = temperature > 0
+        with torch.no_grad():
+            out = model.generate(
+                **enc, max_new_tokens=max_new_tokens, do_sample=sample,
+                temperature=temperature if sample else None, top_k=0 if sample else None,
+                top_p=1.0 if sample else None, pad_token_id=tokenizer.pad_token_id,
+            )
+        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        hits += sum(t.strip() == f"\\boxed{{{p.answer}}}" for t, p in zip(texts, chunk))
+    return hits / len(problems)
+
+
+def _build(target: Path, seed: int, progress: bool) -> None:
+    """Train and save a fresh model into `target` (an empty directory), manifest last."""
+    import torch
+    from transformers import GenerationConfig
+
+    from trainer.data import ArithmeticTask
+
+    t0 = time.monotonic()
+    recipe = _RECIPE
+    tokenizer = build_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _build_model(tokenizer, recipe)
+        _warm_up(model, tokenizer, seed, recipe, progress)
+        heldout = ArithmeticTask().heldout(recipe.eval_size, seed=10_000 + seed)
+        greedy = accuracy(model, tokenizer, heldout, temperature=0.0)
+        sampled = accuracy(model, tokenizer, heldout, temperature=1.0)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_k=0,
+        top_p=1.0, max_new_tokens=12,
+    )
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    files = {p.name: _sha256(p) for p in sorted(target.iterdir()) if p.is_file()}
+    manifest = {
+        "model_id": TINY_MODEL_ID, "version": BUILD_VERSION, "seed": seed, "files": files,
+        "recipe": asdict(recipe), "params": sum(p.numel() for p in model.parameters()),
+        "greedy_accuracy": greedy, "sampled_accuracy": sampled,
+        "build_seconds": round(time.monotonic() - t0, 1), "torch_threads": torch.get_num_threads(),
+    }
+    (target / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    if progress:
+        print(
+            f"tiny-arith built in {manifest['build_seconds']}s: held-out accuracy greedy "
+            f"{greedy:.2f}, sampled {sampled:.2f}",
+            file=sys.stderr,
+        )
+
+
+def ensure_tiny_model(seed: int = 0, cache_dir: Path | None = None, progress: bool = False) -> Path:
+    """The directory of the tiny model for `seed`, building it (≈3 min on 2 cores) if absent or corrupt."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    name = f"tiny-arith-v{BUILD_VERSION}-seed{seed}"
+    target = root / name
+    if is_valid(target, seed):
+        return target
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = (root / f"{name}.lock").open("a")
+    except OSError as e:
+        raise ConfigError(f"cannot write the model cache {root}: {e.strerror}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building: wait for it
+        if is_valid(target, seed):
+            return target
+        for stale in root.glob(f".{name}.tmp*"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a killed build
+        if progress:
+            print(f"building {TINY_MODEL_ID} (seed {seed}) into {target}", file=sys.stderr)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp", dir=root))
+        try:
+            _build(tmp, seed, progress)
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> Path | str:
+    """`builtin:tiny-arith` → its cached directory; an existing local path → itself; a hub id → itself.
+
+    Anything that looks like a filesystem path (absolute, ./, ../, ~) but does not exist is a
+    ConfigError naming the path.
+    """
+    if name_or_path == TINY_MODEL_ID:
+        return ensure_tiny_model()
+    if name_or_path.startswith("builtin:"):
+        raise ConfigError(f"unknown built-in model {name_or_path!r}: allowed is {TINY_MODEL_ID!r}")
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"model path {path} is not a directory")
+        return path
+    looks_local = name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") != 1
+    if looks_local:
+        raise ConfigError(f"model path {path} does not exist")
+    return name_or_path
