@@ -1,0 +1,192 @@
+"""`twoclocks analyze / schedule / theory` end to end through the real CLI, and the edge cases."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import tomllib
+
+import numpy as np
+import pytest
+
+from tests.integration.simsweep import make_sweep
+from tests.support.cli import assert_one_line_error, twoclocks
+from twoclocks_cli.store import Run, Store, Sweep
+
+SIM = {"log_every": 4, "eval_every": 1, "checkpoint_every": 1000, "cap": 0.05}
+
+
+@pytest.fixture(scope="module")
+def sim_db(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    url = f"sqlite:///{root / 'store.db'}"
+    store = Store.open(url)
+    make_sweep(store, "sim", [2, 4, 8], 2, 30_000, SIM, root / "work")
+    store.close()
+    return url, root
+
+
+def _synthetic(store, name, batches, seeds=2, fn=None, status="completed", points=60):
+    """Runs whose metric curve is fn(samples, batch, seed), logged by the real writer."""
+    fn = fn or (lambda x, b, s: 1 - np.exp(-x / (1000 + 20 * b)))
+    with store.session() as s:
+        sw = Sweep(name=name, backend="grpo", config={})
+        s.add(sw)
+        s.flush()
+        ids = []
+        for b in batches:
+            for seed in range(seeds):
+                r = Run(sweep_id=sw.id, cell_id=f"{b}-{seed}", name=f"{name}-{b}-{seed}",
+                        backend="grpo", batch_prompts=b // 8, group_size=8, batch_samples=b,
+                        lr=1e-3, clip_low=0.2, clip_high=0.2, seed=seed, config={},
+                        status=status)
+                s.add(r)
+                s.flush()
+                ids.append(r.id)
+    for rid, (b, seed) in zip(ids, [(b, s) for b in batches for s in range(seeds)]):
+        x = np.arange(1, points + 1) * b
+        with store.metric_writer(rid) as w:
+            for step, (xi, yi) in enumerate(zip(x, fn(x, b, seed)), start=1):
+                w.log(step, int(xi), {"reward_mean": float(yi)})
+    return ids
+
+
+def test_analyze_json_csv_plot_and_stored(sim_db, tmp_path):
+    url, _ = sim_db
+    png, out_csv = tmp_path / "a.png", tmp_path / "a.csv"
+    proc = twoclocks("analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "7",
+                     "--json", "--csv", str(out_csv), "--plot", str(png), "--bootstrap", "200")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data) >= {"sweep", "options", "metric", "target", "runs", "batches",
+                         "critical_batch", "failure_invariance", "clipping", "warnings",
+                         "analysis_id"}
+    assert data["options"]["drift_threshold"] == 7.0 and data["options"]["target"] == "0.9"
+    assert data["options"]["window"] == 5 and data["options"]["drop_rho"] == 0.3
+    assert data["metric"] == "eval_accuracy" and len(data["runs"]) == 6
+    assert [b["batch_samples"] for b in data["batches"]] == [8, 16, 32]
+    for b in data["batches"]:
+        assert set(b["progress"]) >= {"median", "low", "high", "n", "n_censored", "note"}
+    assert set(data["critical_batch"]) == {"mccandlish", "noise_scale", "theory"}
+    assert data["critical_batch"]["theory"]["b_crit"] > 0
+    assert data["critical_batch"]["noise_scale"]["b_simple"] > 0
+    run = data["runs"][0]
+    assert run["failure"]["rule"] == "drift" and run["progress"]["censored"] is False
+    assert png.stat().st_size > 10_000
+    rows = list(csv.DictReader(open(out_csv)))
+    assert len(rows) == 6 and rows[0]["failure_rule"] == "drift"
+    table = twoclocks("analyze", "--db", url, "--target", "0.9")  # the only sweep, rich table
+    assert table.returncode == 0 and "B_crit" in table.stdout and "failure clock" in table.stdout
+
+
+def test_schedule_reuses_stored_analysis_and_writes_toml(sim_db, tmp_path):
+    url, _ = sim_db
+    assert twoclocks("analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "7",
+                     "--json").returncode == 0
+    out = tmp_path / "phases.toml"
+    proc = twoclocks("schedule", "sim", "--db", url, "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["analysis_options"]["target"] == "0.9"  # the stored analysis, not a fresh one
+    phases = tomllib.loads(out.read_text())["phases"]
+    assert phases == json.loads(json.dumps([
+        {k: (int(round(v)) if k == "until_samples" else v) for k, v in p.items()}
+        for p in data["phases"]]))
+    for p in phases:
+        assert set(p) == {"until_samples", "prompts_per_batch", "lr", "clip_eps_low",
+                          "clip_eps_high"}
+    text = twoclocks("schedule", "sim", "--db", url)
+    assert text.returncode == 0 and "rationale" in text.stdout and "B_crit" in text.stdout
+
+
+def test_theory_command_with_simulation():
+    proc = twoclocks("theory", "--batches", "8,32", "--simulate", "--budget", "20000",
+                     "--cap", "0.05", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["failure_exponent"] == 0.0 and data["critical_batch"]["b_crit"] > 0
+    assert all("simulated_n_prog" in r and "failure_clock_predicted" in r for r in data["rows"])
+    table = twoclocks("theory", "--rule", "linear", "--set", "optimizer=\"sgd\"")
+    assert table.returncode == 0 and "exponent" in table.stdout
+    assert_one_line_error(twoclocks("theory", "--rule", "cubic"), "--rule")
+    assert_one_line_error(twoclocks("theory", "--set", "nope=1"), "unknown key", "nope")
+
+
+def test_edge_no_runs_unknown_sweep_unknown_metric(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = Store.open(url)
+    assert_one_line_error(twoclocks("analyze", "--db", url), "no sweeps")
+    with store.session() as s:
+        s.add(Sweep(name="empty", backend="sim", config={}))
+    assert_one_line_error(twoclocks("analyze", "empty", "--db", url), "no runs")
+    assert_one_line_error(twoclocks("analyze", "nosuch", "--db", url), "nosuch", "empty")
+    _synthetic(store, "syn", [8, 16])
+    assert_one_line_error(twoclocks("analyze", "syn", "--db", url, "--metric", "acc"),
+                          "'acc'", "reward_mean")
+    assert_one_line_error(twoclocks("analyze", "syn", "--db", url, "--target", "frac:2"),
+                          "--target")
+
+
+def test_edge_one_batch_partial_censored_nan(tmp_path):
+    from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
+    from twoclocks_cli.errors import AnalysisError
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = Store.open(url)
+    _synthetic(store, "one", [16], seeds=3)
+    one = analyze_sweep(store, "one", AnalysisOptions(target="0.5")).to_json()
+    assert "no fit possible" in one["critical_batch"]["mccandlish"]["note"]
+    assert one["failure_invariance"]["verdict"].startswith("no run failed")
+    proc = twoclocks("schedule", "one", "--db", url)
+    assert_one_line_error(proc, "no fit possible", "cannot schedule")
+
+    _synthetic(store, "run", [16, 32], status="running")
+    part = analyze_sweep(store, "run", AnalysisOptions(target="0.5")).to_json()
+    assert all(r["partial"] for r in part["runs"])
+    assert any("in progress" in w for w in part["warnings"])
+
+    cens = analyze_sweep(store, "run", AnalysisOptions(target="0.9999")).to_json()
+    assert all(r["progress"]["censored"] for r in cens["runs"])
+    assert all(b["progress"]["median"] is None for b in cens["batches"])
+    assert cens["batches"][0]["progress"]["lower_bound"] == 60 * 16
+    assert any("every run is censored" in w for w in cens["warnings"])
+    assert cens["critical_batch"]["mccandlish"]["b_crit"] is None
+
+    def with_nan(x, b, s):
+        y = 1 - np.exp(-x / 1000)
+        y[::7] = np.nan
+        return y
+
+    _synthetic(store, "nan", [8, 16], fn=with_nan, points=200)
+    nan = analyze_sweep(store, "nan", AnalysisOptions(target="0.5", smoothing="none")).to_json()
+    assert any("NaN" in w for w in nan["warnings"])
+    for r in nan["runs"]:  # crossing of the finite points, within one logging interval
+        assert abs(r["progress"]["samples"] - 1000 * math.log(2)) <= r["batch_samples"] * 2
+    json.dumps(nan, allow_nan=False)  # strict JSON: no NaN leaks out
+
+
+def test_unsorted_logging_gives_the_same_clocks(tmp_path):
+    from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    ids = _synthetic(store, "sorted", [8], seeds=1)
+    with store.session() as s:
+        sw = Sweep(name="shuffled", backend="grpo", config={})
+        s.add(sw)
+        s.flush()
+        r = Run(sweep_id=sw.id, cell_id="x", name="x", backend="grpo", batch_prompts=1,
+                group_size=8, batch_samples=8, seed=0, config={}, status="completed")
+        s.add(r)
+        s.flush()
+        rid = r.id
+    src = store.load_metric(ids, "reward_mean")[ids[0]]
+    order = np.random.default_rng(0).permutation(src.steps.size)
+    with store.metric_writer(rid) as w:
+        for i in order:
+            w.log(int(src.steps[i]), int(src.samples[i]), {"reward_mean": 0.0})  # replayed later
+        for i in order:
+            w.log(int(src.steps[i]), int(src.samples[i]), {"reward_mean": float(src.values[i])})
+    a = analyze_sweep(store, "sorted", AnalysisOptions(target="0.5")).to_json()
+    b = analyze_sweep(store, "shuffled", AnalysisOptions(target="0.5")).to_json()
+    assert a["runs"][0]["progress"]["samples"] == b["runs"][0]["progress"]["samples"]
