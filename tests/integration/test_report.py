@@ -102,6 +102,7 @@ def test_report_without_a_fit_still_renders_and_says_why(tmp_path, sqlite_url):
     (["nope", "--out", "OUT"], "no sweep named 'nope'"),
     (["one", "--out", "FILE"], "cannot create the folder"),
     (["one", "--out", "OUT", "--smoothing", "spline"], "--smoothing 'spline'"),
+    (["one", "--out", "OUT", "--metric", "nope"], "metric 'nope' not logged"),
 ])
 def test_report_bad_input_is_one_line(tmp_path, sqlite_url, args, needle):
     log = tmp_path / "r.jsonl"

@@ -185,3 +185,27 @@ def test_reimport_with_other_options_updates_the_same_run(sqlite_url):
     assert "accuracy" not in store.metric_keys([first["run_id"]])  # the old mapping is gone
     assert store.get_run(first["run_id"]).seed == 5
     assert [e.to_status for e in store.events(first["run_id"])] == ["completed", "completed"]
+
+
+def test_growing_log_with_path_identity_updates_one_run(sqlite_url, tmp_path):
+    log = tmp_path / "live.log"
+    lines = FIX.joinpath("verl_old.log").read_text().splitlines(keepends=True)
+    log.write_text("".join(lines[:20]))
+    args = ["ingest", log, "-f", "verl", "--identity", "path", "--db", sqlite_url, "--json"]
+    first = json.loads(cli(*args).stdout)[0]
+    log.write_text("".join(lines))
+    second = json.loads(cli(*args).stdout)[0]
+    assert second["run_id"] == first["run_id"] and second["action"] == "updated"
+    assert second["steps"] > first["steps"] and len(snapshot(sqlite_url)[0]) == 1
+
+
+@pytest.mark.parametrize("opt, value, needle", [
+    ("--lr", "-1", "lr = -1.0 must be positive"),
+    ("--group-size", "0", "group_size = 0 must be a positive integer"),
+    ("--identity", "inode", "--identity 'inode': allowed are content, path"),
+    ("--max-bytes", "0", "--max-bytes 0: must be positive"),
+])
+def test_bad_option_values(sqlite_url, opt, value, needle):
+    r = cli("ingest", FIX / "verl_old.log", "-f", "verl", opt, value, "--db", sqlite_url)
+    one_line_error(r, needle)
+    assert snapshot(sqlite_url)[0] == []

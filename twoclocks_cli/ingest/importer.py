@@ -87,6 +87,8 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
     for name, v in (("batch_prompts", p), ("group_size", g)):
         if v is not None and (int(v) != v or v < 1):
             raise ConfigError(f"{log.path}: {name} = {v!r} must be a positive integer")
+    if params.get("lr") is not None and not params["lr"] > 0:
+        raise ConfigError(f"{log.path}: lr = {params['lr']!r} must be positive")
     batch = int(p) * int(g) if p is not None and g is not None else None
     samples = dict(log.samples)
     missing = [s for s in log.steps if s not in samples]

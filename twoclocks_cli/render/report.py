@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from twoclocks_cli.errors import TwoclocksError
+from twoclocks_cli.errors import AnalysisError, TwoclocksError
 
 PROGRESS_KEYS = ("eval_accuracy", "reward_mean", "accuracy")
 SIDE_KEYS = ("reward_mean", "accuracy", "entropy", "kl_init", "drift_abs", "resp_len_mean",
@@ -92,8 +92,6 @@ def gather(store, opts: ReportOptions) -> ReportData:
     store.get_sweep(opts.sweep)  # NotFoundError naming the sweeps that exist
     runs = store.list_runs(opts.sweep)
     if not runs:
-        from twoclocks_cli.errors import AnalysisError
-
         raise AnalysisError(f"sweep {opts.sweep!r} has no runs yet: nothing to report")
     analysis = schedule = toml = None
     a_err = s_err = None
@@ -109,7 +107,7 @@ def gather(store, opts: ReportOptions) -> ReportData:
         used_options = a_opts.to_json()
         try:
             analysis = analyze_sweep(store, opts.sweep, a_opts).to_json()
-        except TwoclocksError as exc:
+        except AnalysisError as exc:  # the data cannot answer yet: the page says why
             a_err = str(exc)
     if analysis is not None:
         try:
