@@ -40,12 +40,9 @@ def smooth(values: np.ndarray, method: str = "ma", window: int = 5, ema_alpha: f
     if method == "none" or values.size == 0 or (method == "ma" and window <= 1):
         return values.copy()
     if method == "ema":
-        out = np.empty_like(values)
-        acc = values[0]
-        for i, v in enumerate(values):
-            acc = ema_alpha * v + (1 - ema_alpha) * acc
-            out[i] = acc
-        return out
+        from twoclocks_cli.clocks.stats import ema
+
+        return ema(values, ema_alpha)
     half = window // 2
     csum = np.concatenate([[0.0], np.cumsum(values)])
     idx = np.arange(values.size)

@@ -124,14 +124,21 @@ def noise_scale(micro_sq, full_sq, micro_size, full_size, ema_alpha=0.05) -> np.
     out = np.full(ok.size, np.nan)
     if not ok.any():
         return out
-    eg, et = g2[0], trs[0]
-    res = np.empty(g2.size)
-    for i in range(g2.size):
-        eg = ema_alpha * g2[i] + (1 - ema_alpha) * eg
-        et = ema_alpha * trs[i] + (1 - ema_alpha) * et
-        res[i] = et / eg if eg > 0 else np.nan
-    out[ok] = res
+    eg, et = ema(g2, ema_alpha), ema(trs, ema_alpha)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[ok] = np.where(eg > 0, et / eg, np.nan)
     return out
+
+
+def ema(x: np.ndarray, alpha: float) -> np.ndarray:
+    """acc_i = alpha*x_i + (1-alpha)*acc_(i-1), started at x_0 (vectorised with lfilter)."""
+    from scipy.signal import lfilter
+
+    x = np.asarray(x, float)
+    if x.size == 0:
+        return x.copy()
+    y, _ = lfilter([alpha], [1.0, alpha - 1.0], x, zi=[(1 - alpha) * x[0]])
+    return y
 
 
 def slope_test(batches: list[float], clocks: list[float]) -> dict:
