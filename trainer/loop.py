@@ -40,6 +40,7 @@ class Dist:
 
     rank: int = 0
     world: int = 1
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
 
     def sum(self, values: list[float]) -> list[float]:
         """Element-wise sum over ranks (float64, so pooled counts stay exact)."""
@@ -83,8 +84,10 @@ def setup_dist() -> Dist:
         return Dist()
     from accelerate import PartialState
 
-    state = PartialState()  # initialises torch.distributed (gloo on CPU)
-    return Dist(state.process_index, state.num_processes)
+    # initialises torch.distributed: nccl on GPUs, gloo on CPUs (accelerate needs cpu=True
+    # there, or it silently runs each process alone)
+    state = PartialState(cpu=not torch.cuda.is_available())
+    return Dist(state.process_index, state.num_processes, str(state.device))
 
 
 class FileSource:
@@ -164,9 +167,12 @@ def load_data(cfg: TrainConfig):
     return train, held
 
 
-def load_model(cfg: TrainConfig):
+def load_model(cfg: TrainConfig, device: str = "cpu"):
     """(model path, tokenizer, model) — the builtin tiny model is built and cached on first use."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     from trainer.tiny import TINY_MODEL_ID, ensure_tiny_model, resolve_model_path
 
@@ -181,7 +187,6 @@ def load_model(cfg: TrainConfig):
         raise ConfigError(f"model {cfg.model!r}: cannot load ({str(err).splitlines()[0]})") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     return path, tok, model.to(device)
 
 
@@ -237,6 +242,7 @@ class UpdateStats:
     grad_sq_full: float = math.nan
     micro_size: int = 0
     full_size: int = 0
+    entropy: torch.Tensor | None = None  # [N, C] rows trained on-policy (others stay NaN)
 
 
 def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist) -> UpdateStats:
@@ -251,6 +257,8 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
     cmask = rollout.completion_mask.float()
     skip = cfg.skip_zero_advantage and cfg.kl_coef == 0
     on_policy = cfg.updates_per_batch == 1
+    if on_policy:  # the only forward sees the rollout policy: keep its entropy
+        stats.entropy = torch.full(cmask.shape, math.nan)
     first = True
     for _epoch in range(cfg.ppo_epochs):
         order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
@@ -262,7 +270,9 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
                 train_idx = micro[adv[micro] != 0] if skip else micro
                 if len(train_idx):
                     part = rollout.select(train_idx)
-                    logp, _ = completion_logprobs(model, part, cfg.temperature)
+                    logp, ent = completion_logprobs(model, part, cfg.temperature, on_policy)
+                    if on_policy:
+                        stats.entropy[train_idx] = ent
                     old = logp.detach() if on_policy else old_logp[train_idx]
                     m = cmask[train_idx]
                     tok_loss, low, high = grpo.clipped_surrogate(
@@ -285,6 +295,9 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
                     stats.micro_size = len(micro)
             if dist.sum([float(bad_loss)])[0] > 0:  # every rank stops together
                 raise Diverged("non-finite loss")
+            for p in model.parameters():  # a batch with nothing to learn still steps AdamW
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
             dist.sum_grads(model)
             if first:
                 stats.grad_sq_full = M.grad_sq_norm(model)
@@ -356,7 +369,7 @@ def train(
     # --- model, reference, optimizer, data, rewards --------------------------------------
     torch.manual_seed(cfg.seed * 7919 + dist.rank)
     data_rng = np.random.default_rng([cfg.seed, dist.rank])
-    model_path, tok, model = load_model(cfg)
+    model_path, tok, model = load_model(cfg, dist.device)
     model.train()
     theta0 = M.flat_params(model)
     need_ref = cfg.kl_coef > 0 or cfg.kl_init_every > 0
@@ -431,14 +444,26 @@ def train(
 
             # --- 3. log-probs the update and the metrics need ------------------------------
             kl_due = cfg.kl_init_every > 0 and step % cfg.kl_init_every == 0
-            old_logp, entropy = no_grad_logprobs(model, roll, cfg, with_entropy=True)
-            ref_logp = None
+            # (one on-policy update and no KL: the update's own forward gives the entropy of
+            # the samples it trains on, and only the skipped ones need a forward of their own)
+            t1 = time.perf_counter()
+            lean = cfg.updates_per_batch == 1 and not kl_due and cfg.kl_coef == 0
+            old_logp = entropy = ref_logp = None
+            if not lean:
+                old_logp, entropy = no_grad_logprobs(model, roll, cfg, with_entropy=True)
+            else:
+                rest = (adv == 0).nonzero().flatten() if cfg.skip_zero_advantage else adv[:0]
+                rest_entropy = no_grad_logprobs(model, roll.select(rest), cfg, True)[1] \
+                    if len(rest) else None
             if ref is not None and (kl_due or cfg.kl_coef > 0):
                 ref_logp, _ = no_grad_logprobs(ref, roll, cfg, with_entropy=False)
 
             # --- 4. the update --------------------------------------------------------------
-            t1 = time.perf_counter()
             st = update(model, opt, roll, adv, old_logp, ref_logp, cfg, phase, dist)
+            if lean:
+                entropy = st.entropy
+                if rest_entropy is not None:
+                    entropy[rest] = rest_entropy
             engine.sync(model)
             t_update = time.perf_counter() - t1
             samples += local_prompts * g * dist.world

@@ -1,0 +1,138 @@
+"""Trainer throughput: samples/s of twoclocks' GRPO loop vs TRL's GRPOTrainer, same run, same setup.
+
+Both train `builtin:tiny-arith` on the synthetic task with G=8, 16 prompts per batch (128
+samples), 12 new tokens, fp32, lr 1e-4, token-mean loss, one on-policy update per batch, the
+same reward (strict format policy + math-verify pool), no KL, no eval, no gradient
+checkpointing, for ~2k samples. Throughput counts the steps after the first (warm-up excluded).
+TRL is not a dependency: it runs in a subprocess when `trl` (and `datasets`) import, from the
+environment or from `--trl-path DIR` (e.g. `pip install --target DIR --no-deps trl datasets
+pandas pyarrow dill multiprocess xxhash`). Target: ours / TRL >= 1.5.
+
+    python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+P, G, NEW_TOKENS, LR = 16, 8, 12, 1e-4
+
+
+def ours(samples: int, threads: int, all_metrics: bool) -> float:
+    """samples/s of trainer.loop.train (steps 2..N)."""
+    from trainer.config import TrainConfig
+    from trainer.loop import train
+
+    cfg = TrainConfig(prompts_per_batch=P, group_size=G, max_new_tokens=NEW_TOKENS, lr=LR,
+                      sample_budget=samples, eval_every_samples=0, checkpoint_every_steps=0,
+                      kl_init_every=1 if all_metrics else 0, threads=threads, seed=0)
+    marks: list[tuple[float, int]] = []
+    with tempfile.TemporaryDirectory() as work:
+        train(cfg, None, Path(work), on_step=lambda p: marks.append((time.perf_counter(), p.samples)))
+    (t0, s0), (t1, s1) = marks[0], marks[-1]
+    return (s1 - s0) / (t1 - t0)
+
+
+TRL_SCRIPT = r"""
+import json, sys, time
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+import numpy as np
+from trainer.data import ArithmeticTask, render_prompt
+from trainer.rewards import MathVerifyReward
+from trainer.data import Problem
+
+path, samples, threads, P, G, NEW, LR = sys.argv[1:8]
+samples, threads, P, G, NEW, LR = int(samples), int(threads), int(P), int(G), int(NEW), float(LR)
+torch.set_num_threads(threads)
+tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+problems = ArithmeticTask().sample(np.random.default_rng(0), samples // G)
+ds = Dataset.from_list([{"prompt": render_prompt(p, tok), "answer": p.answer} for p in problems])
+reward = MathVerifyReward()
+
+def correctness(prompts, completions, answer, **kw):
+    return reward(list(completions), [Problem("", a) for a in answer])
+
+marks = []
+class Clock(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        marks.append((time.perf_counter(), state.global_step))
+
+args = GRPOConfig(
+    output_dir=sys.argv[8], per_device_train_batch_size=P * G, gradient_accumulation_steps=1,
+    num_generations=G, steps_per_generation=1, num_iterations=1, max_completion_length=NEW,
+    temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant",
+    warmup_steps=0, beta=0.0, loss_type="dapo", scale_rewards="group", bf16=False, fp16=False,
+    gradient_checkpointing=False, use_cpu=True, max_steps=samples // (P * G), logging_steps=1,
+    save_strategy="no", report_to=[], seed=0, disable_tqdm=True, dataloader_num_workers=0,
+)
+trainer = GRPOTrainer(model=model, reward_funcs=correctness, args=args, train_dataset=ds,
+                      processing_class=tok, callbacks=[Clock()])
+trainer.train()
+reward.close()
+(t0, s0), (t1, s1) = marks[0], marks[-1]
+print("RESULT " + json.dumps({"samples_per_s": (s1 - s0) * P * G / (t1 - t0)}))
+"""
+
+
+def trl(samples: int, threads: int, trl_path: str | None) -> float | None:
+    """samples/s of TRL's GRPOTrainer in a subprocess, or None when trl does not import."""
+    from trainer.tiny import ensure_tiny_model
+
+    env = dict(os.environ)
+    if trl_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [trl_path, env.get("PYTHONPATH")]))
+    probe = subprocess.run([sys.executable, "-c", "import trl, datasets"], env=env,
+                           capture_output=True)
+    if probe.returncode:
+        return None
+    with tempfile.TemporaryDirectory() as out:
+        proc = subprocess.run(
+            [sys.executable, "-c", TRL_SCRIPT, str(ensure_tiny_model()), str(samples),
+             str(threads), str(P), str(G), str(NEW_TOKENS), str(LR), out],
+            env=env, capture_output=True, text=True,
+        )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])["samples_per_s"]
+    sys.stderr.write(proc.stderr[-3000:])
+    raise SystemExit("TRL run failed (stderr above)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--trl-path", default=None, help="Directory holding trl and datasets.")
+    a = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from trainer.tiny import ensure_tiny_model
+
+    ensure_tiny_model(progress=True)
+    mine = ours(a.samples, a.threads, all_metrics=False)
+    print(f"twoclocks GRPO (TRL's work: no KL-to-init metric): {mine:8.1f} samples/s")
+    full = ours(a.samples, a.threads, all_metrics=True)
+    print(f"twoclocks GRPO (every metric, kl_init each step):  {full:8.1f} samples/s")
+    theirs = trl(a.samples, a.threads, a.trl_path)
+    if theirs is None:
+        print("TRL GRPOTrainer: trl/datasets not importable (see --trl-path); no ratio")
+        return
+    print(f"TRL GRPOTrainer:                                   {theirs:8.1f} samples/s")
+    print(f"ratio ours/TRL: {mine / theirs:.2f}x (every metric: {full / theirs:.2f}x; "
+          "target >= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()
