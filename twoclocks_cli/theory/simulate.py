@@ -57,8 +57,11 @@ class SimState:
 
     # -- dynamics --------------------------------------------------------------------------
 
-    def step(self, batch, lr, cap=None, active=None) -> StepInfo:
-        """Advance every active row by one optimizer step on a fresh batch of its size."""
+    def step(self, batch, lr, cap=None, active=None, grad_terms=True) -> StepInfo:
+        """Advance every active row by one optimizer step on a fresh batch of its size.
+
+        `grad_terms=False` skips the micro-batch split (grad_sq_* come back as nan): one draw.
+        """
         cfg = self.cfg
         rows, width = self.theta.shape
         batch = np.broadcast_to(np.asarray(batch, dtype=float), (rows,))
@@ -67,16 +70,24 @@ class SimState:
         h = cfg.h
         # the batch mean noise is assembled from a micro-batch and the rest, so the micro-batch's
         # gradient (for the gradient-noise terms) is exactly a sub-mean of the same batch
-        micro = np.clip(np.floor(batch * cfg.micro_fraction), 1.0, np.maximum(batch - 1, 1.0))
-        rest = batch - micro  # 0 for a batch of one sample: no split
-        z_micro = self.rng.standard_normal((rows, width)) * (cfg.sigma / np.sqrt(micro))[:, None]
-        z_rest = self.rng.standard_normal((rows, width)) * (cfg.sigma / np.sqrt(np.maximum(rest, 1.0)))[:, None]
-        xi = (micro[:, None] * z_micro + rest[:, None] * z_rest) / batch[:, None]
         mean_grad = h * self.theta
+        if grad_terms:
+            micro = np.clip(np.floor(batch * cfg.micro_fraction), 1.0, np.maximum(batch - 1, 1.0))
+            rest = batch - micro  # 0 for a batch of one sample: no split
+            z_micro = self.rng.standard_normal((rows, width)) * (cfg.sigma / np.sqrt(micro))[:, None]
+            z_rest = (self.rng.standard_normal((rows, width))
+                      * (cfg.sigma / np.sqrt(np.maximum(rest, 1.0)))[:, None])
+            xi = (micro[:, None] * z_micro + rest[:, None] * z_rest) / batch[:, None]
+        else:
+            micro = np.full(rows, np.nan)
+            xi = self.rng.standard_normal((rows, width)) * (cfg.sigma / np.sqrt(batch))[:, None]
         g = mean_grad + xi
         with np.errstate(over="ignore", invalid="ignore"):
-            g_micro_sq = np.sum((mean_grad + z_micro) ** 2, axis=1)
-            g_full_sq = np.sum(g**2, axis=1)
+            if grad_terms:
+                g_micro_sq = np.sum((mean_grad + z_micro) ** 2, axis=1)
+                g_full_sq = np.sum(g**2, axis=1)
+            else:
+                g_micro_sq = g_full_sq = np.full(rows, np.nan)
             delta = self._update(g, lr, batch, active)
             norm = np.sqrt(np.sum(delta**2, axis=1))
             if cap is not None:
@@ -91,7 +102,7 @@ class SimState:
             drift = np.sqrt(np.sum((self.theta - self.theta0) ** 2, axis=1))
         newly = active & np.isnan(self.collapsed_at) & (drift >= cfg.drift_threshold)
         self.collapsed_at[newly] = self.samples[newly]
-        nonfinite = ~(np.isfinite(loss) & np.isfinite(g_full_sq))
+        nonfinite = ~np.isfinite(loss) | (grad_terms & ~np.isfinite(g_full_sq))
         return StepInfo(loss, drift, g_micro_sq, g_full_sq, micro, nonfinite, norm)
 
     def _update(self, g, lr, batch, active) -> np.ndarray:
@@ -102,9 +113,13 @@ class SimState:
         if cfg.optimizer == "normalized":
             return -(lr * np.sqrt(batch) / cfg.sigma)[:, None] * g
         b1, b2 = cfg.beta1, cfg.beta2
-        a = active[:, None]
-        self.m = np.where(a, b1 * self.m + (1 - b1) * g, self.m)
-        self.v = np.where(a, b2 * self.v + (1 - b2) * g * g, self.v)
+        if active.all():
+            self.m = b1 * self.m + (1 - b1) * g
+            self.v = b2 * self.v + (1 - b2) * g * g
+        else:
+            a = active[:, None]
+            self.m = np.where(a, b1 * self.m + (1 - b1) * g, self.m)
+            self.v = np.where(a, b2 * self.v + (1 - b2) * g * g, self.v)
         self.t = self.t + active
         t = np.maximum(self.t, 1)[:, None]
         m_hat = self.m / (1 - b1**t)

@@ -64,7 +64,7 @@ def simulate_sweep(
             active &= np.isnan(n_prog)
         if not active.any():
             break
-        info = state.step(b, lr, cp, active)
+        info = state.step(b, lr, cp, active, grad_terms=False)
         p = state.progress(info.loss)
         hit = active & np.isnan(n_prog) & (p >= target)
         if hit.any():
