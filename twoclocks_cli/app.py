@@ -69,6 +69,13 @@ def _register() -> None:
     app.command("analyze")(analyze.analyze)
     app.command("schedule")(schedule.schedule)
     app.command("theory")(theory.theory)
+    from twoclocks_cli.commands import plan, status, sweep
+
+    app.command("plan")(plan.plan_cmd)
+    app.command("sweep")(sweep.sweep)
+    app.command("status")(status.status)
+    app.command("cancel")(sweep.cancel)
+    app.add_typer(sweep.sweeps_app, name="sweeps")
 
 
 _register()

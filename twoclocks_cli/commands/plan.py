@@ -1,0 +1,58 @@
+"""`twoclocks plan CONFIG`: the cells a sweep config resolves to, with warnings; `--json`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from twoclocks_cli.options import JsonOption
+
+ConfigArg = Annotated[Path, typer.Argument(help="Sweep config (TOML); see README, ## Sweeps.",
+                                           show_default=False)]
+
+
+def load_plan(config: Path):
+    """Load and plan a config file (ConfigError on any problem)."""
+    from twoclocks_cli.config import load_config, plan
+
+    cfg = load_config(config)
+    return plan(cfg, str(config))
+
+
+def plan_table(p, title: str):
+    """A rich table of planned cells."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("cell", "prompts", "G", "samples/batch", "lr", "clip", "seed", "steps",
+                "samples"):
+        table.add_column(col, justify="right" if col not in ("cell", "clip") else "left")
+    for c in p.cells:
+        clip = f"{c.clip_low:g}" if c.clip_low == c.clip_high else f"{c.clip_low:g}/{c.clip_high:g}"
+        table.add_row(c.cell_id[:10], str(c.prompts), str(c.group_size), str(c.batch_samples),
+                      f"{c.lr:.4g}", clip, str(c.seed), str(c.steps), str(c.samples))
+    return table
+
+
+def print_warnings(warnings: list[str]) -> None:
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+
+
+def plan_cmd(config: ConfigArg, as_json: JsonOption = False) -> None:
+    """Show the cells CONFIG resolves to (lr by the scaling rule, steps, identity) and warnings."""
+    p = load_plan(config)
+    if as_json:
+        typer.echo(json.dumps({"sweep": p.config.name, "backend": p.config.backend,
+                               "sample_budget": p.config.sample_budget,
+                               "cells": [c.record() for c in p.cells],
+                               "warnings": p.warnings}, indent=2))
+        return
+    from rich.console import Console
+
+    Console().print(plan_table(p, f"sweep {p.config.name}: {len(p.cells)} cells, backend "
+                                  f"{p.config.backend}, {p.config.sample_budget} samples each"))
+    print_warnings(p.warnings)

@@ -1,0 +1,115 @@
+"""`twoclocks status [SWEEP] [--watch] [--json]`: cells and their state, reconciled with the
+scheduler (one query per refresh) so a dead job is never shown as running."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+
+from twoclocks_cli.options import DbOption, JsonOption
+
+ORDER = ("planned", "submitted", "running", "completed", "diverged", "failed", "cancelled")
+STYLE = {"completed": "green", "diverged": "yellow", "failed": "red", "cancelled": "magenta",
+         "running": "cyan"}
+
+
+def snapshot(store, sweep: str | None) -> dict:
+    """Reconcile once, then read: per-sweep counts, and the runs of `sweep` when given."""
+    from twoclocks_cli.commands.runs import run_record
+    from twoclocks_cli.launch import sweeps
+
+    if sweep is not None:
+        store.get_sweep(sweep)
+    ref = sweeps.refresh(store, sweep)
+    out = {"queries": ref.queries, "reconciled": ref.fixed, "problems": ref.problems,
+           "sweeps": {k: dict(v) for k, v in sweeps.counts(store, sweep).items()}}
+    if sweep is not None:
+        runs = store.list_runs(sweep)
+        steps = sweeps.last_steps(store, [r.id for r in runs])
+        out["runs"] = [{**run_record(r), "last_step": steps.get(r.id)} for r in runs]
+    return out
+
+
+def sweep_table(snap: dict, sweep: str):
+    from rich.table import Table
+
+    counts = snap["sweeps"].get(sweep, {})
+    summary = ", ".join(f"{counts[s]} {s}" for s in ORDER if counts.get(s))
+    table = Table(title=f"sweep {sweep}: {summary or 'no cells'}")
+    for col in ("run", "cell", "prompts", "samples/batch", "lr", "seed", "status", "job",
+                "attempt", "step", "error"):
+        table.add_column(col)
+    for r in snap["runs"]:
+        st = r["status"]
+        table.add_row(str(r["id"]), r["cell_id"][:10], str(r["batch_prompts"]),
+                      str(r["batch_samples"]), f"{r['lr']:.4g}" if r["lr"] else "-",
+                      str(r["seed"]), f"[{STYLE.get(st, 'white')}]{st}[/]", r["job_id"] or "-",
+                      str(r["attempts"]), str(r["last_step"] if r["last_step"] is not None
+                                              else "-"),
+                      (r["error"] or "")[:60])
+    return table
+
+
+def sweeps_table(snap: dict):
+    from rich.table import Table
+
+    table = Table(title="sweeps")
+    table.add_column("sweep")
+    for s in ORDER:
+        table.add_column(s, justify="right")
+    for name, counts in sorted(snap["sweeps"].items()):
+        table.add_row(name, *[str(counts.get(s, 0) or "") for s in ORDER])
+    return table
+
+
+def waiting(snap: dict, sweep: str | None) -> bool:
+    """Any run still submitted or running?"""
+    tables = [snap["sweeps"].get(sweep, {})] if sweep else list(snap["sweeps"].values())
+    return any(c.get("submitted") or c.get("running") for c in tables)
+
+
+def follow(store, sweep: str | None, interval: float = 2.0) -> dict:
+    """Live table until nothing of `sweep` is submitted or running; returns the last snapshot."""
+    from rich.console import Console
+    from rich.live import Live
+
+    snap = snapshot(store, sweep)
+    render = (lambda s: sweep_table(s, sweep)) if sweep else sweeps_table
+    with Live(render(snap), console=Console(), refresh_per_second=4) as live:
+        while waiting(snap, sweep):
+            time.sleep(interval)
+            snap = snapshot(store, sweep)
+            live.update(render(snap))
+    for p in snap["problems"]:
+        typer.echo(f"warning: {p}", err=True)
+    return snap
+
+
+def status(
+    sweep: Annotated[str | None, typer.Argument(help="Sweep name (default: all sweeps).")] = None,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh until no cell is running.")]
+    = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between "
+                                            "refreshes with --watch.")] = 2.0,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the cells of SWEEP (or a summary of all sweeps), reconciled with the scheduler."""
+    from twoclocks_cli.store import Store
+
+    store = Store.open(db)
+    if watch and not as_json:
+        follow(store, sweep, interval)
+        return
+    snap = snapshot(store, sweep)
+    if as_json:
+        typer.echo(json.dumps(snap, indent=2, default=str))
+        return
+    from rich.console import Console
+
+    Console().print(sweep_table(snap, sweep) if sweep else sweeps_table(snap))
+    for p in snap["problems"]:
+        typer.echo(f"warning: {p}", err=True)

@@ -1,0 +1,8 @@
+"""Sweep configs: the TOML models, loading with one-line errors, and planning into cells."""
+
+from twoclocks_cli.config.load import load_config, parse_config
+from twoclocks_cli.config.models import SweepConfig
+from twoclocks_cli.config.plan import Cell, Plan, cell_hash, plan, scaled_lr
+
+__all__ = ["Cell", "Plan", "SweepConfig", "cell_hash", "load_config", "parse_config", "plan",
+           "scaled_lr"]

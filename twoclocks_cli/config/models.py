@@ -1,0 +1,115 @@
+"""The sweep config (TOML): pydantic models, every field documented once, unknown keys rejected."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Scaling(_Strict):
+    """How lr follows the batch: lr(B) = reference_lr * (B / reference_batch) ** alpha."""
+
+    reference_batch: int = Field(gt=0, description="Reference batch B0, in samples (P*G).")
+    reference_lr: float = Field(gt=0, description="Learning rate at the reference batch.")
+    rule: Literal["sqrt", "linear", "none"] | float = Field(
+        "sqrt", description="sqrt (alpha=0.5), linear (1), none (0), or the exponent alpha itself."
+    )
+    adam_adjust: bool = Field(
+        False, description="Also scale Adam as the SDE rule says: 1-beta -> k(1-beta), "
+        "eps -> eps/sqrt(k), k = B/B0 (off by default).")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="beta1 at the reference batch.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="beta2 at the reference batch.")
+    adam_eps: float = Field(1e-8, gt=0, description="Adam eps at the reference batch.")
+
+    @property
+    def alpha(self) -> float:
+        return {"sqrt": 0.5, "linear": 1.0, "none": 0.0}.get(self.rule, self.rule)  # type: ignore
+
+
+class BatchRange(_Strict):
+    """A geometric range of batch sizes: start, start*factor, ... up to stop (inclusive)."""
+
+    start: int = Field(gt=0, description="First batch size.")
+    stop: int = Field(gt=0, description="Largest batch size (included when on the progression).")
+    factor: float = Field(2.0, gt=1, description="Ratio between consecutive batch sizes.")
+
+
+class Grid(_Strict):
+    """The axes crossed (or zipped) into cells. A scalar is an axis of one value."""
+
+    batch: list[int] | BatchRange = Field(
+        description="Batch sizes: a list, or {start, stop, factor} (geometric).")
+    batch_unit: Literal["prompts", "samples"] = Field(
+        "prompts", description="Whether `batch` counts prompts (P) or samples (P*G).")
+    group_size: int | list[int] = Field(8, description="Group size G (samples per prompt).")
+    clip_low: float | list[float] = Field(0.2, description="Lower ratio clip eps.")
+    clip_high: float | list[float] | None = Field(
+        None, description="Upper ratio clip eps (default: equal to clip_low).")
+    seeds: int | list[int] = Field(0, description="Seeds.")
+    zip: list[str] = Field(
+        default_factory=list, description="Axes zipped together instead of crossed, e.g. "
+        "[\"batch\", \"seeds\"] or [\"batch\", \"sim.optimizer\"]; they need equal lengths.")
+    trainer: dict[str, list[Any]] = Field(
+        default_factory=dict, description="grpo trainer options as axes: key = [values].")
+    sim: dict[str, list[Any]] = Field(
+        default_factory=dict, description="sim model options as axes: key = [values].")
+
+
+class Local(_Strict):
+    """The local executor: cells run as local processes through submitit, a few at a time."""
+
+    threads_per_job: int = Field(1, gt=0, description="CPU threads one cell uses.")
+    max_parallel: int | None = Field(
+        None, gt=0, description="Cells at once (default: cores // threads_per_job, at least 1).")
+    timeout_min: float = Field(24 * 60, gt=0, description="Wall-clock limit per cell, minutes.")
+
+
+class Slurm(_Strict):
+    """SLURM parameters: all pending cells go out as one job array."""
+
+    partition: str | None = Field(None, description="Partition (default: the cluster's).")
+    nodes: int = Field(1, gt=0, description="Nodes per cell.")
+    gpus_per_node: int | None = Field(None, ge=0, description="GPUs per node.")
+    cpus_per_task: int = Field(1, gt=0, description="CPUs per cell.")
+    mem_gb: float | None = Field(None, gt=0, description="Memory per node, GB.")
+    timeout_min: int = Field(60, gt=0, description="Time limit per attempt, minutes; on timeout "
+                             "the cell checkpoints and requeues.")
+    account: str | None = Field(None, description="Account to charge.")
+    qos: str | None = Field(None, description="Quality of service.")
+    constraint: str | None = Field(None, description="Node feature constraint.")
+    array_parallelism: int = Field(16, gt=0, description="Array tasks running at once (%N).")
+    max_requeues: int = Field(3, ge=0, description="Timeouts a cell may requeue after.")
+    setup: list[str] = Field(
+        default_factory=list, description="Shell lines run before the cell (module load, ...).")
+    sbatch: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Additional sbatch options, e.g. {exclusive = true}.")
+
+
+class SweepConfig(_Strict):
+    """One sweep: a name, a backend, a sample budget, an lr scaling rule and a grid."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+                      description="Sweep name: letters, digits, . _ - (unique in the store).")
+    backend: Literal["grpo", "sim"] = Field(description="Which backend runs the cells.")
+    sample_budget: int = Field(gt=0, description="Samples per cell, equal across batch sizes.")
+    scaling: Scaling = Field(description="The lr scaling rule.")
+    grid: Grid = Field(description="The grid axes.")
+    trainer: dict[str, Any] = Field(
+        default_factory=dict, description="Fixed grpo trainer options passed to every cell.")
+    sim: dict[str, Any] = Field(
+        default_factory=dict, description="Fixed sim model options (the cell's `sim` table).")
+    executor: Literal["local", "slurm", "debug", "auto"] = Field(
+        "auto", description="local, slurm, debug (in-process, blocking) or auto (slurm when "
+        "sbatch is on PATH, else local).")
+    store: str | None = Field(
+        None, description="Database URL (default: --db, $TWOCLOCKS_DB, sqlite:///twoclocks.db).")
+    workdir: str = Field(
+        "twoclocks-runs", description="Folder for submitit files and cell checkpoints.")
+    min_steps: int = Field(20, gt=0, description="Warn for cells with fewer optimizer steps.")
+    local: Local = Field(default_factory=Local, description="Local executor settings.")
+    slurm: Slurm = Field(default_factory=Slurm, description="SLURM settings.")

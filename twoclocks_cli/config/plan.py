@@ -1,0 +1,277 @@
+"""Planning: expand a SweepConfig into resolved cells (lr by the scaling rule, steps, hashes).
+
+A cell is the backend's config dict with the common keys (prompts_per_batch, group_size, lr,
+clip_eps_low, clip_eps_high, seed, sample_budget) plus the trainer options (grpo: top level)
+or a `sim` table (sim). Its identity is the sha256 of its canonical JSON, so the same config
+plans the same ids in every process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from twoclocks_cli.config.models import BatchRange, SweepConfig
+from twoclocks_cli.errors import ConfigError
+
+COMMON_KEYS = ("prompts_per_batch", "group_size", "lr", "clip_eps_low", "clip_eps_high", "seed",
+               "sample_budget")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One resolved cell of a sweep."""
+
+    cell_id: str  # sha256 hex of the canonical JSON of `config`
+    name: str
+    prompts: int
+    group_size: int
+    batch_samples: int
+    lr: float
+    clip_low: float
+    clip_high: float
+    seed: int
+    steps: int  # optimizer steps = sample_budget // batch_samples (rollout batches)
+    samples: int  # samples actually consumed = steps * batch_samples
+    config: dict[str, Any] = field(repr=False)
+
+    def record(self) -> dict:
+        """JSON-ready row (the `plan --json` schema)."""
+        return {
+            "cell_id": self.cell_id, "name": self.name, "prompts": self.prompts,
+            "group_size": self.group_size, "batch_samples": self.batch_samples, "lr": self.lr,
+            "clip_low": self.clip_low, "clip_high": self.clip_high, "seed": self.seed,
+            "steps": self.steps, "samples": self.samples, "config": self.config,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The cells of a sweep and the warnings about them."""
+
+    config: SweepConfig
+    cells: list[Cell]
+    warnings: list[str]
+
+
+def cell_hash(cell: dict) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of a resolved cell."""
+    text = json.dumps(cell, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def scaled_lr(cfg: SweepConfig, batch_samples: int) -> float:
+    """lr(B) = reference_lr * (B / reference_batch) ** alpha."""
+    s = cfg.scaling
+    return float(s.reference_lr * (batch_samples / s.reference_batch) ** s.alpha)
+
+
+def adam_for(cfg: SweepConfig, batch_samples: int, source: str) -> dict[str, float]:
+    """Adam's beta1/beta2/eps under the SDE rule at batch B (k = B/B0); rejects beta <= 0."""
+    s = cfg.scaling
+    k = batch_samples / s.reference_batch
+    out = {"beta1": 1 - k * (1 - s.adam_beta1), "beta2": 1 - k * (1 - s.adam_beta2),
+           "eps": s.adam_eps / math.sqrt(k)}
+    for name in ("beta1", "beta2"):
+        if out[name] <= 0:
+            raise ConfigError(
+                f"{source}: key 'scaling.adam_adjust' = true: at batch {batch_samples} samples "
+                f"adam {name} becomes {out[name]:.3g} <= 0; allowed: batches below "
+                f"{s.reference_batch / (1 - getattr(s, 'adam_' + name)):.0f} samples")
+    return out
+
+
+def batch_values(grid_batch, source: str) -> list[int]:
+    """The batch axis: a list as given, or the geometric range start*factor**k <= stop."""
+    if isinstance(grid_batch, BatchRange):
+        r = grid_batch
+        if r.stop < r.start:
+            raise ConfigError(f"{source}: key 'grid.batch.stop' = {r.stop}: must be >= start "
+                              f"({r.start})")
+        out, k = [], 0
+        while (v := round(r.start * r.factor**k)) <= r.stop:
+            if not out or v != out[-1]:
+                out.append(v)
+            k += 1
+        return out
+    return list(grid_batch)
+
+
+def _axis(value) -> list:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _axes(cfg: SweepConfig, source: str) -> dict[str, list]:
+    """Every grid axis by name (sim.X / trainer.X for option axes), validated."""
+    g = cfg.grid
+    axes: dict[str, list] = {
+        "batch": batch_values(g.batch, source),
+        "group_size": _axis(g.group_size),
+        "clip_low": _axis(g.clip_low),
+        "clip_high": _axis(g.clip_high) if g.clip_high is not None else [None],
+        "seeds": _axis(g.seeds),
+    }
+    for table in ("trainer", "sim"):
+        for key, values in getattr(g, table).items():
+            axes[f"{table}.{key}"] = list(values)
+    for name, values in axes.items():
+        key = "grid." + name
+        if not values:
+            raise ConfigError(f"{source}: key {key!r} = []: empty grid axis; give at least one "
+                              "value")
+        if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+            raise ConfigError(f"{source}: key {key!r} = {values!r}: values repeat; each cell "
+                              "must be distinct")
+    for b in axes["batch"]:
+        if b <= 0:
+            raise ConfigError(f"{source}: key 'grid.batch' = {b}: batch sizes must be > 0")
+    for gs in axes["group_size"]:
+        if gs <= 0:
+            raise ConfigError(f"{source}: key 'grid.group_size' = {gs}: must be > 0")
+    for lo in axes["clip_low"]:
+        if not 0 <= lo < 1:
+            raise ConfigError(f"{source}: key 'grid.clip_low' = {lo}: must be in [0, 1)")
+    for hi in axes["clip_high"]:
+        if hi is not None and hi < 0:
+            raise ConfigError(f"{source}: key 'grid.clip_high' = {hi}: must be >= 0")
+    return axes
+
+
+def _combinations(cfg: SweepConfig, axes: dict[str, list], source: str) -> list[dict]:
+    """Cross the axes, except those named in grid.zip, which advance together."""
+    zipped = list(dict.fromkeys(cfg.grid.zip))
+    for name in zipped:
+        if name not in axes:
+            raise ConfigError(f"{source}: key 'grid.zip' = {name!r}: not an axis; allowed: "
+                              f"{', '.join(axes)}")
+    if zipped:
+        lengths = {name: len(axes[name]) for name in zipped}
+        if len(set(lengths.values())) > 1:
+            raise ConfigError(f"{source}: key 'grid.zip' = {zipped!r}: zipped axes need equal "
+                              f"lengths, got {lengths}")
+    groups: list[list[dict]] = []
+    if zipped:
+        groups.append([dict(zip(zipped, vals)) for vals in zip(*(axes[n] for n in zipped))])
+    for name, values in axes.items():
+        if name not in zipped:
+            groups.append([{name: v} for v in values])
+    return [dict(kv for part in combo for kv in part.items())
+            for combo in itertools.product(*groups)]
+
+
+def _check_overrides(cfg: SweepConfig, source: str) -> None:
+    """Overrides may not set what the grid/scaling own, nor target the other backend."""
+    other = "sim" if cfg.backend == "grpo" else "trainer"
+    if getattr(cfg, other) or getattr(cfg.grid, other):
+        where = other if getattr(cfg, other) else f"grid.{other}"
+        raise ConfigError(f"{source}: key {where!r}: the {cfg.backend} backend does not read "
+                          f"[{other}] options; use [{'trainer' if other == 'sim' else 'sim'}]")
+    adam = cfg.scaling.adam_adjust
+    owned = {
+        "trainer": set(COMMON_KEYS) | {"rollout_batch_size", "phases"}
+        | ({"adam_beta1", "adam_beta2", "adam_epsilon"} if adam else set()),
+        "sim": {"beta1", "beta2", "adam_eps"} if adam else set(),
+    }[cfg.backend if cfg.backend == "sim" else "trainer"]
+    table = "sim" if cfg.backend == "sim" else "trainer"
+    for where, opts in ((table, getattr(cfg, table)), (f"grid.{table}", getattr(cfg.grid, table))):
+        for key in opts:
+            if key in owned:
+                raise ConfigError(f"{source}: key '{where}.{key}': set by the sweep itself "
+                                  "(grid, scaling, sample_budget); remove it here")
+
+
+def plan(cfg: SweepConfig, source: str = "config") -> Plan:
+    """Resolve every cell of `cfg`; raise ConfigError for impossible grids, list warnings."""
+    _check_overrides(cfg, source)
+    axes = _axes(cfg, source)
+    cells: list[Cell] = []
+    seen: set[str] = set()
+    for combo in _combinations(cfg, axes, source):
+        cell = _resolve(cfg, combo, source)
+        if cell.cell_id not in seen:
+            seen.add(cell.cell_id)
+            cells.append(cell)
+    return Plan(config=cfg, cells=cells, warnings=_warnings(cfg, cells))
+
+
+def _resolve(cfg: SweepConfig, combo: dict, source: str) -> Cell:
+    """One combination of axis values → a resolved Cell."""
+    g = int(combo["group_size"])
+    if cfg.grid.batch_unit == "samples":
+        samples = int(combo["batch"])
+        if samples % g:
+            raise ConfigError(f"{source}: key 'grid.batch' = {samples}: a batch in samples must "
+                              f"be divisible by group_size {g}")
+        prompts = samples // g
+    else:
+        prompts = int(combo["batch"])
+        samples = prompts * g
+    if cfg.sample_budget < samples:
+        raise ConfigError(f"{source}: key 'sample_budget' = {cfg.sample_budget}: smaller than "
+                          f"one batch ({samples} samples); must be >= the largest batch")
+    low = float(combo["clip_low"])
+    high = low if combo["clip_high"] is None else float(combo["clip_high"])
+    lr = scaled_lr(cfg, samples)
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"{source}: key 'scaling.rule' = {cfg.scaling.rule!r}: gives lr {lr} "
+                          f"at batch {samples}; lr must be a finite number > 0")
+    seed = int(combo["seeds"])
+    cell: dict[str, Any] = {
+        "prompts_per_batch": prompts, "group_size": g, "lr": lr, "clip_eps_low": low,
+        "clip_eps_high": high, "seed": seed, "sample_budget": cfg.sample_budget,
+    }
+    options = {k.split(".", 1)[1]: v for k, v in combo.items() if "." in k}
+    adam = adam_for(cfg, samples, source) if cfg.scaling.adam_adjust else None
+    if cfg.backend == "sim":
+        sim = {**cfg.sim, **options}
+        if adam:
+            sim.update(beta1=adam["beta1"], beta2=adam["beta2"], adam_eps=adam["eps"])
+        cell["sim"] = sim
+    else:
+        cell.update({**cfg.trainer, **options})
+        if adam:
+            cell.update(adam_beta1=adam["beta1"], adam_beta2=adam["beta2"],
+                        adam_epsilon=adam["eps"])
+    try:
+        cid = cell_hash(cell)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: a cell option cannot be stored as JSON: {exc}") from None
+    steps = cfg.sample_budget // samples
+    name = f"{cfg.name}-p{prompts}-g{g}-s{seed}-{cid[:6]}"
+    return Cell(cell_id=cid, name=name, prompts=prompts, group_size=g, batch_samples=samples,
+                lr=lr, clip_low=low, clip_high=high, seed=seed, steps=steps,
+                samples=steps * samples, config=cell)
+
+
+def updates_per_batch(cfg: SweepConfig, cell: Cell) -> int:
+    """Optimizer updates made from one rollout batch (grpo: ppo_epochs * num_minibatches)."""
+    if cfg.backend != "grpo":
+        return 1
+    c = cell.config
+    return int(c.get("ppo_epochs", 1)) * int(c.get("num_minibatches", 1))
+
+
+def _warnings(cfg: SweepConfig, cells: list[Cell]) -> list[str]:
+    """Short cells, and clipping varied where it cannot bind."""
+    out = []
+    short = sorted({c.batch_samples for c in cells if c.steps < cfg.min_steps})
+    if short:
+        out.append(f"{len([c for c in cells if c.steps < cfg.min_steps])} cell(s) run fewer "
+                   f"than {cfg.min_steps} steps (batch samples {short}): their clocks will be "
+                   "coarse; raise sample_budget or drop those batch sizes")
+    clips = {(c.clip_low, c.clip_high) for c in cells}
+    if len(clips) > 1:
+        if cfg.backend == "grpo":
+            single = [c for c in cells if updates_per_batch(cfg, c) == 1]
+            if single:
+                out.append(f"clipping varies ({len(clips)} settings) but {len(single)} cell(s) "
+                           "make one on-policy update per batch (ppo_epochs * num_minibatches "
+                           "= 1): the ratio is exactly 1 and clipping cannot bind there")
+        elif not any("cap_per_clip" in c.config.get("sim", {}) for c in cells):
+            out.append(f"clipping varies ({len(clips)} settings) but the sim backend makes one "
+                       "update per batch and sim.cap_per_clip is not set: clipping cannot bind")
+    return out

@@ -1,0 +1,1 @@
+"""Launching sweeps: executors (local, slurm, debug), the job side, reconciliation, cancel."""

@@ -1,0 +1,88 @@
+"""The job side: what runs on the node for one cell (submitit-checkpointable).
+
+Marks the run running (job id, host, attempt), runs its backend with a private workdir, and
+marks the outcome. On timeout or preemption submitit calls `checkpoint`, which requeues the same
+callable; the backend resumes from its checkpoint in `workdir` and the writer's upsert keeps
+replayed steps from duplicating rows.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from submitit.helpers import Checkpointable, DelayedSubmission
+
+from twoclocks_cli.launch.state import transition
+from twoclocks_cli.store.models import RunStatus
+
+# set by the local runner so a local job id names its runner and its own process
+RUNNER_ENV = "TWOCLOCKS_LOCAL_RUNNER"
+
+
+def job_identity() -> tuple[str, str]:
+    """(job id, host) of the current process: SLURM array task, local process or debug."""
+    host = socket.gethostname()
+    if os.environ.get("SLURM_JOB_ID"):
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        task = os.environ.get("SLURM_ARRAY_TASK_ID")
+        return (f"{array}_{task}" if array and task else os.environ["SLURM_JOB_ID"]), host
+    runner = os.environ.get(RUNNER_ENV)
+    if runner:
+        return f"local:{host}:{runner}:{os.getpid()}", host
+    return f"debug:{host}:{os.getpid()}", host
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: type and message, newlines folded."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class CellJob(Checkpointable):
+    """Run cell `run_id` of the store at `db_url`, checkpointing into `workdir`."""
+
+    def __init__(self, db_url: str, run_id: int, workdir: str):
+        self.db_url = db_url
+        self.run_id = int(run_id)
+        self.workdir = str(workdir)
+        self.requeues = 0
+
+    def __call__(self) -> str:
+        from twoclocks_cli.backends import run_cell
+        from twoclocks_cli.store import Store
+
+        store = Store.open(self.db_url, migrate=False)
+        try:
+            run = store.get_run(self.run_id)
+            if RunStatus(run.status).finished:  # cancelled (or done) before this attempt began
+                return run.status
+            job_id, host = job_identity()
+            resume = store.max_step(self.run_id)
+            has_ckpt = any(Path(self.workdir).glob("*")) if Path(self.workdir).exists() else False
+            note = (f"attempt {run.attempts + 1} on {host} pid {os.getpid()} job {job_id}; "
+                    f"requeues {self.requeues}; "
+                    + (f"resuming after step {resume} (checkpoint {'found' if has_ckpt else 'none'})"
+                       if resume else "starting"))
+            transition(store, self.run_id, RunStatus.running,
+                       {RunStatus.planned, RunStatus.submitted, RunStatus.running}, note,
+                       job_id=job_id, host=host, attempts=run.attempts + 1, error=None)
+            try:
+                status = RunStatus(run_cell(store, self.run_id, Path(self.workdir)))
+            except Exception as exc:  # the backend's error is the run's outcome
+                transition(store, self.run_id, RunStatus.failed, {RunStatus.running},
+                           "backend raised", error=one_line(exc)[:2000])
+                return RunStatus.failed.value
+            if status not in (RunStatus.completed, RunStatus.diverged):
+                status = RunStatus.failed
+            transition(store, self.run_id, status, {RunStatus.running}, "backend returned")
+            return status.value
+        finally:
+            store.close()
+
+    def checkpoint(self, *args, **kwargs) -> DelayedSubmission:
+        """Requeue the same cell (called by submitit on timeout/preemption, inside a signal
+        handler: no database work here — the next attempt records the requeue)."""
+        self.requeues += 1
+        return DelayedSubmission(self, *args, **kwargs)

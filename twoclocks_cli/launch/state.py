@@ -1,0 +1,42 @@
+"""Conditional run-status changes: move a run only if it is still in an expected state.
+
+The job, the reconciler and `cancel` race each other; a compare-and-set in one transaction
+means a cancelled run is never flipped back to completed, and a finished run is never
+claimed dead by a scheduler answer that arrived after the job reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from twoclocks_cli.store.models import Run, RunEvent, RunStatus, utcnow
+
+ACTIVE = frozenset({RunStatus.planned, RunStatus.submitted, RunStatus.running})
+RETRYABLE = frozenset({RunStatus.failed, RunStatus.cancelled})
+
+
+def transition(store, run_id: int, to: RunStatus, only_from: Iterable[RunStatus],
+               message: str | None = None, job_id_is: str | None = None, **fields) -> bool:
+    """Set run `run_id` to `to` (plus columns) iff its status is in `only_from` (and its job id
+    is `job_id_is`, when given); log an event. Returns whether it changed."""
+    allowed = {RunStatus(s).value for s in only_from}
+    now = utcnow()
+    with store.session() as s:
+        run = s.get(Run, run_id, with_for_update=True)  # row lock on PostgreSQL
+        if run is None or run.status not in allowed:
+            return False
+        if job_id_is is not None and run.job_id != job_id_is:
+            return False
+        previous = run.status
+        run.status = to.value
+        for name, value in fields.items():
+            setattr(run, name, value)
+        if to is RunStatus.submitted:
+            run.submitted_at = now
+        elif to is RunStatus.running:
+            run.started_at = now
+        elif to.finished:
+            run.finished_at = now
+        s.add(RunEvent(run_id=run_id, at=now, from_status=previous, to_status=to.value,
+                       message=message))
+        return True
