@@ -26,8 +26,14 @@ from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep  # noqa: E402
 from twoclocks_cli.store import Run, Store, Sweep  # noqa: E402
 from twoclocks_cli.store.writer import SQLITE_UPSERT  # noqa: E402
 
-KEYS = ["reward_mean", "drift_abs", "grad_sq_micro", "grad_sq_full", "grad_micro_size",
-        "grad_full_size"]
+KEYS = [
+    "reward_mean",
+    "drift_abs",
+    "grad_sq_micro",
+    "grad_sq_full",
+    "grad_micro_size",
+    "grad_full_size",
+]
 BATCHES = [32, 64, 128, 256, 512]
 
 
@@ -40,10 +46,23 @@ def build(store: Store, runs: int, steps: int) -> None:
         rows = []
         for i in range(runs):
             b = BATCHES[i % len(BATCHES)]
-            rows.append(Run(sweep_id=sw.id, cell_id=f"c{i}", name=f"r{i}", backend="grpo",
-                            batch_prompts=b // 8, group_size=8, batch_samples=b, lr=1e-3,
-                            clip_low=0.2, clip_high=0.2, seed=i // len(BATCHES), config={},
-                            status="completed"))
+            rows.append(
+                Run(
+                    sweep_id=sw.id,
+                    cell_id=f"c{i}",
+                    name=f"r{i}",
+                    backend="grpo",
+                    batch_prompts=b // 8,
+                    group_size=8,
+                    batch_samples=b,
+                    lr=1e-3,
+                    clip_low=0.2,
+                    clip_high=0.2,
+                    seed=i // len(BATCHES),
+                    config={},
+                    status="completed",
+                )
+            )
         s.add_all(rows)
         s.flush()
         ids = [(r.id, r.batch_samples) for r in rows]
@@ -56,17 +75,23 @@ def build(store: Store, runs: int, steps: int) -> None:
         reward = reward + rng.normal(0, 0.02, steps)
         drift = np.sqrt(x) * 0.01
         g = 1.0 + rng.normal(0, 0.01, steps)
-        cols = {"reward_mean": reward, "drift_abs": drift, "grad_sq_micro": 4 * g,
-                "grad_sq_full": g, "grad_micro_size": np.full(steps, b / 4.0),
-                "grad_full_size": np.full(steps, float(b))}
+        cols = {
+            "reward_mean": reward,
+            "drift_abs": drift,
+            "grad_sq_micro": 4 * g,
+            "grad_sq_full": g,
+            "grad_micro_size": np.full(steps, b / 4.0),
+            "grad_full_size": np.full(steps, float(b)),
+        }
         data = [(rid, int(t), k, int(t * b), float(cols[k][t - 1])) for k in KEYS for t in step]
         with store.engine.begin() as conn:
             conn.exec_driver_sql(SQLITE_UPSERT, data)
 
 
 def bare_select(store: Store) -> int:
-    q = ("SELECT run_id, step, samples, value FROM metrics WHERE key IN ({}) "
-         "ORDER BY run_id, step").format(",".join(f"'{k}'" for k in KEYS))
+    q = (
+        "SELECT run_id, step, samples, value FROM metrics WHERE key IN ({}) ORDER BY run_id, step"
+    ).format(",".join(f"'{k}'" for k in KEYS))
     with store.engine.connect() as conn:
         return len(conn.exec_driver_sql(q).fetchall())
 
@@ -83,8 +108,10 @@ def main() -> None:
     if fresh:
         t = time.perf_counter()
         build(store, args.runs, args.steps)
-        print(f"built {args.runs} runs x {args.steps} steps x {len(KEYS)} keys in "
-              f"{time.perf_counter() - t:.1f} s ({path})")
+        print(
+            f"built {args.runs} runs x {args.steps} steps x {len(KEYS)} keys in "
+            f"{time.perf_counter() - t:.1f} s ({path})"
+        )
     bare_select(store)  # warm the page cache for both
     t = time.perf_counter()
     n = bare_select(store)
@@ -94,8 +121,10 @@ def main() -> None:
     result = analyze_sweep(store, "bench", opts)
     t_an = time.perf_counter() - t
     fit = result.to_json()["critical_batch"]["mccandlish"]["b_crit"]
-    print(f"bare SELECT of {n} rows: {t_sel:.2f} s; analyze: {t_an:.2f} s "
-          f"(B_crit {fit if fit is None else round(fit, 1)})")
+    print(
+        f"bare SELECT of {n} rows: {t_sel:.2f} s; analyze: {t_an:.2f} s "
+        f"(B_crit {fit if fit is None else round(fit, 1)})"
+    )
     print(f"ratio analyze / bare SELECT = {t_an / t_sel:.2f} (target <= 2.0)")
 
 

@@ -37,17 +37,28 @@ def _synthetic(store, name, batches, seeds=2, fn=None, status="completed", point
         ids = []
         for b in batches:
             for seed in range(seeds):
-                r = Run(sweep_id=sw.id, cell_id=f"{b}-{seed}", name=f"{name}-{b}-{seed}",
-                        backend="grpo", batch_prompts=b // 8, group_size=8, batch_samples=b,
-                        lr=1e-3, clip_low=0.2, clip_high=0.2, seed=seed, config={},
-                        status=status)
+                r = Run(
+                    sweep_id=sw.id,
+                    cell_id=f"{b}-{seed}",
+                    name=f"{name}-{b}-{seed}",
+                    backend="grpo",
+                    batch_prompts=b // 8,
+                    group_size=8,
+                    batch_samples=b,
+                    lr=1e-3,
+                    clip_low=0.2,
+                    clip_high=0.2,
+                    seed=seed,
+                    config={},
+                    status=status,
+                )
                 s.add(r)
                 s.flush()
                 ids.append(r.id)
-    for rid, (b, seed) in zip(ids, [(b, s) for b in batches for s in range(seeds)]):
+    for rid, (b, seed) in zip(ids, [(b, s) for b in batches for s in range(seeds)], strict=True):
         x = np.arange(1, points + 1) * b
         with store.metric_writer(rid) as w:
-            for step, (xi, yi) in enumerate(zip(x, fn(x, b, seed)), start=1):
+            for step, (xi, yi) in enumerate(zip(x, fn(x, b, seed), strict=True), start=1):
                 w.log(step, int(xi), {"reward_mean": float(yi)})
     return ids
 
@@ -55,13 +66,38 @@ def _synthetic(store, name, batches, seeds=2, fn=None, status="completed", point
 def test_analyze_json_csv_plot_and_stored(sim_db, tmp_path):
     url, _ = sim_db
     png, out_csv = tmp_path / "a.png", tmp_path / "a.csv"
-    proc = twoclocks("analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "7",
-                     "--json", "--csv", str(out_csv), "--plot", str(png), "--bootstrap", "200")
+    proc = twoclocks(
+        "analyze",
+        "sim",
+        "--db",
+        url,
+        "--target",
+        "0.9",
+        "--drift-threshold",
+        "7",
+        "--json",
+        "--csv",
+        str(out_csv),
+        "--plot",
+        str(png),
+        "--bootstrap",
+        "200",
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert set(data) >= {"sweep", "options", "metric", "target", "runs", "batches",
-                         "critical_batch", "failure_invariance", "clipping", "warnings",
-                         "analysis_id"}
+    assert set(data) >= {
+        "sweep",
+        "options",
+        "metric",
+        "target",
+        "runs",
+        "batches",
+        "critical_batch",
+        "failure_invariance",
+        "clipping",
+        "warnings",
+        "analysis_id",
+    }
     assert data["options"]["drift_threshold"] == 7.0 and data["options"]["target"] == "0.9"
     assert data["options"]["window"] == 5 and data["options"]["drop_rho"] == 0.3
     assert data["metric"] == "eval_accuracy" and len(data["runs"]) == 6
@@ -82,32 +118,59 @@ def test_analyze_json_csv_plot_and_stored(sim_db, tmp_path):
 
 def test_schedule_reuses_stored_analysis_and_writes_toml(sim_db, tmp_path):
     url, _ = sim_db
-    assert twoclocks("analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "7",
-                     "--json").returncode == 0
+    assert (
+        twoclocks(
+            "analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "7", "--json"
+        ).returncode
+        == 0
+    )
     out = tmp_path / "phases.toml"
     proc = twoclocks("schedule", "sim", "--db", url, "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["analysis_options"]["target"] == "0.9"  # the stored analysis, not a fresh one
     phases = tomllib.loads(out.read_text())["phases"]
-    assert phases == json.loads(json.dumps([
-        {k: (int(round(v)) if k == "until_samples" else v) for k, v in p.items()}
-        for p in data["phases"]]))
+    assert phases == json.loads(
+        json.dumps(
+            [
+                {k: (int(round(v)) if k == "until_samples" else v) for k, v in p.items()}
+                for p in data["phases"]
+            ]
+        )
+    )
     for p in phases:
-        assert set(p) == {"until_samples", "prompts_per_batch", "lr", "clip_eps_low",
-                          "clip_eps_high"}
+        assert set(p) == {
+            "until_samples",
+            "prompts_per_batch",
+            "lr",
+            "clip_eps_low",
+            "clip_eps_high",
+        }
     text = twoclocks("schedule", "sim", "--db", url)
     assert text.returncode == 0 and "rationale" in text.stdout and "B_crit" in text.stdout
 
 
 def test_theory_command_with_simulation():
-    proc = twoclocks("theory", "--batches", "8,32", "--simulate", "--budget", "20000",
-                     "--cap", "0.05", "--json")
+    proc = twoclocks(
+        "theory",
+        "--batches",
+        "8,32",
+        "--simulate",
+        "--budget",
+        "20000",
+        "--cap",
+        "0.05",
+        "--lr-scan",
+        "4",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["failure_exponent"] == 0.0 and data["critical_batch"]["b_crit"] > 0
     assert all("simulated_n_prog" in r and "failure_clock_predicted" in r for r in data["rows"])
-    table = twoclocks("theory", "--rule", "linear", "--set", "optimizer=\"sgd\"")
+    # a larger lr lets the cap bind at smaller batches: B_crit moves down with lr
+    assert data["critical_batch_vs_lr"][0]["b_crit"] < data["critical_batch"]["b_crit"]
+    table = twoclocks("theory", "--rule", "linear", "--set", 'optimizer="sgd"', "--cap", "0.05")
     assert table.returncode == 0 and "exponent" in table.stdout
     assert_one_line_error(twoclocks("theory", "--rule", "cubic"), "--rule")
     assert_one_line_error(twoclocks("theory", "--set", "nope=1"), "unknown key", "nope")
@@ -122,15 +185,16 @@ def test_edge_no_runs_unknown_sweep_unknown_metric(tmp_path):
     assert_one_line_error(twoclocks("analyze", "empty", "--db", url), "no runs")
     assert_one_line_error(twoclocks("analyze", "nosuch", "--db", url), "nosuch", "empty")
     _synthetic(store, "syn", [8, 16])
-    assert_one_line_error(twoclocks("analyze", "syn", "--db", url, "--metric", "acc"),
-                          "'acc'", "reward_mean")
-    assert_one_line_error(twoclocks("analyze", "syn", "--db", url, "--target", "frac:2"),
-                          "--target")
+    assert_one_line_error(
+        twoclocks("analyze", "syn", "--db", url, "--metric", "acc"), "'acc'", "reward_mean"
+    )
+    assert_one_line_error(
+        twoclocks("analyze", "syn", "--db", url, "--target", "frac:2"), "--target"
+    )
 
 
 def test_edge_one_batch_partial_censored_nan(tmp_path):
     from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
-    from twoclocks_cli.errors import AnalysisError
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     store = Store.open(url)
@@ -175,8 +239,18 @@ def test_unsorted_logging_gives_the_same_clocks(tmp_path):
         sw = Sweep(name="shuffled", backend="grpo", config={})
         s.add(sw)
         s.flush()
-        r = Run(sweep_id=sw.id, cell_id="x", name="x", backend="grpo", batch_prompts=1,
-                group_size=8, batch_samples=8, seed=0, config={}, status="completed")
+        r = Run(
+            sweep_id=sw.id,
+            cell_id="x",
+            name="x",
+            backend="grpo",
+            batch_prompts=1,
+            group_size=8,
+            batch_samples=8,
+            seed=0,
+            config={},
+            status="completed",
+        )
         s.add(r)
         s.flush()
         rid = r.id
@@ -190,3 +264,45 @@ def test_unsorted_logging_gives_the_same_clocks(tmp_path):
     a = analyze_sweep(store, "sorted", AnalysisOptions(target="0.5")).to_json()
     b = analyze_sweep(store, "shuffled", AnalysisOptions(target="0.5")).to_json()
     assert a["runs"][0]["progress"]["samples"] == b["runs"][0]["progress"]["samples"]
+
+
+def test_clipping_table_wider_clip_fails_earlier(tmp_path):
+    """sim.cap_per_clip maps clip_eps to the per-step cap: a wider clip drifts faster."""
+    from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    sim = {"log_every": 4, "eval_every": 1, "cap_per_clip": 0.25}
+    ids = make_sweep(store, "clip", [16], 1, 36_000, sim, tmp_path / "a", clip=(0.1, 0.1))
+    with store.session() as s:  # a second clip setting in the same sweep
+        for rid in ids:
+            run = s.get(Run, rid)
+            cell = {**run.config, "clip_eps_low": 0.3, "clip_eps_high": 0.3}
+            s.add(
+                Run(
+                    sweep_id=run.sweep_id,
+                    cell_id=run.cell_id + "-wide",
+                    name=run.name + "w",
+                    backend="sim",
+                    batch_prompts=run.batch_prompts,
+                    group_size=run.group_size,
+                    batch_samples=run.batch_samples,
+                    lr=run.lr,
+                    clip_low=0.3,
+                    clip_high=0.3,
+                    seed=run.seed,
+                    config=cell,
+                    status="completed",
+                )
+            )
+    from twoclocks_cli.backends import run_cell
+
+    wide = [r.id for r in store.list_runs("clip") if r.clip_low == 0.3]
+    for rid in wide:
+        run_cell(store, rid, tmp_path / f"w{rid}")
+    result = analyze_sweep(
+        store, "clip", AnalysisOptions(target="0.9", drift_threshold=7.0, theory=False)
+    ).to_json()
+    table = {row["clip_low"]: row for row in result["clipping"]}
+    assert set(table) == {0.1, 0.3}
+    wide, narrow = table[0.3]["failure_median"], table[0.1]["failure_median"]
+    assert wide is not None and (narrow is None or wide < narrow)  # None: never failed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.integration.simsweep import B0, G, LR0, make_sweep
+from tests.integration.simsweep import B0, LR0, G, make_sweep
 from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep, make_schedule
 from twoclocks_cli.store import Store
 from twoclocks_cli.theory import ModelConfig, predict_critical_batch
@@ -19,8 +19,9 @@ BUDGET = 40_000
 SIM = {"log_every": 4, "eval_every": 1, "checkpoint_every": 2000}
 CAP = 0.05
 TARGET = 0.9
-OPTS = dict(target=str(TARGET), drift_threshold=ModelConfig().drift_threshold, theory=False,
-            bootstrap=300)
+OPTS = dict(
+    target=str(TARGET), drift_threshold=ModelConfig().drift_threshold, theory=False, bootstrap=300
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_drop_rule_alone_sees_the_collapse(sweeps):
     opts = {**OPTS, "drift_threshold": None}
     result = analyze_sweep(store, "free", AnalysisOptions(**opts)).to_json()
     drift = analyze_sweep(store, "free", AnalysisOptions(**OPTS)).to_json()
-    for r, d in zip(result["runs"], drift["runs"]):
+    for r, d in zip(result["runs"], drift["runs"], strict=True):
         assert r["failure"]["rule"] == "drop"
         assert d["failure"]["samples"] < r["failure"]["samples"] < d["failure"]["samples"] + 4000
 
@@ -89,8 +90,16 @@ def test_schedule_beats_largest_batch_and_fails_no_earlier_than_smallest(sweeps)
     plan = make_schedule(analysis, budget=BUDGET)
     assert len(plan["phases"]) == 2 and plan["b_large"] > plan["b_small"], plan
     phases = [dict(p) for p in plan["phases"]]
-    make_sweep(store, "scheduled", [phases[0]["prompts_per_batch"]], 3, BUDGET, {**SIM, "cap": CAP},
-               root / "scheduled", phases=phases)
+    make_sweep(
+        store,
+        "scheduled",
+        [phases[0]["prompts_per_batch"]],
+        3,
+        BUDGET,
+        {**SIM, "cap": CAP},
+        root / "scheduled",
+        phases=phases,
+    )
     sched = analyze_sweep(store, "scheduled", AnalysisOptions(**OPTS)).to_json()
     prog = _by_batch(analysis, "progress")
     fail = _by_batch(analysis, "failure")
@@ -101,6 +110,7 @@ def test_schedule_beats_largest_batch_and_fails_no_earlier_than_smallest(sweeps)
     # the runs really switched batch at until_samples
     b = store.load_metric([r.id for r in store.list_runs("scheduled")], "batch_samples")
     series = next(iter(b.values()))
-    assert set(np.unique(series.values)) == {phases[0]["prompts_per_batch"] * G,
-                                             phases[1]["prompts_per_batch"] * G}
-
+    assert set(np.unique(series.values)) == {
+        phases[0]["prompts_per_batch"] * G,
+        phases[1]["prompts_per_batch"] * G,
+    }

@@ -1,4 +1,4 @@
-"""The local quadratic model: closed forms against the simulator, and the failure-clock exponents."""
+"""The local quadratic model: closed forms vs the simulator, and the failure-clock exponents."""
 
 import numpy as np
 import pytest

@@ -13,8 +13,14 @@ from twoclocks_cli.backends import run_cell
 from twoclocks_cli.errors import ConfigError
 from twoclocks_cli.store import Run, RunStatus, Store, Sweep
 
-COMMON = {"prompts_per_batch": 2, "group_size": 2, "lr": 0.005, "clip_eps_low": 0.2,
-          "clip_eps_high": 0.2, "seed": 3}
+COMMON = {
+    "prompts_per_batch": 2,
+    "group_size": 2,
+    "lr": 0.005,
+    "clip_eps_low": 0.2,
+    "clip_eps_high": 0.2,
+    "seed": 3,
+}
 
 
 def _run_row(store, cell, name):
@@ -22,8 +28,18 @@ def _run_row(store, cell, name):
         sw = Sweep(name=name, backend="sim", config={})
         s.add(sw)
         s.flush()
-        r = Run(sweep_id=sw.id, cell_id=name, name=name, backend="sim", batch_prompts=2,
-                group_size=2, batch_samples=4, lr=cell["lr"], seed=3, config=cell)
+        r = Run(
+            sweep_id=sw.id,
+            cell_id=name,
+            name=name,
+            backend="sim",
+            batch_prompts=2,
+            group_size=2,
+            batch_samples=4,
+            lr=cell["lr"],
+            seed=3,
+            config=cell,
+        )
         s.add(r)
         s.flush()
         return r.id
@@ -39,15 +55,33 @@ def _all_metrics(store, rid):
 
 def test_writes_the_common_keys_and_runs_phases(sqlite_url, tmp_path):
     store = Store.open(sqlite_url)
-    cell = {**COMMON, "sample_budget": 4000, "sim": {"eval_every": 5},
-            "phases": [{"until_samples": 2000, "prompts_per_batch": 2, "lr": 0.005},
-                       {"prompts_per_batch": 8, "lr": 0.01, "clip_eps_low": 0.1}]}
+    cell = {
+        **COMMON,
+        "sample_budget": 4000,
+        "sim": {"eval_every": 5},
+        "phases": [
+            {"until_samples": 2000, "prompts_per_batch": 2, "lr": 0.005},
+            {"prompts_per_batch": 8, "lr": 0.01, "clip_eps_low": 0.1},
+        ],
+    }
     rid = _run_row(store, cell, "phased")
     assert run_cell(store, rid, tmp_path / "w") == RunStatus.completed
     keys = set(store.metric_keys([rid]))
-    assert keys >= {"reward_mean", "eval_accuracy", "drift_abs", "drift_rel", "loss", "lr",
-                    "batch_samples", "phase", "grad_sq_micro", "grad_sq_full", "grad_micro_size",
-                    "grad_full_size", "nonfinite"}
+    assert keys >= {
+        "reward_mean",
+        "eval_accuracy",
+        "drift_abs",
+        "drift_rel",
+        "loss",
+        "lr",
+        "batch_samples",
+        "phase",
+        "grad_sq_micro",
+        "grad_sq_full",
+        "grad_micro_size",
+        "grad_full_size",
+        "nonfinite",
+    }
     b = store.load_metric([rid], "batch_samples")[rid]
     assert b.values[b.samples <= 2000].max() == 4 and b.values[-1] == 16
     assert b.samples[-1] == 4000 and np.all(np.diff(b.samples) > 0)
@@ -95,12 +129,15 @@ def test_nonfinite_returns_diverged(sqlite_url, tmp_path):
     assert flag.values[-1] == 1.0 and (flag.values[:-1] == 0).all()
 
 
-@pytest.mark.parametrize("bad,needle", [
-    ({"sim": {"flat": 3}}, "unknown key"),
-    ({"prompts_per_batch": None}, "prompts_per_batch"),
-    ({"phases": "fast"}, "phases"),
-    ({"sample_budget": "lots"}, "sample_budget"),
-])
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        ({"sim": {"flat": 3}}, "unknown key"),
+        ({"prompts_per_batch": None}, "prompts_per_batch"),
+        ({"phases": "fast"}, "phases"),
+        ({"sample_budget": "lots"}, "sample_budget"),
+    ],
+)
 def test_bad_cells_raise_config_errors(sqlite_url, tmp_path, bad, needle):
     store = Store.open(sqlite_url)
     cell = {**COMMON, "sample_budget": 400, **bad}

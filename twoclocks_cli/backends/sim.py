@@ -73,17 +73,20 @@ def phases_of(cell: dict) -> list[Phase]:
         where = f"cell phases[{i}]"
         if not isinstance(ph, dict):
             raise ConfigError(f"{where} = {ph!r} must be a table")
-        out.append(Phase(
-            until_samples=_number(ph, "until_samples", required=i < len(raw) - 1, where=where)
-            or math.inf,
-            prompts_per_batch=_number(ph, "prompts_per_batch", int, False, where)
-            or base["prompts_per_batch"],
-            group_size=_number(ph, "group_size", int, False, where) or base["group_size"],
-            lr=_number(ph, "lr", float, False, where) or base["lr"],
-            clip_eps_low=_number(ph, "clip_eps_low", float, False, where) or base["clip_eps_low"],
-            clip_eps_high=_number(ph, "clip_eps_high", float, False, where)
-            or base["clip_eps_high"],
-        ))
+        out.append(
+            Phase(
+                until_samples=_number(ph, "until_samples", required=i < len(raw) - 1, where=where)
+                or math.inf,
+                prompts_per_batch=_number(ph, "prompts_per_batch", int, False, where)
+                or base["prompts_per_batch"],
+                group_size=_number(ph, "group_size", int, False, where) or base["group_size"],
+                lr=_number(ph, "lr", float, False, where) or base["lr"],
+                clip_eps_low=_number(ph, "clip_eps_low", float, False, where)
+                or base["clip_eps_low"],
+                clip_eps_high=_number(ph, "clip_eps_high", float, False, where)
+                or base["clip_eps_high"],
+            )
+        )
     if not out:
         out = [Phase(until_samples=math.inf, **base)]
     return out

@@ -93,7 +93,9 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         keys = store.metric_keys(ids)
         wanted = metric or "eval_accuracy or reward_mean"
         known = ", ".join(keys) if keys else "none: no run has logged anything yet"
-        raise NotFoundError(f"metric {wanted!r} not logged by any run of {sweep!r}; metrics: {known}")
+        raise NotFoundError(
+            f"metric {wanted!r} not logged by any run of {sweep!r}; metrics: {known}"
+        )
     warnings: list[str] = []
     prepared = {rid: _run_curve(curves.get(rid), opts) for rid in ids}
     usable = {rid: p for rid, p in prepared.items() if p is not None}
@@ -113,7 +115,8 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     extra = {
         "drift": _load(store, ids, opts.drift_key) if opts.drift_threshold is not None else {},
         "entropy": _load(store, ids, opts.entropy_key)
-        if opts.entropy_low is not None or opts.entropy_high is not None else {},
+        if opts.entropy_low is not None or opts.entropy_high is not None
+        else {},
         "length": _load(store, ids, "resp_len_mean") if opts.length_max is not None else {},
         "truncated": _load(store, ids, "truncated_frac") if opts.truncated_max is not None else {},
         "nonfinite": _load(store, ids, "nonfinite"),
@@ -130,11 +133,22 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     batches = _per_batch(run_rows, rng, opts)
     per_batch_prog = {b["batch_samples"]: b["_prog"] for b in batches}
     fit = mccandlish(per_batch_prog, rng, opts.bootstrap)
-    fail_pts = [(row["batch_samples"], row["failure"]["samples"]) for row in run_rows
-                if row["analysed"] and row["failure"]["samples"] is not None]
-    invariance = slope_test([b for b, _ in fail_pts], [f for _, f in fail_pts]) if fail_pts else {
-        "slope": None, "low": None, "high": None, "n": 0,
-        "verdict": "no run failed: every failure clock is censored"}
+    fail_pts = [
+        (row["batch_samples"], row["failure"]["samples"])
+        for row in run_rows
+        if row["analysed"] and row["failure"]["samples"] is not None
+    ]
+    invariance = (
+        slope_test([b for b, _ in fail_pts], [f for _, f in fail_pts])
+        if fail_pts
+        else {
+            "slope": None,
+            "low": None,
+            "high": None,
+            "n": 0,
+            "verdict": "no run failed: every failure clock is censored",
+        }
+    )
     n_cens_fail = sum(1 for row in run_rows if row["analysed"] and row["failure"]["censored"])
     if fail_pts and n_cens_fail:
         invariance["note"] = f"{n_cens_fail} censored run(s) left out of the slope"
@@ -166,17 +180,37 @@ def _analyse_run(run, prepared, extra, grads, tau, opts) -> dict:
     """Both clocks of one run: crossing or censoring, each collapse rule, the earliest."""
     from twoclocks_cli.store.models import RunStatus
 
-    finished = RunStatus(run.status).finished if run.status in RunStatus._value2member_map_ else True
+    finished = (
+        RunStatus(run.status).finished if run.status in RunStatus._value2member_map_ else True
+    )
     row = {
-        "run_id": run.id, "name": run.name, "batch_samples": run.batch_samples,
-        "batch_prompts": run.batch_prompts, "group_size": run.group_size, "lr": run.lr,
-        "clip_low": run.clip_low, "clip_high": run.clip_high, "seed": run.seed,
-        "status": run.status, "partial": not finished, "analysed": prepared is not None,
+        "run_id": run.id,
+        "name": run.name,
+        "batch_samples": run.batch_samples,
+        "batch_prompts": run.batch_prompts,
+        "group_size": run.group_size,
+        "lr": run.lr,
+        "clip_low": run.clip_low,
+        "clip_high": run.clip_high,
+        "seed": run.seed,
+        "status": run.status,
+        "partial": not finished,
+        "analysed": prepared is not None,
     }
     if prepared is None:
-        row.update(points=0, last_samples=None, progress={"samples": None, "censored": True, "censored_at": None},
-                   failure={"samples": None, "rule": None, "censored": True, "censored_at": None,
-                            "rules": {}}, noise_scale=None)
+        row.update(
+            points=0,
+            last_samples=None,
+            progress={"samples": None, "censored": True, "censored_at": None},
+            failure={
+                "samples": None,
+                "rule": None,
+                "censored": True,
+                "censored_at": None,
+                "rules": {},
+            },
+            noise_scale=None,
+        )
         return row
     curve, sm = prepared
     last = float(curve.samples[-1])
@@ -185,15 +219,21 @@ def _analyse_run(run, prepared, extra, grads, tau, opts) -> dict:
     series = extra["nonfinite"].get(run.id)
     fired["nonfinite"] = collapse.nonfinite_rule(series.samples, series.values) if series else None
     if opts.drop:
-        fired["drop"] = collapse.drop_rule(curve.samples, sm, float(sm[0]), opts.drop_rho,
-                                           opts.drop_delta, opts.drop_k)
+        fired["drop"] = collapse.drop_rule(
+            curve.samples, sm, float(sm[0]), opts.drop_rho, opts.drop_delta, opts.drop_k
+        )
     if opts.drift_threshold is not None:
         s = extra["drift"].get(run.id)
-        fired["drift"] = collapse.above_rule(s.samples, s.values, opts.drift_threshold) if s else None
+        fired["drift"] = (
+            collapse.above_rule(s.samples, s.values, opts.drift_threshold) if s else None
+        )
     if opts.entropy_low is not None or opts.entropy_high is not None:
         s = extra["entropy"].get(run.id)
-        fired["entropy"] = collapse.band_rule(s.samples, s.values, opts.entropy_low,
-                                              opts.entropy_high) if s else None
+        fired["entropy"] = (
+            collapse.band_rule(s.samples, s.values, opts.entropy_low, opts.entropy_high)
+            if s
+            else None
+        )
     if opts.length_max is not None or opts.truncated_max is not None:
         hits = []
         for key, bound in (("length", opts.length_max), ("truncated", opts.truncated_max)):
@@ -216,13 +256,22 @@ def _analyse_run(run, prepared, extra, grads, tau, opts) -> dict:
     row.update(
         points=int(curve.values.size),
         last_samples=last,
-        progress={"samples": n_prog, "steps": _interp_steps(curve, n_prog),
-                  "prompts": n_prog / group if n_prog is not None else None,
-                  "censored": n_prog is None, "censored_at": last if n_prog is None else None},
-        failure={"samples": n_fail, "steps": _interp_steps(curve, n_fail),
-                 "prompts": n_fail / group if n_fail is not None else None, "rule": rule,
-                 "censored": n_fail is None, "censored_at": last if n_fail is None else None,
-                 "rules": fired},
+        progress={
+            "samples": n_prog,
+            "steps": _interp_steps(curve, n_prog),
+            "prompts": n_prog / group if n_prog is not None else None,
+            "censored": n_prog is None,
+            "censored_at": last if n_prog is None else None,
+        },
+        failure={
+            "samples": n_fail,
+            "steps": _interp_steps(curve, n_fail),
+            "prompts": n_fail / group if n_fail is not None else None,
+            "rule": rule,
+            "censored": n_fail is None,
+            "censored_at": last if n_fail is None else None,
+            "rules": fired,
+        },
         noise_scale=b_simple,
     )
     return row
@@ -236,31 +285,46 @@ def _per_batch(run_rows, rng, opts) -> list[dict]:
             continue
         prog = [r["progress"]["samples"] for r in rows]
         fail = [r["failure"]["samples"] for r in rows]
-        out.append({
-            "batch_samples": b,
-            "batch_prompts": sorted({r["batch_prompts"] for r in rows if r["batch_prompts"]}),
-            "lr": sorted({r["lr"] for r in rows if r["lr"] is not None}),
-            "n_runs": len(rows),
-            "partial": any(r["partial"] for r in rows),
-            "progress": aggregate(prog, [r["progress"]["censored_at"] for r in rows
-                                         if r["progress"]["censored"]], rng,
-                                  opts.bootstrap).to_json(),
-            "failure": aggregate(fail, [r["failure"]["censored_at"] for r in rows
-                                        if r["failure"]["censored"]], rng,
-                                 opts.bootstrap).to_json(),
-            "_prog": prog,
-        })
+        out.append(
+            {
+                "batch_samples": b,
+                "batch_prompts": sorted({r["batch_prompts"] for r in rows if r["batch_prompts"]}),
+                "lr": sorted({r["lr"] for r in rows if r["lr"] is not None}),
+                "n_runs": len(rows),
+                "partial": any(r["partial"] for r in rows),
+                "progress": aggregate(
+                    prog,
+                    [r["progress"]["censored_at"] for r in rows if r["progress"]["censored"]],
+                    rng,
+                    opts.bootstrap,
+                ).to_json(),
+                "failure": aggregate(
+                    fail,
+                    [r["failure"]["censored_at"] for r in rows if r["failure"]["censored"]],
+                    rng,
+                    opts.bootstrap,
+                ).to_json(),
+                "_prog": prog,
+            }
+        )
     return out
 
 
 def _noise_summary(run_rows) -> dict:
     vals = [r["noise_scale"] for r in run_rows if r.get("noise_scale") is not None]
     if not vals:
-        return {"b_simple": None, "n_runs": 0,
-                "note": "no gradient-noise terms logged (grad_sq_micro/full, sizes)"}
-    return {"b_simple": float(np.median(vals)), "low": float(np.min(vals)),
-            "high": float(np.max(vals)), "n_runs": len(vals),
-            "note": "median over runs of B_simple at each run's progress crossing (range: min-max)"}
+        return {
+            "b_simple": None,
+            "n_runs": 0,
+            "note": "no gradient-noise terms logged (grad_sq_micro/full, sizes)",
+        }
+    return {
+        "b_simple": float(np.median(vals)),
+        "low": float(np.min(vals)),
+        "high": float(np.max(vals)),
+        "n_runs": len(vals),
+        "note": "median over runs of B_simple at each run's progress crossing (range: min-max)",
+    }
 
 
 def _theory(runs, tau, metric, opts, warnings) -> dict | None:
@@ -278,14 +342,20 @@ def _theory(runs, tau, metric, opts, warnings) -> dict | None:
         return None
     pts = {(r.batch_samples, r.lr) for r in runs if r.batch_samples and r.lr}
     bs = np.log([p[0] for p in pts])
-    alpha = float(np.polyfit(bs, np.log([p[1] for p in pts]), 1)[0]) if np.unique(bs).size > 1 \
-        else 0.5
+    alpha = (
+        float(np.polyfit(bs, np.log([p[1] for p in pts]), 1)[0]) if np.unique(bs).size > 1 else 0.5
+    )
     if not 0 < tau < 1:
         return {"b_crit": None, "note": f"target {tau:.4g} outside (0, 1): no theory prediction"}
     cap = cfg.cap_for(ref.clip_low, ref.clip_high)
     pred = predict_critical_batch(cfg, ref.lr, ref.batch_samples, tau, alpha, cap)
-    pred.update(alpha=alpha, lr0=ref.lr, b0=ref.batch_samples, cap=cap,
-                note=f"theory for target p={tau:.4g} on the noise-free progress ({metric} estimates p)")
+    pred.update(
+        alpha=alpha,
+        lr0=ref.lr,
+        b0=ref.batch_samples,
+        cap=cap,
+        note=f"theory for target p={tau:.4g} on the noise-free progress ({metric} estimates p)",
+    )
     return pred
 
 
@@ -296,14 +366,27 @@ def _clipping_table(run_rows) -> list[dict] | None:
     out = []
     for lo, hi in sorted(keys, key=lambda k: (k[0] or 0, k[1] or 0)):
         for b in sorted({r["batch_samples"] for r in run_rows if r["batch_samples"]}):
-            rows = [r for r in run_rows if r["analysed"] and r["batch_samples"] == b
-                    and (r["clip_low"], r["clip_high"]) == (lo, hi)]
+            rows = [
+                r
+                for r in run_rows
+                if r["analysed"]
+                and r["batch_samples"] == b
+                and (r["clip_low"], r["clip_high"]) == (lo, hi)
+            ]
             if not rows:
                 continue
             prog = [r["progress"]["samples"] for r in rows]
             fail = [r["failure"]["samples"] for r in rows]
-            out.append({"clip_low": lo, "clip_high": hi, "batch_samples": b, "n_runs": len(rows),
-                        "progress_median": _med(prog), "failure_median": _med(fail)})
+            out.append(
+                {
+                    "clip_low": lo,
+                    "clip_high": hi,
+                    "batch_samples": b,
+                    "n_runs": len(rows),
+                    "progress_median": _med(prog),
+                    "failure_median": _med(fail),
+                }
+            )
     return out
 
 

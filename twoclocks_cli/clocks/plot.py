@@ -32,43 +32,79 @@ def plot_analysis(store, result: dict, path: str) -> None:
             continue
         sm = smooth(c.values, opts["smoothing"], opts["window"], opts["ema_alpha"])
         b = r["batch_samples"]
-        ax1.plot(c.samples, sm, color=color.get(b, "grey"), lw=1, alpha=0.8,
-                 label=f"B={b}" if b not in seen else None)
+        ax1.plot(
+            c.samples,
+            sm,
+            color=color.get(b, "grey"),
+            lw=1,
+            alpha=0.8,
+            label=f"B={b}" if b not in seen else None,
+        )
         seen.add(b)
         if r["progress"]["samples"] is not None:
-            ax1.plot(r["progress"]["samples"], result["target"]["value"], "o",
-                     color=color.get(b, "grey"), ms=5)
+            ax1.plot(
+                r["progress"]["samples"],
+                result["target"]["value"],
+                "o",
+                color=color.get(b, "grey"),
+                ms=5,
+            )
         if r["failure"]["samples"] is not None:
             ax1.axvline(r["failure"]["samples"], color=color.get(b, "grey"), ls=":", lw=1)
     ax1.axhline(result["target"]["value"], color="k", ls="--", lw=0.8, label="target")
-    ax1.set(xlabel="samples", ylabel=result["metric"],
-            title="progress (o = progress clock, dotted = failure clock)")
+    ax1.set(
+        xlabel="samples",
+        ylabel=result["metric"],
+        title="progress (o = progress clock, dotted = failure clock)",
+    )
     ax1.legend(fontsize=8)
     bs = [b["batch_samples"] for b in result["batches"]]
-    for key, marker, label in (("progress", "o-", "progress clock"),
-                               ("failure", "s-", "failure clock")):
+    for key, marker, label in (
+        ("progress", "o-", "progress clock"),
+        ("failure", "s-", "failure clock"),
+    ):
         med = [b[key]["median"] for b in result["batches"]]
-        x = [b for b, m in zip(bs, med) if m is not None]
+        x = [b for b, m in zip(bs, med, strict=True) if m is not None]
         y = [m for m in med if m is not None]
-        lo = [b[key]["low"] if b[key]["low"] is not None else m
-              for b, m in zip(result["batches"], med) if m is not None]
-        hi = [b[key]["high"] if b[key]["high"] is not None else m
-              for b, m in zip(result["batches"], med) if m is not None]
+        lo = [
+            b[key]["low"] if b[key]["low"] is not None else m
+            for b, m in zip(result["batches"], med, strict=True)
+            if m is not None
+        ]
+        hi = [
+            b[key]["high"] if b[key]["high"] is not None else m
+            for b, m in zip(result["batches"], med, strict=True)
+            if m is not None
+        ]
         if x:
             yerr = np.clip([np.subtract(y, lo), np.subtract(hi, y)], 0, None)
             ax2.errorbar(x, y, yerr=yerr, fmt=marker, capsize=3, label=label)
     fit = result["critical_batch"]["mccandlish"]
     if fit["b_crit"] is not None and bs:
         grid = np.geomspace(min(bs), max(bs), 50)
-        ax2.plot(grid, fit["e_min"] + fit["s_min"] * grid, "k--", lw=1,
-                 label="fit E_min + S_min B")
+        ax2.plot(grid, fit["e_min"] + fit["s_min"] * grid, "k--", lw=1, label="fit E_min + S_min B")
         ax2.axvline(fit["b_crit"], color="r", lw=1, label=f"B_crit = {fit['b_crit']:.3g}")
     theory = result["critical_batch"].get("theory") or {}
     if theory.get("b_crit"):
-        ax2.axvline(theory["b_crit"], color="m", ls=":", lw=1,
-                    label=f"theory B_crit = {theory['b_crit']:.3g}")
-    ax2.set(xscale="log", yscale="log", xlabel="batch (samples)", ylabel="samples",
-            title="clocks vs batch size")
+        ax2.axvline(
+            theory["b_crit"],
+            color="m",
+            ls=":",
+            lw=1,
+            label=f"theory B_crit = {theory['b_crit']:.3g}",
+        )
+    ax2.set(
+        xscale="log",
+        yscale="log",
+        xlabel="batch (samples)",
+        ylabel="samples",
+        title="clocks vs batch size (median, 90% interval)",
+    )
+    if bs:
+        from matplotlib.ticker import NullFormatter
+
+        ax2.set_xticks(bs, [f"{b:g}" for b in bs])
+        ax2.xaxis.set_minor_formatter(NullFormatter())
     ax2.legend(fontsize=8)
     fig.tight_layout()
     try:

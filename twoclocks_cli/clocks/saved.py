@@ -21,7 +21,11 @@ def latest_analysis(store, sweep_name: str) -> dict | None:
     """The newest stored analysis of `sweep_name`, or None."""
     sweep = store.get_sweep(sweep_name)
     with store.session() as s:
-        q = (select(Analysis).where(Analysis.sweep_id == sweep.id)
-             .order_by(Analysis.created_at.desc(), Analysis.id.desc()).limit(1))
+        q = (
+            select(Analysis)
+            .where(Analysis.sweep_id == sweep.id)
+            .order_by(Analysis.created_at.desc(), Analysis.id.desc())
+            .limit(1)
+        )
         row = s.scalar(q)
         return None if row is None else dict(row.result)

@@ -21,7 +21,8 @@ def _pick_b_crit(analysis: dict) -> tuple[float, str]:
             return float(value), name
     raise AnalysisError(
         f"sweep {analysis['sweep']!r}: no critical batch estimate ("
-        + (crit["mccandlish"].get("note") or "fit failed") + "): cannot schedule"
+        + (crit["mccandlish"].get("note") or "fit failed")
+        + "): cannot schedule"
     )
 
 
@@ -29,13 +30,17 @@ def _setting(analysis: dict, batch: float) -> dict:
     """lr, prompts and clip of the runs at `batch` (the first run's when they differ)."""
     rows = [r for r in analysis["runs"] if r["batch_samples"] == batch]
     r = rows[0]
-    return {"prompts_per_batch": r["batch_prompts"], "lr": r["lr"],
-            "clip_eps_low": r["clip_low"], "clip_eps_high": r["clip_high"],
-            "group_size": r["group_size"]}
+    return {
+        "prompts_per_batch": r["batch_prompts"],
+        "lr": r["lr"],
+        "clip_eps_low": r["clip_low"],
+        "clip_eps_high": r["clip_high"],
+        "group_size": r["group_size"],
+    }
 
 
 def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0.8) -> dict:
-    """The recommended phases for an analysed sweep (a dict: phases, predicted clocks, rationale)."""
+    """The recommended phases of an analysed sweep (dict: phases, predicted clocks, rationale)."""
     if not 0 < safety <= 1:
         raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
     batches = [b for b in analysis["batches"] if b["n_runs"] > 0]
@@ -69,28 +74,40 @@ def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0
         phases.append({"until_samples": budget, **_phase_keys(small)})
         n_switch = None
     elif b_large == b_small:
-        rationale.append(f"no batch with acceptable progress fails later than B={b_small:g}: "
-                         "one phase; stop before the failure clock")
+        rationale.append(
+            f"no batch with acceptable progress fails later than B={b_small:g}: "
+            "one phase; stop before the failure clock"
+        )
         n_switch = safety * lower
         phases.append({"until_samples": n_switch, **_phase_keys(small)})
     else:
         n_switch = safety * lower
         rationale.append(
             f"N_switch = {safety:g} x {lower:.4g} (lower bound of N_fail at B={b_small:g}) = "
-            f"{n_switch:.4g} samples")
+            f"{n_switch:.4g} samples"
+        )
         rationale.append(
             f"B_large = {b_large:g}: latest failure clock ("
-            + ("censored" if by[b_large]["failure"]["median"] is None
-               else f"{by[b_large]['failure']['median']:.4g}")
-            + " samples) among batches that reached the target")
+            + (
+                "censored"
+                if by[b_large]["failure"]["median"] is None
+                else f"{by[b_large]['failure']['median']:.4g}"
+            )
+            + " samples) among batches that reached the target"
+        )
         phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
         phases.append({"until_samples": budget, **_phase_keys(_setting(analysis, b_large))})
     prog = by[b_small]["progress"]["median"]
     pred_fail = _predicted_failure(by, b_small, b_large, n_switch)
     return {
         "sweep": analysis["sweep"],
-        "b_crit": b_crit, "b_crit_source": source, "b_small": b_small, "b_large": b_large,
-        "n_switch": n_switch, "safety": safety, "budget": budget,
+        "b_crit": b_crit,
+        "b_crit_source": source,
+        "b_small": b_small,
+        "b_large": b_large,
+        "n_switch": n_switch,
+        "safety": safety,
+        "budget": budget,
         "phases": phases,
         "predicted": {"progress_samples": prog, "failure_samples": pred_fail},
         "rationale": rationale,
@@ -126,5 +143,7 @@ def to_toml(schedule: dict) -> str:
                 continue
             if isinstance(value, float) and key in ("until_samples",):
                 value = int(round(value))
-            lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
+            lines.append(
+                f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"'
+            )
     return "\n".join(lines) + "\n"

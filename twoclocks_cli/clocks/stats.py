@@ -73,14 +73,27 @@ def mccandlish(per_batch: dict[float, list[float | None]], rng, reps=1000) -> di
     Only batches whose median is uncensored enter. The interval resamples seeds within each
     batch (bootstrap), refits, and takes quantiles of B_crit.
     """
-    usable = {b: np.array([np.inf if v is None else v for v in vs], float)
-              for b, vs in per_batch.items() if vs}
+    usable = {
+        b: np.array([np.inf if v is None else v for v in vs], float)
+        for b, vs in per_batch.items()
+        if vs
+    }
     usable = {b: x for b, x in usable.items() if np.isfinite(np.median(x))}
     if len(usable) < 2:
-        why = "one batch size: no fit possible" if len(per_batch) < 2 else (
-            f"{len(usable)} batch size(s) with an uncensored median: no fit possible")
-        return {"b_crit": None, "e_min": None, "s_min": None, "low": None, "high": None,
-                "batches_used": sorted(usable), "note": why}
+        why = (
+            "one batch size: no fit possible"
+            if len(per_batch) < 2
+            else (f"{len(usable)} batch size(s) with an uncensored median: no fit possible")
+        )
+        return {
+            "b_crit": None,
+            "e_min": None,
+            "s_min": None,
+            "low": None,
+            "high": None,
+            "batches_used": sorted(usable),
+            "note": why,
+        }
     bs = np.array(sorted(usable))
     meds = np.array([np.median(usable[b]) for b in bs])
     fit = fit_line_nonneg(bs, meds)
@@ -88,8 +101,9 @@ def mccandlish(per_batch: dict[float, list[float | None]], rng, reps=1000) -> di
     b_crit = e_min / s_min if s_min > 0 else None
     samples = []
     for _ in range(reps):
-        m = np.array([np.median(usable[b][rng.integers(0, usable[b].size, usable[b].size)])
-                      for b in bs])
+        m = np.array(
+            [np.median(usable[b][rng.integers(0, usable[b].size, usable[b].size)]) for b in bs]
+        )
         ok = np.isfinite(m)
         if ok.sum() < 2:
             continue
@@ -102,12 +116,22 @@ def mccandlish(per_batch: dict[float, list[float | None]], rng, reps=1000) -> di
     if samples:
         lo, hi = np.quantile(np.array(samples), [(1 - CONF) / 2, (1 + CONF) / 2], method="lower")
     single = all(usable[b].size == 1 for b in bs)
-    note = "fit on medians; one seed per batch: the interval is degenerate" if single else (
-        f"fit on {bs.size} batch medians, bootstrap over seeds ({reps} reps)")
+    note = (
+        "fit on medians; one seed per batch: the interval is degenerate"
+        if single
+        else (f"fit on {bs.size} batch medians, bootstrap over seeds ({reps} reps)")
+    )
     if b_crit is None:
         note = "E(B) does not grow with B on this grid: B_crit above the largest batch"
-    return {"b_crit": b_crit, "e_min": e_min, "s_min": s_min, "low": _fin(lo), "high": _fin(hi),
-            "batches_used": [float(b) for b in bs], "note": note}
+    return {
+        "b_crit": b_crit,
+        "e_min": e_min,
+        "s_min": s_min,
+        "low": _fin(lo),
+        "high": _fin(hi),
+        "batches_used": [float(b) for b in bs],
+        "note": note,
+    }
 
 
 def noise_scale(micro_sq, full_sq, micro_size, full_size, ema_alpha=0.05) -> np.ndarray:
@@ -142,14 +166,19 @@ def ema(x: np.ndarray, alpha: float) -> np.ndarray:
 
 
 def slope_test(batches: list[float], clocks: list[float]) -> dict:
-    """OLS slope of log N_fail on log B with a t interval; verdict vs 0 (per sample), 1 (per step)."""
+    """OLS slope of log N_fail on log B, t interval; verdict vs 0 (per sample), 1 (per step)."""
     from scipy import stats
 
     x = np.log(np.asarray(batches, float))
     y = np.log(np.asarray(clocks, float))
     if np.unique(x).size < 2:
-        return {"slope": None, "low": None, "high": None, "n": int(x.size),
-                "verdict": "one batch size: no slope possible"}
+        return {
+            "slope": None,
+            "low": None,
+            "high": None,
+            "n": int(x.size),
+            "verdict": "one batch size: no slope possible",
+        }
     res = stats.linregress(x, y)
     dof = x.size - 2
     if dof >= 1 and np.isfinite(res.stderr):
@@ -157,8 +186,13 @@ def slope_test(batches: list[float], clocks: list[float]) -> dict:
         lo, hi = res.slope - t * res.stderr, res.slope + t * res.stderr
     else:
         lo = hi = None
-    return {"slope": float(res.slope), "low": _fin(lo), "high": _fin(hi), "n": int(x.size),
-            "verdict": _verdict(lo, hi)}
+    return {
+        "slope": float(res.slope),
+        "low": _fin(lo),
+        "high": _fin(hi),
+        "n": int(x.size),
+        "verdict": _verdict(lo, hi),
+    }
 
 
 def _verdict(lo, hi) -> str:

@@ -1,4 +1,4 @@
-"""`twoclocks analyze [SWEEP]`: both clocks per run and batch size, B_crit three ways, invariance."""
+"""`twoclocks analyze [SWEEP]`: both clocks per run and batch, B_crit three ways, invariance."""
 
 from __future__ import annotations
 
@@ -13,13 +13,19 @@ def _fmt(v, digits=4) -> str:
     return "-" if v is None else f"{v:.{digits}g}"
 
 
+def _n(v) -> str:
+    """A sample count, no decimals."""
+    return "-" if v is None else f"{v:.0f}"
+
+
 def _clock(agg: dict) -> str:
     if agg["median"] is None:
         lb = agg.get("lower_bound")
-        return f"censored (>= {_fmt(lb)})" if lb is not None else "censored"
+        return f"censored (>= {_n(lb)})" if lb is not None else "censored"
     if agg["low"] is None:
-        return _fmt(agg["median"])
-    return f"{_fmt(agg['median'])} [{_fmt(agg['low'])}, {_fmt(agg['high'])}]"
+        return _n(agg["median"])
+    high = _n(agg["high"]) if agg["high"] is not None else "censored"
+    return f"{_n(agg['median'])} [{_n(agg['low'])}-{high}]"
 
 
 def render(result: dict) -> None:
@@ -29,46 +35,67 @@ def render(result: dict) -> None:
 
     con = Console()
     t = result["target"]
-    table = Table(title=f"sweep {result['sweep']}: {result['metric']} target {t['value']:.4g} "
-                  f"({t['spec']}); clocks in samples, median [90% bootstrap]")
+    table = Table(
+        title=f"sweep {result['sweep']}: {result['metric']} target {t['value']:.4g} "
+        f"({t['spec']}); clocks in samples, median [90% bootstrap]"
+    )
     for col in ("batch", "lr", "runs", "progress clock", "failure clock", "note"):
         table.add_column(col)
     for b in result["batches"]:
         lr = ", ".join(f"{x:.3g}" for x in b["lr"]) or "-"
         note = b["progress"]["note"] + (" (partial)" if b["partial"] else "")
-        table.add_row(str(b["batch_samples"]), lr, str(b["n_runs"]), _clock(b["progress"]),
-                      _clock(b["failure"]), note)
+        table.add_row(
+            str(b["batch_samples"]),
+            lr,
+            str(b["n_runs"]),
+            _clock(b["progress"]),
+            _clock(b["failure"]),
+            note,
+        )
     con.print(table)
     cb = result["critical_batch"]
     m = cb["mccandlish"]
-    con.print(f"B_crit (McCandlish fit E = E_min + S_min*B): {_fmt(m['b_crit'])} "
-              f"[{_fmt(m['low'])}, {_fmt(m['high'])}]  E_min={_fmt(m['e_min'])} "
-              f"S_min={_fmt(m['s_min'])}  ({m['note']})")
+    con.print(
+        f"B_crit (McCandlish fit E = E_min + S_min*B): {_fmt(m['b_crit'])} "
+        f"[{_fmt(m['low'])}, {_fmt(m['high'])}]  E_min={_fmt(m['e_min'])} "
+        f"S_min={_fmt(m['s_min'])}  ({m['note']})"
+    )
     ns = cb["noise_scale"]
     con.print(f"B_simple (gradient noise scale): {_fmt(ns['b_simple'])}  ({ns['note']})")
     th = cb["theory"]
     if th:
-        con.print(f"B_crit (theory, {th.get('method', '')}): {_fmt(th.get('b_crit'))}  "
-                  f"({th.get('mechanism', th.get('note', ''))})")
+        con.print(
+            f"B_crit (theory, {th.get('method', '')}): {_fmt(th.get('b_crit'))}  "
+            f"({th.get('mechanism', th.get('note', ''))})"
+        )
     inv = result["failure_invariance"]
-    con.print(f"failure clock vs batch: slope {_fmt(inv['slope'], 3)} "
-              f"[{_fmt(inv['low'], 3)}, {_fmt(inv['high'], 3)}] over {inv['n']} runs: "
-              f"{inv['verdict']}")
+    con.print(
+        f"failure clock vs batch: slope {_fmt(inv['slope'], 3)} "
+        f"[{_fmt(inv['low'], 3)}, {_fmt(inv['high'], 3)}] over {inv['n']} runs: "
+        f"{inv['verdict']}"
+    )
     rules = {}
     for r in result["runs"]:
         if r["failure"]["rule"]:
             rules[r["failure"]["rule"]] = rules.get(r["failure"]["rule"], 0) + 1
     if rules:
-        con.print("collapse rules that fired first: "
-                  + ", ".join(f"{k} x{v}" for k, v in sorted(rules.items())))
+        con.print(
+            "collapse rules that fired first: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(rules.items()))
+        )
     if result["clipping"]:
         ct = Table(title="clipping")
         for col in ("clip_low", "clip_high", "batch", "runs", "progress", "failure"):
             ct.add_column(col)
         for row in result["clipping"]:
-            ct.add_row(_fmt(row["clip_low"]), _fmt(row["clip_high"]), str(row["batch_samples"]),
-                       str(row["n_runs"]), _fmt(row["progress_median"]),
-                       _fmt(row["failure_median"]))
+            ct.add_row(
+                _fmt(row["clip_low"]),
+                _fmt(row["clip_high"]),
+                str(row["batch_samples"]),
+                str(row["n_runs"]),
+                _fmt(row["progress_median"]),
+                _fmt(row["failure_median"]),
+            )
         con.print(ct)
     for w in result["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
@@ -80,51 +107,104 @@ def write_csv(result: dict, path: str) -> None:
 
     from twoclocks_cli.errors import ConfigError
 
-    cols = ["run_id", "name", "batch_samples", "batch_prompts", "lr", "clip_low", "clip_high",
-            "seed", "status", "partial", "progress_samples", "progress_censored",
-            "failure_samples", "failure_rule", "failure_censored", "noise_scale"]
+    cols = [
+        "run_id",
+        "name",
+        "batch_samples",
+        "batch_prompts",
+        "lr",
+        "clip_low",
+        "clip_high",
+        "seed",
+        "status",
+        "partial",
+        "progress_samples",
+        "progress_censored",
+        "failure_samples",
+        "failure_rule",
+        "failure_censored",
+        "noise_scale",
+    ]
     try:
         with open(path, "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(cols)
             for r in result["runs"]:
-                w.writerow([r["run_id"], r["name"], r["batch_samples"], r["batch_prompts"], r["lr"],
-                            r["clip_low"], r["clip_high"], r["seed"], r["status"], r["partial"],
-                            r["progress"]["samples"], r["progress"]["censored"],
-                            r["failure"]["samples"], r["failure"]["rule"],
-                            r["failure"]["censored"], r["noise_scale"]])
+                w.writerow(
+                    [
+                        r["run_id"],
+                        r["name"],
+                        r["batch_samples"],
+                        r["batch_prompts"],
+                        r["lr"],
+                        r["clip_low"],
+                        r["clip_high"],
+                        r["seed"],
+                        r["status"],
+                        r["partial"],
+                        r["progress"]["samples"],
+                        r["progress"]["censored"],
+                        r["failure"]["samples"],
+                        r["failure"]["rule"],
+                        r["failure"]["censored"],
+                        r["noise_scale"],
+                    ]
+                )
     except OSError as exc:
         raise ConfigError(f"--csv {path}: {exc.strerror}") from None
 
 
 def analyze(
-    sweep: Annotated[str | None, typer.Argument(help="Sweep name (default: the only sweep).")] = None,
-    metric: Annotated[str | None, typer.Option(help="Progress metric (default: eval_accuracy "
-                                                     "when logged, else reward_mean).")] = None,
-    target: Annotated[str, typer.Option(help="Target: a value, or frac:X of the way from the "
-                                              "initial value to the sweep's best.")] = "frac:0.5",
+    sweep: Annotated[
+        str | None, typer.Argument(help="Sweep name (default: the only sweep).")
+    ] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="Progress metric (default: eval_accuracy when logged, else reward_mean)."
+        ),
+    ] = None,
+    target: Annotated[
+        str,
+        typer.Option(
+            help="Target: a value, or frac:X of the way from the initial value to the sweep's best."
+        ),
+    ] = "frac:0.5",
     smoothing: Annotated[str, typer.Option(help="ma (centred moving average), ema, none.")] = "ma",
     window: Annotated[int, typer.Option(help="Moving-average window (logged points).")] = 5,
     ema_alpha: Annotated[float, typer.Option(help="EMA weight of the newest point.")] = 0.3,
     drop: Annotated[bool, typer.Option("--drop/--no-drop", help="The drop collapse rule.")] = True,
-    drop_rho: Annotated[float, typer.Option(help="drop: fraction of the gain that may be lost.")] = 0.3,
+    drop_rho: Annotated[
+        float, typer.Option(help="drop: fraction of the gain that may be lost.")
+    ] = 0.3,
     drop_delta: Annotated[float, typer.Option(help="drop: minimum fall, metric units.")] = 0.05,
     drop_k: Annotated[int, typer.Option(help="drop: consecutive points below the floor.")] = 3,
     drift_key: Annotated[str, typer.Option(help="drift rule metric.")] = "drift_abs",
-    drift_threshold: Annotated[float | None, typer.Option(help="drift rule threshold D "
-                                                               "(default: rule off).")] = None,
+    drift_threshold: Annotated[
+        float | None, typer.Option(help="drift rule threshold D (default: rule off).")
+    ] = None,
     entropy_low: Annotated[float | None, typer.Option(help="entropy rule: band low edge.")] = None,
-    entropy_high: Annotated[float | None, typer.Option(help="entropy rule: band high edge.")] = None,
-    length_max: Annotated[float | None, typer.Option(help="length rule: resp_len_mean bound.")] = None,
-    truncated_max: Annotated[float | None, typer.Option(help="length rule: truncated_frac bound.")] = None,
+    entropy_high: Annotated[
+        float | None, typer.Option(help="entropy rule: band high edge.")
+    ] = None,
+    length_max: Annotated[
+        float | None, typer.Option(help="length rule: resp_len_mean bound.")
+    ] = None,
+    truncated_max: Annotated[
+        float | None, typer.Option(help="length rule: truncated_frac bound.")
+    ] = None,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap RNG seed.")] = 0,
-    theory: Annotated[bool, typer.Option("--theory/--no-theory",
-                                         help="Theory B_crit for sim sweeps.")] = True,
-    csv: Annotated[str | None, typer.Option("--csv", help="Write per-run clocks to this CSV.")] = None,
+    theory: Annotated[
+        bool, typer.Option("--theory/--no-theory", help="Theory B_crit for sim sweeps.")
+    ] = True,
+    csv: Annotated[
+        str | None, typer.Option("--csv", help="Write per-run clocks to this CSV.")
+    ] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a two-panel PNG here.")] = None,
-    store_result: Annotated[bool, typer.Option("--store/--no-store",
-                                               help="Save the result in the analyses table.")] = True,
+    store_result: Annotated[
+        bool, typer.Option("--store/--no-store", help="Save the result in the analyses table.")
+    ] = True,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -134,10 +214,23 @@ def analyze(
     from twoclocks_cli.store import Store
 
     opts = AnalysisOptions(
-        metric=metric, target=target, smoothing=smoothing, window=window, ema_alpha=ema_alpha,
-        drop=drop, drop_rho=drop_rho, drop_delta=drop_delta, drop_k=drop_k, drift_key=drift_key,
-        drift_threshold=drift_threshold, entropy_low=entropy_low, entropy_high=entropy_high,
-        length_max=length_max, truncated_max=truncated_max, bootstrap=bootstrap, seed=seed,
+        metric=metric,
+        target=target,
+        smoothing=smoothing,
+        window=window,
+        ema_alpha=ema_alpha,
+        drop=drop,
+        drop_rho=drop_rho,
+        drop_delta=drop_delta,
+        drop_k=drop_k,
+        drift_key=drift_key,
+        drift_threshold=drift_threshold,
+        entropy_low=entropy_low,
+        entropy_high=entropy_high,
+        length_max=length_max,
+        truncated_max=truncated_max,
+        bootstrap=bootstrap,
+        seed=seed,
         theory=theory,
     )
     store = Store.open(db)

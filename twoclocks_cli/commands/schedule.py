@@ -10,8 +10,9 @@ import typer
 from twoclocks_cli.options import DbOption, JsonOption
 
 
-def schedule_sweep(store, sweep: str, safety: float = 0.8, budget: float | None = None,
-                   reanalyze: bool = False) -> dict:
+def schedule_sweep(
+    store, sweep: str, safety: float = 0.8, budget: float | None = None, reanalyze: bool = False
+) -> dict:
     """The schedule of `sweep` from its latest stored analysis (analysing with defaults if none)."""
     from twoclocks_cli.clocks import analyze_sweep, make_schedule
     from twoclocks_cli.clocks.saved import latest_analysis, save_analysis
@@ -27,13 +28,22 @@ def schedule_sweep(store, sweep: str, safety: float = 0.8, budget: float | None 
 
 
 def schedule(
-    sweep: Annotated[str | None, typer.Argument(help="Sweep name (default: the only sweep).")] = None,
+    sweep: Annotated[
+        str | None, typer.Argument(help="Sweep name (default: the only sweep).")
+    ] = None,
     out: Annotated[str | None, typer.Option("--out", help="Write the phase list as TOML.")] = None,
     safety: Annotated[float, typer.Option(help="Switch at safety x lower bound of N_fail.")] = 0.8,
-    budget: Annotated[float | None, typer.Option(help="Samples the schedule runs to "
-                                                      "(default: the sweep's longest run).")] = None,
-    reanalyze: Annotated[bool, typer.Option(help="Analyse afresh with default options instead "
-                                                 "of reusing the latest stored analysis.")] = False,
+    budget: Annotated[
+        float | None,
+        typer.Option(help="Samples the schedule runs to (default: the sweep's longest run)."),
+    ] = None,
+    reanalyze: Annotated[
+        bool,
+        typer.Option(
+            help="Analyse afresh with default options instead "
+            "of reusing the latest stored analysis."
+        ),
+    ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -57,12 +67,16 @@ def schedule(
         return
     typer.echo(f"schedule for sweep {name!r}:")
     for i, ph in enumerate(result["phases"]):
-        typer.echo(f"  phase {i}: until {ph['until_samples']:.0f} samples: "
-                   f"{ph['prompts_per_batch']} prompts/batch, lr {ph['lr']:.4g}, "
-                   f"clip [{ph['clip_eps_low']}, {ph['clip_eps_high']}]")
+        typer.echo(
+            f"  phase {i}: until {ph['until_samples']:.0f} samples: "
+            f"{ph['prompts_per_batch']} prompts/batch, lr {ph['lr']:.4g}, "
+            f"clip [{ph['clip_eps_low']}, {ph['clip_eps_high']}]"
+        )
     pred = result["predicted"]
-    typer.echo(f"predicted progress clock: {_f(pred['progress_samples'])} samples; "
-               f"failure clock: {_f(pred['failure_samples'])} samples")
+    typer.echo(
+        f"predicted progress clock: {_f(pred['progress_samples'])} samples; "
+        f"failure clock: {_f(pred['failure_samples'])} samples"
+    )
     typer.echo("rationale:")
     for line in result["rationale"]:
         typer.echo(f"  - {line}")

@@ -18,8 +18,19 @@ from twoclocks_cli.theory.simulate import SimState
 from twoclocks_cli.theory.sweep import SweepResult, simulate_sweep
 
 __all__ = [
-    "SCALING_RULES", "ModelConfig", "SimState", "SweepResult", "curvature_critical_batch",
-    "curvature_penalty_per_sample", "expected_loss", "failure_clock", "failure_exponent",
-    "first_order_drift_per_sample", "predict_critical_batch", "scaled_lr", "simulate_sweep",
-    "stationary_floor", "step_constant",
+    "SCALING_RULES",
+    "ModelConfig",
+    "SimState",
+    "SweepResult",
+    "curvature_critical_batch",
+    "curvature_penalty_per_sample",
+    "expected_loss",
+    "failure_clock",
+    "failure_exponent",
+    "first_order_drift_per_sample",
+    "predict_critical_batch",
+    "scaled_lr",
+    "simulate_sweep",
+    "stationary_floor",
+    "step_constant",
 ]

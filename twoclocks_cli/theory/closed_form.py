@@ -66,7 +66,7 @@ def failure_exponent(optimizer: str, alpha: float) -> float:
 
 
 def drift_rate_per_sample(optimizer: str, lr, batch, sigma: float) -> np.ndarray:
-    """Variance added per sample per flat direction: lr^2/B (normalised steps), lr^2 s^2/B^2 (sgd)."""
+    """Variance per sample per flat direction: lr^2/B (normalised steps), lr^2 s^2/B^2 (sgd)."""
     lr = np.asarray(lr, float)
     batch = np.asarray(batch, float)
     if optimizer == "sgd":
@@ -75,7 +75,13 @@ def drift_rate_per_sample(optimizer: str, lr, batch, sigma: float) -> np.ndarray
 
 
 def failure_clock(
-    optimizer: str, lr, batch, sigma: float, flat_dims: int, threshold: float, offset_sq: float = 0.0
+    optimizer: str,
+    lr,
+    batch,
+    sigma: float,
+    flat_dims: int,
+    threshold: float,
+    offset_sq: float = 0.0,
 ) -> np.ndarray:
     """N_fail = (D^2 - offset^2) / (d_flat * rate): samples until flat-direction drift crosses D.
 

@@ -30,32 +30,82 @@ def predict_critical_batch(
     seed: int = 12345,
 ) -> dict:
     """B_crit of the model for this optimizer, lr rule, target progress and cap (a dict)."""
-    small = simulate_sweep(cfg, [1.0], [scaled_lr(lr0, b0, 1.0, alpha)], seeds, max_samples,
-                           target, cap=cap, seed=seed, stop_at_target=True)
+    small = simulate_sweep(
+        cfg,
+        [1.0],
+        [scaled_lr(lr0, b0, 1.0, alpha)],
+        seeds,
+        max_samples,
+        target,
+        cap=cap,
+        seed=seed,
+        stop_at_target=True,
+    )
     if np.isnan(small.n_prog).any():
-        return {"b_crit": None, "e_min": None, "s_min": None, "mechanism": "target not reached",
-                "method": "simulation"}
+        return {
+            "b_crit": None,
+            "e_min": None,
+            "s_min": None,
+            "mechanism": "target not reached",
+            "method": "simulation",
+        }
     e_min = float(np.median(small.n_prog))
     if cap is not None:
-        big = simulate_sweep(cfg, [HUGE_BATCH], [scaled_lr(lr0, b0, HUGE_BATCH, alpha)], 2,
-                             HUGE_BATCH * 1e5, target, cap=cap, seed=seed, stop_at_target=True)
+        big = simulate_sweep(
+            cfg,
+            [HUGE_BATCH],
+            [scaled_lr(lr0, b0, HUGE_BATCH, alpha)],
+            2,
+            HUGE_BATCH * 1e5,
+            target,
+            cap=cap,
+            seed=seed,
+            stop_at_target=True,
+        )
         s_min = float(np.median(big.n_prog)) / HUGE_BATCH
-        return {"b_crit": e_min / s_min, "e_min": e_min, "s_min": s_min,
-                "mechanism": "step cap (clipping) limits steps", "method": "E_min/S_min limits"}
+        return {
+            "b_crit": e_min / s_min,
+            "e_min": e_min,
+            "s_min": s_min,
+            "mechanism": "step cap (clipping) limits steps",
+            "method": "E_min/S_min limits",
+        }
     grid = np.geomspace(1, 4096, 13)
-    res = simulate_sweep(cfg, grid, scaled_lr(lr0, b0, grid, alpha), max(seeds // 4, 4),
-                         max_samples, target, seed=seed, stop_at_target=True)
+    res = simulate_sweep(
+        cfg,
+        grid,
+        scaled_lr(lr0, b0, grid, alpha),
+        max(seeds // 4, 4),
+        max_samples,
+        target,
+        seed=seed,
+        stop_at_target=True,
+    )
     batches, med = res.median_by_batch("n_prog")
     for i in range(1, len(batches)):
         if np.isnan(med[i]):
-            return {"b_crit": float(batches[i - 1]), "e_min": e_min, "s_min": None,
-                    "mechanism": "curvature wall (target never reached above this batch)",
-                    "method": "dense grid"}
+            return {
+                "b_crit": float(batches[i - 1]),
+                "e_min": e_min,
+                "s_min": None,
+                "mechanism": "curvature wall (target never reached above this batch)",
+                "method": "dense grid",
+            }
         if med[i] >= 2 * e_min:
             lo, hi = np.log(med[i - 1]), np.log(med[i])
             frac = (np.log(2 * e_min) - lo) / max(hi - lo, 1e-12)
             b = np.exp(np.log(batches[i - 1]) + frac * np.log(batches[i] / batches[i - 1]))
-            return {"b_crit": float(b), "e_min": e_min, "s_min": None,
-                    "mechanism": "gradient noise scale (Adam)", "method": "E(B)=2E_min, dense grid"}
-    return {"b_crit": None, "e_min": e_min, "s_min": None,
-            "mechanism": "no doubling up to B=4096", "method": "dense grid"}
+            return {
+                "b_crit": float(b),
+                "e_min": e_min,
+                "s_min": None,
+                "mechanism": "gradient noise scale (Adam)",
+                "method": "E(B)=2E_min, dense grid",
+            }
+    return {
+        "b_crit": None,
+        "e_min": e_min,
+        "s_min": None,
+        "mechanism": "no doubling up to B=4096",
+        "method": "dense grid",
+    }

@@ -20,11 +20,15 @@ class ModelConfig:
     h_min: float = 0.1  # smallest curvature; the spectrum is log-spaced from h_min to h_max
     h_max: float = 1.0  # largest curvature
     theta0: float = 1.0  # initial |theta_i| of every curved direction (sign random per seed)
-    sigma: float = 1.0  # per-sample gradient noise std per coordinate: a batch of B has sigma/sqrt(B)
+    sigma: float = (
+        1.0  # per-sample gradient noise std per coordinate: a batch of B has sigma/sqrt(B)
+    )
     flat_dims: int = 256  # directions with h = 0: pure noise, the drift that ends runs
     drift_threshold: float = 7.0  # collapse once ||theta - theta0||_2 crosses this (inf: never)
     collapse_samples: float = 4000.0  # after collapse the progress metric decays with this e-fold
-    optimizer: str = "adam"  # adam (bias-corrected, as torch), sgd, or normalized (divides by sigma/sqrt(B))
+    optimizer: str = (
+        "adam"  # adam (bias-corrected, as torch), sgd, or normalized (divides by sigma/sqrt(B))
+    )
     beta1: float = 0.9  # Adam first-moment decay
     beta2: float = 0.999  # Adam second-moment decay
     adam_eps: float = 1e-8  # Adam epsilon
@@ -41,13 +45,21 @@ class ModelConfig:
             raise ConfigError(
                 f"sim.optimizer = {self.optimizer!r}: allowed are {', '.join(OPTIMIZERS)}"
             )
-        for name in ("dim", "flat_dims", "eval_samples", "eval_every", "log_every",
-                     "checkpoint_every"):
+        for name in (
+            "dim",
+            "flat_dims",
+            "eval_samples",
+            "eval_every",
+            "log_every",
+            "checkpoint_every",
+        ):
             low = 0 if name in ("flat_dims", "dim") else 1
             if int(getattr(self, name)) < low:
                 raise ConfigError(f"sim.{name} = {getattr(self, name)!r}: must be >= {low}")
         if not (0 < self.h_min <= self.h_max):
-            raise ConfigError(f"sim.h_min/h_max = {self.h_min}/{self.h_max}: need 0 < h_min <= h_max")
+            raise ConfigError(
+                f"sim.h_min/h_max = {self.h_min}/{self.h_max}: need 0 < h_min <= h_max"
+            )
         if self.sigma <= 0:
             raise ConfigError(f"sim.sigma = {self.sigma}: must be > 0")
         if not (0 < self.micro_fraction < 1):
@@ -63,7 +75,8 @@ class ModelConfig:
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise ConfigError(
-                f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+                f"{where}: unknown key(s) {', '.join(unknown)}; "
+                f"allowed: {', '.join(sorted(allowed))}"
             )
         try:
             return cls(**data)

@@ -50,9 +50,15 @@ class SimState:
         theta = np.zeros((rows, width))
         theta[:, : cfg.dim] = cfg.theta0 * signs
         return cls(
-            cfg=cfg, theta=theta, theta0=theta.copy(), m=np.zeros_like(theta),
-            v=np.zeros_like(theta), t=np.zeros(rows), samples=np.zeros(rows),
-            collapsed_at=np.full(rows, np.nan), rng=rng,
+            cfg=cfg,
+            theta=theta,
+            theta0=theta.copy(),
+            m=np.zeros_like(theta),
+            v=np.zeros_like(theta),
+            t=np.zeros(rows),
+            samples=np.zeros(rows),
+            collapsed_at=np.full(rows, np.nan),
+            rng=rng,
         )
 
     # -- dynamics --------------------------------------------------------------------------
@@ -74,9 +80,13 @@ class SimState:
         if grad_terms:
             micro = np.clip(np.floor(batch * cfg.micro_fraction), 1.0, np.maximum(batch - 1, 1.0))
             rest = batch - micro  # 0 for a batch of one sample: no split
-            z_micro = self.rng.standard_normal((rows, width)) * (cfg.sigma / np.sqrt(micro))[:, None]
-            z_rest = (self.rng.standard_normal((rows, width))
-                      * (cfg.sigma / np.sqrt(np.maximum(rest, 1.0)))[:, None])
+            z_micro = (
+                self.rng.standard_normal((rows, width)) * (cfg.sigma / np.sqrt(micro))[:, None]
+            )
+            z_rest = (
+                self.rng.standard_normal((rows, width))
+                * (cfg.sigma / np.sqrt(np.maximum(rest, 1.0)))[:, None]
+            )
             xi = (micro[:, None] * z_micro + rest[:, None] * z_rest) / batch[:, None]
         else:
             micro = np.full(rows, np.nan)
@@ -92,7 +102,9 @@ class SimState:
             norm = np.sqrt(np.sum(delta**2, axis=1))
             if cap is not None:
                 cap = np.broadcast_to(np.asarray(cap, dtype=float), (rows,))
-                scale = np.where(np.isfinite(cap) & (norm > cap), cap / np.maximum(norm, 1e-300), 1.0)
+                scale = np.where(
+                    np.isfinite(cap) & (norm > cap), cap / np.maximum(norm, 1e-300), 1.0
+                )
                 delta = delta * scale[:, None]
                 norm = norm * scale
             delta[~active] = 0.0
@@ -145,8 +157,14 @@ class SimState:
 
         tmp = Path(str(path) + ".tmp.npz")
         np.savez(
-            tmp, theta=self.theta, theta0=self.theta0, m=self.m, v=self.v, t=self.t,
-            samples=self.samples, collapsed_at=self.collapsed_at,
+            tmp,
+            theta=self.theta,
+            theta0=self.theta0,
+            m=self.m,
+            v=self.v,
+            t=self.t,
+            samples=self.samples,
+            collapsed_at=self.collapsed_at,
             rng=np.array(json.dumps(self.rng.bit_generator.state)),
             extra=np.array(json.dumps(extra or {})),
         )
@@ -159,6 +177,15 @@ class SimState:
         with np.load(path) as z:
             rng = np.random.default_rng()
             rng.bit_generator.state = json.loads(str(z["rng"]))
-            state = cls(cfg=cfg, theta=z["theta"], theta0=z["theta0"], m=z["m"], v=z["v"],
-                        t=z["t"], samples=z["samples"], collapsed_at=z["collapsed_at"], rng=rng)
+            state = cls(
+                cfg=cfg,
+                theta=z["theta"],
+                theta0=z["theta0"],
+                m=z["m"],
+                v=z["v"],
+                t=z["t"],
+                samples=z["samples"],
+                collapsed_at=z["collapsed_at"],
+                rng=rng,
+            )
             return state, json.loads(str(z["extra"]))

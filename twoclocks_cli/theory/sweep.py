@@ -73,7 +73,12 @@ def simulate_sweep(
         prev_p = np.where(active, p, prev_p)
         prev_s = state.samples.copy()
     return SweepResult(
-        batch=b, lr=lr, seed=np.tile(np.arange(seeds), batches.size), n_prog=n_prog,
-        n_fail=state.collapsed_at.copy(), final_progress=prev_p, budget=float(budget),
+        batch=b,
+        lr=lr,
+        seed=np.tile(np.arange(seeds), batches.size),
+        n_prog=n_prog,
+        n_fail=state.collapsed_at.copy(),
+        final_progress=prev_p,
+        budget=float(budget),
         target=float(target),
     )
