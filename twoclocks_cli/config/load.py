@@ -41,7 +41,9 @@ def summarize(errors: list[dict], data: dict, source: str) -> str:
     groups: dict[str, list[dict]] = {}
     for err in _matched_branches(errors):
         groups.setdefault(_location(err["loc"])[1], []).append(err)
-    first = next(iter(groups.values()))
+    # an unknown key first: it is usually a typo that also explains a "required" error
+    first = next((g for g in groups.values() if any(e["type"] == "extra_forbidden" for e in g)),
+                 next(iter(groups.values())))
     pointed = [e for e in first if e["type"] in ("extra_forbidden", "missing")]
     if pointed:
         line = describe(pointed[0], data, source)
