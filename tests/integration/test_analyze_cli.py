@@ -306,3 +306,18 @@ def test_clipping_table_wider_clip_fails_earlier(tmp_path):
     assert set(table) == {0.1, 0.3}
     wide, narrow = table[0.3]["failure_median"], table[0.1]["failure_median"]
     assert wide is not None and (narrow is None or wide < narrow)  # None: never failed
+
+
+def test_clocks_also_in_steps_prompts_and_seconds(tmp_path):
+    from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    (rid,) = _synthetic(store, "timed", [16], seeds=1, points=200)
+    with store.metric_writer(rid) as w:
+        for step in range(1, 201):
+            w.log(step, step * 16, {"time_gen_s": 0.5, "time_update_s": 0.25})
+    run = analyze_sweep(store, "timed", AnalysisOptions(target="0.5")).to_json()["runs"][0]
+    prog = run["progress"]
+    assert prog["steps"] == pytest.approx(prog["samples"] / 16)
+    assert prog["prompts"] == pytest.approx(prog["samples"] / 8)
+    assert prog["seconds"] == pytest.approx(0.75 * prog["samples"] / 16)

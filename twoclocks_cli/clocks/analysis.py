@@ -18,6 +18,7 @@ from twoclocks_cli.clocks.stats import aggregate, mccandlish, noise_scale, slope
 from twoclocks_cli.errors import AnalysisError, NotFoundError
 
 GRAD_KEYS = ("grad_sq_micro", "grad_sq_full", "grad_micro_size", "grad_full_size")
+TIME_KEYS = ("time_gen_s", "time_reward_s", "time_update_s")  # summed: wall-clock per step
 
 
 @dataclass
@@ -71,6 +72,18 @@ def _interp_steps(curve, samples):
     return float(np.interp(samples, curve.samples, curve.steps))
 
 
+def _seconds_at(times: list, samples):
+    """Training seconds spent up to `samples` (cumulated time_* metrics), None if not logged."""
+    if samples is None or not times:
+        return None
+    total = 0.0
+    for s in times:
+        ok = np.isfinite(s.values)
+        if ok.any():
+            total += float(np.interp(samples, s.samples[ok], np.cumsum(s.values[ok])))
+    return total
+
+
 def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> AnalysisResult:
     """Analyse every run of `sweep` (partial runs included and marked)."""
     opts = options or AnalysisOptions()
@@ -122,6 +135,7 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         "nonfinite": _load(store, ids, "nonfinite"),
     }
     grads = {k: _load(store, ids, k) for k in GRAD_KEYS}
+    extra["times"] = [_load(store, ids, k) for k in TIME_KEYS]
     run_rows = [_analyse_run(r, usable.get(r.id), extra, grads, tau, opts) for r in runs]
     missing = [r.id for r in runs if r.id not in usable]
     if missing:
@@ -159,7 +173,8 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         "options": opts.to_json(),
         "metric": metric,
         "target": {"spec": opts.target, "value": tau, "initial": initial, "best": best},
-        "units": "samples (one sampled completion); steps and prompts given beside",
+        "units": "samples (one sampled completion); steps, prompts and seconds (cumulated "
+        "time_gen_s + time_reward_s + time_update_s, when logged) given beside",
         "runs": run_rows,
         "batches": [{k: v for k, v in b.items() if not k.startswith("_")} for b in batches],
         "critical_batch": {
@@ -253,6 +268,7 @@ def _analyse_run(run, prepared, extra, grads, tau, opts) -> dict:
         idx = min(idx, series_b.size - 1)
         b_simple = float(series_b[idx]) if np.isfinite(series_b[idx]) else None
     group = run.group_size or 1
+    times = [t[run.id] for t in extra["times"] if run.id in t]
     row.update(
         points=int(curve.values.size),
         last_samples=last,
@@ -260,6 +276,7 @@ def _analyse_run(run, prepared, extra, grads, tau, opts) -> dict:
             "samples": n_prog,
             "steps": _interp_steps(curve, n_prog),
             "prompts": n_prog / group if n_prog is not None else None,
+            "seconds": _seconds_at(times, n_prog),
             "censored": n_prog is None,
             "censored_at": last if n_prog is None else None,
         },
@@ -267,6 +284,7 @@ def _analyse_run(run, prepared, extra, grads, tau, opts) -> dict:
             "samples": n_fail,
             "steps": _interp_steps(curve, n_fail),
             "prompts": n_fail / group if n_fail is not None else None,
+            "seconds": _seconds_at(times, n_fail),
             "rule": rule,
             "censored": n_fail is None,
             "censored_at": last if n_fail is None else None,
