@@ -123,7 +123,8 @@ def _axes(cfg: SweepConfig, source: str) -> dict[str, list]:
         if not values:
             raise ConfigError(f"{source}: key {key!r} = []: empty grid axis; give at least one "
                               "value")
-        if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+        if name not in g.zip and \
+                len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
             raise ConfigError(f"{source}: key {key!r} = {values!r}: values repeat; each cell "
                               "must be distinct")
     for b in axes["batch"]:

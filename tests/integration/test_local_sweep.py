@@ -1,0 +1,95 @@
+"""`twoclocks sweep` on the local executor (submitit local jobs) with the real sim backend."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.cli import twoclocks
+from twoclocks_cli.store import Store
+
+CONFIG = """\
+name = "{name}"
+backend = "sim"
+sample_budget = 4096
+executor = "local"
+workdir = "{workdir}"
+[scaling]
+reference_batch = 64
+reference_lr = 0.02
+[grid]
+batch = {batch}
+group_size = 8
+seeds = {seeds}
+{extra}
+[sim]
+dim = 8
+flat_dims = 16
+checkpoint_every = 50
+[local]
+max_parallel = 2
+"""
+
+
+def _config(tmp_path, name, batch="[2, 4]", seeds="[0, 1]", extra=""):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(CONFIG.format(name=name, workdir=tmp_path / "runs", batch=batch, seeds=seeds,
+                                  extra=extra))
+    return str(path)
+
+
+def _runs(url, sweep):
+    store = Store.open(url)
+    try:
+        runs = store.list_runs(sweep)
+        return {r.id: (r.status, r.attempts, r.error, len(store.events(r.id))) for r in runs}, \
+            {r.id: store.count_metrics(r.id) for r in runs}
+    finally:
+        store.close()
+
+
+def test_four_cells_complete_and_a_rerun_submits_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    cfg = _config(tmp_path, "loc")
+    proc = twoclocks("sweep", cfg, "--db", url, "--wait")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "4 cells (4 new), submitted 4 via local" in proc.stdout
+    runs, metrics = _runs(url, "loc")
+    assert [s for s, *_ in runs.values()] == ["completed"] * 4
+    assert all(n > 0 for n in metrics.values())
+    again = twoclocks("sweep", cfg, "--db", url)
+    assert again.returncode == 0, again.stderr
+    assert "4 cells (0 new), submitted 0" in again.stdout
+    assert _runs(url, "loc") == (runs, metrics)  # no attempt, event or row added
+    status = json.loads(twoclocks("status", "loc", "--db", url, "--json").stdout)
+    assert status["sweeps"] == {"loc": {"completed": 4}}
+    # a changed config adds only its new cells
+    more = twoclocks("sweep", _config(tmp_path, "loc", seeds="[0, 1, 2]"), "--db", url, "--wait")
+    assert more.returncode == 0, more.stderr
+    assert "6 cells (2 new), submitted 2" in more.stdout
+
+
+@pytest.mark.slow
+def test_retry_failed_resubmits_only_the_failed_cell(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    # the fourth cell asks the sim backend for an optimizer it rejects when the cell runs
+    cfg = _config(tmp_path, "bad", batch="[2, 4, 8, 16]", seeds="0",
+                  extra='zip = ["batch", "sim.optimizer"]\n'
+                        '[grid.sim]\noptimizer = ["adam", "adam", "adam", "nope"]')
+    proc = twoclocks("sweep", cfg, "--db", url, "--wait")
+    assert proc.returncode == 1, proc.stderr + proc.stdout
+    assert "1 cell(s) failed" in proc.stderr
+    before, _ = _runs(url, "bad")
+    failed = [rid for rid, (s, *_) in before.items() if s == "failed"]
+    assert len(failed) == 1 and "optimizer" in before[failed[0]][2]
+    assert sorted(s for s, *_ in before.values()) == ["completed"] * 3 + ["failed"]
+    retry = twoclocks("sweep", cfg, "--db", url, "--retry-failed", "--wait")
+    assert retry.returncode == 1
+    assert "submitted 1 via local" in retry.stdout
+    after, _ = _runs(url, "bad")
+    for rid, (status, attempts, _, events) in after.items():
+        if rid == failed[0]:
+            assert (status, attempts) == ("failed", 2) and events > before[rid][3]
+        else:
+            assert (status, attempts, events) == ("completed", 1, before[rid][3])
