@@ -1,6 +1,7 @@
 """Aggregation with censoring, the McCandlish fit, the noise-scale estimator, the slope test."""
 
 import numpy as np
+import pytest
 
 from twoclocks_cli.clocks.stats import aggregate, mccandlish, noise_scale, slope_test
 
@@ -48,3 +49,58 @@ def test_slope_verdicts():
     step = slope_test(b, [10.0 * x * (1 + 0.01 * (i % 2)) for i, x in enumerate(b)])
     assert abs(step["slope"] - 1) < 0.05 and step["verdict"].startswith("invariant per step")
     assert slope_test([16, 16], [1.0, 2.0])["slope"] is None
+
+
+def _analysis(batches, prog, fail, b_crit):
+    """A minimal stored-analysis document (the fields make_schedule reads)."""
+    rows = [
+        {
+            "batch_samples": b,
+            "batch_prompts": b // 8,
+            "group_size": 8,
+            "lr": 0.01 * b,
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "last_samples": 50_000,
+        }
+        for b in batches
+    ]
+
+    def agg(v):
+        return {"median": v, "low": None if v is None else 0.9 * v, "high": None, "n": 3}
+
+    return {
+        "sweep": "s",
+        "runs": rows,
+        "batches": [
+            {"batch_samples": b, "n_runs": 3, "progress": agg(p), "failure": agg(f)}
+            for b, p, f in zip(batches, prog, fail, strict=True)
+        ],
+        "critical_batch": {
+            "mccandlish": {"b_crit": b_crit, "note": ""},
+            "theory": None,
+            "noise_scale": {"b_simple": None},
+        },
+    }
+
+
+def test_schedule_switches_only_to_a_larger_batch_that_fails_later():
+    from twoclocks_cli.clocks import make_schedule, to_toml
+
+    a = _analysis([16, 32, 64, 128], [1000, 1100, 1500, 2500], [20e3, 21e3, 26e3, 30e3], 40)
+    plan = make_schedule(a)
+    assert plan["b_small"] == 32 and plan["b_large"] == 128
+    assert plan["phases"][0]["until_samples"] == round(0.8 * 0.9 * 21e3)
+    assert (
+        plan["phases"][1]["prompts_per_batch"] == 16 and plan["phases"][1]["until_samples"] == 50e3
+    )
+    assert "[[phases]]" in to_toml(plan)
+    # larger batches fail earlier: no switch, one phase to the budget, stop point reported
+    b = _analysis([16, 32, 64], [1000, 1100, 1500], [30e3, 20e3, 10e3], 40)
+    plan = make_schedule(b)
+    assert len(plan["phases"]) == 1 and plan["n_switch"] is None
+    assert plan["stop_before_samples"] == pytest.approx(0.8 * 0.9 * 20e3)
+    # B_small never failed: one phase, no stop
+    c = _analysis([16, 32], [1000, 1100], [None, None], 40)
+    plan = make_schedule(c)
+    assert len(plan["phases"]) == 1 and plan["stop_before_samples"] is None

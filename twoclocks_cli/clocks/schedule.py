@@ -1,8 +1,10 @@
 """The schedule rule of the two-clocks note: small batch first, switch before the failure clock.
 
 B_small = the largest grid batch not above the B_crit estimate; N_switch = s * (lower bound of
-N_fail(B_small)); B_large = the grid batch with the latest failure clock among those whose
-progress clock is uncensored. Output: a phase list the trainer runs as-is, with its rationale.
+N_fail(B_small)); B_large = the grid batch with the latest failure clock among the batches
+larger than B_small whose progress clock is uncensored and whose failure clock is later than
+B_small's (the note's "switch to a larger batch"; when there is none, one phase that stops at
+N_switch). Output: a phase list the trainer runs as-is, with its rationale.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0
         f = by[b]["failure"]
         return math.inf if f["median"] is None else f["median"]
 
-    b_large = max(ok, key=lambda b: (fail_key(b), b)) if ok else b_small
+    # a larger batch that reached the target and fails later than B_small (else: no switch)
+    later = [b for b in ok if b > b_small and fail_key(b) > fail_key(b_small)]
+    b_large = max(later, key=lambda b: (fail_key(b), b)) if later else b_small
     fail_small = by[b_small]["failure"]
     lower = fail_small["low"] if fail_small["low"] is not None else fail_small["median"]
     rationale = [
@@ -75,11 +79,12 @@ def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0
         n_switch = None
     elif b_large == b_small:
         rationale.append(
-            f"no batch with acceptable progress fails later than B={b_small:g}: "
-            "one phase; stop before the failure clock"
+            f"no larger batch that reached the target fails later than B={b_small:g}: "
+            "switching would not delay failure; one phase, stop (or keep the checkpoint) before "
+            f"{safety:g} x {lower:.4g} = {safety * lower:.4g} samples"
         )
         n_switch = safety * lower
-        phases.append({"until_samples": n_switch, **_phase_keys(small)})
+        phases.append({"until_samples": budget, **_phase_keys(small)})
     else:
         n_switch = safety * lower
         rationale.append(
@@ -93,7 +98,7 @@ def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0
                 if by[b_large]["failure"]["median"] is None
                 else f"{by[b_large]['failure']['median']:.4g}"
             )
-            + " samples) among batches that reached the target"
+            + " samples) among larger batches that reached the target"
         )
         phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
         phases.append({"until_samples": budget, **_phase_keys(_setting(analysis, b_large))})
@@ -105,7 +110,8 @@ def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0
         "b_crit_source": source,
         "b_small": b_small,
         "b_large": b_large,
-        "n_switch": n_switch,
+        "n_switch": n_switch if len(phases) > 1 else None,
+        "stop_before_samples": n_switch if len(phases) == 1 else None,
         "safety": safety,
         "budget": budget,
         "phases": phases,

@@ -35,7 +35,7 @@ class ModelConfig:
     cap: float | None = None  # per-step displacement cap on ||delta theta||_2 (None: no cap)
     cap_per_clip: float | None = None  # cap = cap_per_clip * (clip_eps_low + clip_eps_high) / 2
     eval_samples: int = 512  # held-out "problems" per eval point (eval_accuracy is a binomial mean)
-    eval_every: int = 10  # eval every this many logged points
+    eval_every: int = 1  # eval every this many logged points (sparse evals blur large-B clocks)
     log_every: int = 1  # write metrics every this many steps
     checkpoint_every: int = 200  # save the state every this many steps (resume point)
     micro_fraction: float = 0.25  # micro-batch size / batch size for the gradient-noise terms
