@@ -321,3 +321,19 @@ def test_clocks_also_in_steps_prompts_and_seconds(tmp_path):
     assert prog["steps"] == pytest.approx(prog["samples"] / 16)
     assert prog["prompts"] == pytest.approx(prog["samples"] / 8)
     assert prog["seconds"] == pytest.approx(0.75 * prog["samples"] / 16)
+
+
+def test_analyze_and_store_on_both_backends(store):
+    """The same synthetic sweep analysed on SQLite and PostgreSQL: known McCandlish B_crit."""
+    from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
+    from twoclocks_cli.clocks.saved import latest_analysis, save_analysis
+
+    def curve(x, b, seed):  # samples-to-0.5 = ln2 * 1000 * (1 + b/64): B_crit = 64
+        return 1 - np.exp(-x / (1000 * (1 + b / 64)))
+
+    _synthetic(store, "both", [16, 32, 64, 128, 256], seeds=2, fn=curve, points=400)
+    result = analyze_sweep(store, "both", AnalysisOptions(target="0.5", smoothing="none"))
+    fit = result.to_json()["critical_batch"]["mccandlish"]
+    assert fit["b_crit"] == pytest.approx(64, rel=0.05)
+    save_analysis(store, "both", result.to_json())
+    assert latest_analysis(store, "both")["critical_batch"]["mccandlish"]["b_crit"] == fit["b_crit"]
