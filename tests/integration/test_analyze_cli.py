@@ -129,6 +129,7 @@ def test_schedule_reuses_stored_analysis_and_writes_toml(sim_db, tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["analysis_options"]["target"] == "0.9"  # the stored analysis, not a fresh one
+    assert isinstance(data["analysis_id"], int)
     phases = tomllib.loads(out.read_text())["phases"]
     assert phases == json.loads(
         json.dumps(

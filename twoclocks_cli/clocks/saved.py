@@ -28,4 +28,4 @@ def latest_analysis(store, sweep_name: str) -> dict | None:
             .limit(1)
         )
         row = s.scalar(q)
-        return None if row is None else dict(row.result)
+        return None if row is None else {**row.result, "analysis_id": row.id}
