@@ -338,3 +338,30 @@ def test_analyze_and_store_on_both_backends(store):
     assert fit["b_crit"] == pytest.approx(64, rel=0.05)
     save_analysis(store, "both", result.to_json())
     assert latest_analysis(store, "both")["critical_batch"]["mccandlish"]["b_crit"] == fit["b_crit"]
+
+
+def test_each_collapse_rule_fires_and_the_earliest_wins(tmp_path):
+    from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    (rid,) = _synthetic(store, "rules", [8], seeds=1, points=100)
+    with store.metric_writer(rid) as w:
+        for step in range(1, 101):
+            w.log(
+                step,
+                step * 8,
+                {
+                    "entropy": 1.0 if step < 60 else 0.05,  # entropy collapse at step 60
+                    "resp_len_mean": 20.0 if step < 40 else 300.0,  # length blow-up at step 40
+                    "drift_abs": step * 0.1,  # crosses 7 at step 70
+                    "nonfinite": 1.0 if step == 90 else 0.0,
+                },
+            )
+    base = dict(target="0.5", drift_threshold=7.0, entropy_low=0.1)
+    run = analyze_sweep(store, "rules", AnalysisOptions(**base)).to_json()["runs"][0]
+    fired = run["failure"]["rules"]
+    assert fired["entropy"] == 60 * 8 and fired["drift"] == 70 * 8 and fired["nonfinite"] == 720
+    assert run["failure"]["rule"] == "entropy" and run["failure"]["samples"] == 480
+    run = analyze_sweep(store, "rules", AnalysisOptions(**base, length_max=100)).to_json()
+    assert run["runs"][0]["failure"]["rule"] == "length"
+    assert run["options"]["length_max"] == 100
