@@ -69,6 +69,10 @@ def _register() -> None:
     app.command("analyze")(analyze.analyze)
     app.command("schedule")(schedule.schedule)
     app.command("theory")(theory.theory)
+    from twoclocks_cli.commands import compare
+
+    app.command("schedule-config")(compare.schedule_config)
+    app.command("compare")(compare.compare)
     from twoclocks_cli.commands import plan, status, sweep
 
     app.command("plan")(plan.plan_cmd)

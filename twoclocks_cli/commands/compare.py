@@ -1,0 +1,118 @@
+"""`twoclocks schedule-config` and `twoclocks compare`: train a schedule, then check it.
+
+    twoclocks schedule-config SWEEP PHASES.toml --out TRAIN.toml   # phases + the sweep's settings
+    twoclocks train TRAIN.toml --name schedule                     # one more run
+    twoclocks compare SWEEP --run ID [--json]                      # its clocks vs the constants
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from twoclocks_cli.options import DbOption, JsonOption
+
+
+def schedule_config(
+    sweep: Annotated[str, typer.Argument(help="The sweep the schedule was derived from.")],
+    phases: Annotated[str, typer.Argument(help="The [[phases]] file `twoclocks schedule --out` "
+                                               "wrote.")],
+    out: Annotated[str, typer.Option("--out", help="Where to write the training config (TOML).")],
+    budget: Annotated[int | None, typer.Option(help="Sample budget of the schedule run "
+                                                    "(default: the sweep's).")] = None,
+    db: DbOption = None,
+) -> None:
+    """Write a training config that runs a schedule with the sweep's own trainer settings."""
+    import os
+
+    from twoclocks_cli.compare import read_phases, schedule_train_config, to_toml
+    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.store import Store
+
+    plist = read_phases(phases)
+    store = Store.open(db)
+    name = store.get_sweep(sweep).name
+    cfg = schedule_train_config(store, name, plist, budget)
+    text = to_toml(cfg, [f"twoclocks schedule of sweep {name!r} ({phases}), with the sweep's "
+                         "trainer settings; run it with `twoclocks train`"])
+    tmp = f"{out}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: {exc.strerror}") from None
+    typer.echo(f"wrote {out}: {len(plist)} phase(s), budget {cfg['sample_budget']} samples")
+
+
+def compare(
+    sweep: Annotated[str, typer.Argument(help="The sweep of constant-batch runs.")],
+    run: Annotated[int, typer.Option("--run", help="Id of the schedule run (see `twoclocks "
+                                                   "runs list`).")],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Both clocks of a schedule run beside the sweep's constant-batch clocks (same options)."""
+    from twoclocks_cli.clocks.saved import latest_analysis
+    from twoclocks_cli.compare import compare_schedule
+    from twoclocks_cli.errors import AnalysisError
+    from twoclocks_cli.store import Store
+
+    store = Store.open(db)
+    name = store.get_sweep(sweep).name
+    analysis = latest_analysis(store, name)
+    if analysis is None:
+        raise AnalysisError(f"sweep {name!r} has no stored analysis: run `twoclocks analyze "
+                            f"{name}` first")
+    result = compare_schedule(store, name, run, analysis)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, allow_nan=False))
+        return
+    render(result)
+
+
+def _clock(c: dict) -> str:
+    if c.get("median") is not None:
+        lo, hi = c.get("low"), c.get("high")
+        return f"{c['median']:.4g}" + (f" [{lo:.4g}, {hi:.4g}]" if lo is not None else "")
+    lb = c.get("lower_bound")
+    return f"censored (>= {lb:.4g})" if lb is not None else "censored"
+
+
+def _one(c: dict) -> str:
+    if c["samples"] is not None:
+        return f"{c['samples']:.4g}" + (f" ({c['rule']})" if c.get("rule") else "")
+    return f"censored (>= {c['censored_at']:.4g})"
+
+
+def render(result: dict) -> None:
+    """A rich table: constant batches, then the schedule row; the phases; the verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = result["target"]
+    table = Table(title=f"schedule vs constant batches, sweep {result['sweep']}: "
+                  f"{result['metric']} target {t['value']:.4g} ({t['spec']}); samples")
+    for col in ("run", "batch", "lr", "runs", "samples to target", "failure",
+                f"final {result['metric']}"):
+        table.add_column(col)
+    for row in result["constant"]:
+        final = "-" if row["final"] is None else f"{row['final']:.3f}"
+        prompts = ",".join(str(x) for x in row["batch_prompts"])
+        table.add_row("constant", f"{row['batch_samples']} samples ({prompts} prompts)",
+                      ", ".join(f"{x:.3g}" for x in row["lr"]), str(row["n_runs"]),
+                      _clock(row["progress"]), _clock(row["failure"]), final)
+    s = result["schedule"]
+    batches = " -> ".join(f"{p['prompts_per_batch']} prompts" for p in s["phases"]) or "-"
+    table.add_row(f"schedule (run {s['run_id']}, {s['status']})", batches, "-", "1",
+                  _one(s["progress"]), _one(s["failure"]), f"{s['final']:.3f}")
+    con.print(table)
+    for p in s["phases"]:
+        lr = "-" if p["lr"] is None else f"{p['lr']:.4g}"
+        con.print(f"  phase {p['phase']}: samples {p['from_samples']:.0f}-{p['to_samples']:.0f}, "
+                  f"{p['prompts_per_batch']} prompts/batch, lr {lr}, {p['steps']} steps")
+    for line in result["verdict"]:
+        con.print(f"  {line}")
