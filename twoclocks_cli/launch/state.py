@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sqlalchemy import select
+
 from twoclocks_cli.store.models import Run, RunEvent, RunStatus, utcnow
 
 ACTIVE = frozenset({RunStatus.planned, RunStatus.submitted, RunStatus.running})
@@ -40,3 +42,28 @@ def transition(store, run_id: int, to: RunStatus, only_from: Iterable[RunStatus]
         s.add(RunEvent(run_id=run_id, at=now, from_status=previous, to_status=to.value,
                        message=message))
         return True
+
+
+def transition_many(store, run_ids: Iterable[int], to: RunStatus, only_from: Iterable[RunStatus],
+                    message: str | None = None, **fields) -> list[int]:
+    """`transition` for many runs in ONE transaction; returns the ids that changed."""
+    allowed = {RunStatus(s).value for s in only_from}
+    ids = list(run_ids)
+    now = utcnow()
+    changed = []
+    with store.session() as s:
+        q = select(Run).where(Run.id.in_(ids)).with_for_update().order_by(Run.id)
+        for run in s.scalars(q):
+            if run.status not in allowed:
+                continue
+            previous, run.status = run.status, to.value
+            for name, value in fields.items():
+                setattr(run, name, value)
+            if to is RunStatus.submitted:
+                run.submitted_at = now
+            elif to.finished:
+                run.finished_at = now
+            s.add(RunEvent(run_id=run.id, at=now, from_status=previous, to_status=to.value,
+                           message=message))
+            changed.append(run.id)
+    return changed

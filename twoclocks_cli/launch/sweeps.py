@@ -15,7 +15,7 @@ from twoclocks_cli.config.models import SweepConfig
 from twoclocks_cli.config.plan import Plan
 from twoclocks_cli.errors import ConfigError, LaunchError
 from twoclocks_cli.launch.base import JobState, Submission
-from twoclocks_cli.launch.state import ACTIVE, RETRYABLE, transition
+from twoclocks_cli.launch.state import ACTIVE, RETRYABLE, transition, transition_many
 from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep
 
 UNKNOWN_GRACE_S = 120  # a job id the scheduler never heard of this long after submission: lost
@@ -125,18 +125,15 @@ def submit(store, reg: Registered, runs: list[Run], executor, db_url: str) -> di
     sub = Submission(folder=folder / "submissions" / f"{stamp}-{uuid.uuid4().hex[:8]}",
                      db_url=db_url, sweep=reg.sweep,
                      runs=[(r.id, str(folder / "cells" / r.cell_id[:16])) for r in runs])
-    sent = []
-    for r in runs:
-        if transition(store, r.id, RunStatus.submitted, {RunStatus(r.status)},
-                      f"submitting via {executor.name}", job_id=None):
-            sent.append(r.id)
+    sent = set(transition_many(store, [r.id for r in runs], RunStatus.submitted,
+                               {RunStatus.planned} | RETRYABLE,
+                               f"submitting via {executor.name}", job_id=None))
     sub = Submission(sub.folder, sub.db_url, [x for x in sub.runs if x[0] in sent], sub.sweep)
     try:
         job_ids = executor.submit(sub)
     except Exception as exc:
-        for rid in sent:
-            transition(store, rid, RunStatus.planned, {RunStatus.submitted},
-                       f"submission failed: {exc}")
+        transition_many(store, sent, RunStatus.planned, {RunStatus.submitted},
+                        f"submission failed: {' '.join(str(exc).split())[:300]}")
         if isinstance(exc, LaunchError):
             raise
         raise LaunchError(f"submitting {len(sent)} cell(s) via {executor.name} failed: "
@@ -231,8 +228,9 @@ def cancel(store, sweep: str) -> tuple[int, list[str]]:
         rows = s.execute(select(Run.id, Run.job_id).join(Sweep, Run.sweep_id == Sweep.id)
                          .where(Sweep.name == sweep,
                                 Run.status.in_([x.value for x in ACTIVE]))).all()
-    done = [r for r in rows if transition(store, r.id, RunStatus.cancelled, ACTIVE,
-                                          "cancelled by twoclocks cancel")]
+    changed = set(transition_many(store, [r.id for r in rows], RunStatus.cancelled, ACTIVE,
+                                  "cancelled by twoclocks cancel"))
+    done = [r for r in rows if r.id in changed]
     by_kind: dict[str, set] = {}
     for r in done:
         if r.job_id:
