@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -77,8 +78,13 @@ def test_malformed_configs_fail_cleanly_and_write_nothing(tmp_path_factory, text
     root = tmp_path_factory.mktemp("fz")
     (root / "sweep.toml").write_text(text)
     url = f"sqlite:///{root / 'store.db'}"
-    result = CliRunner().invoke(app, ["sweep", str(root / "sweep.toml"), "--db", url,
-                                      "--executor", "debug"])
+    here = os.getcwd()
+    os.chdir(root)  # a valid config's default workdir lands here, not in the repository
+    try:
+        result = CliRunner().invoke(app, ["sweep", str(root / "sweep.toml"), "--db", url,
+                                          "--executor", "debug"])
+    finally:
+        os.chdir(here)
     assert result.exception is None or isinstance(result.exception, SystemExit), \
         (text, repr(result.exception))
     assert "Traceback" not in result.output
