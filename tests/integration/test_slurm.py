@@ -152,7 +152,10 @@ def test_cancel_marks_every_cell_cancelled(sweep):
 
 
 @pytest.mark.slow
-def test_requeued_cell_resumes_from_its_checkpoint(sweep):
+@pytest.mark.parametrize("how", ["scontrol", "timeout-signal"])
+def test_requeued_cell_resumes_from_its_checkpoint(sweep, how):
+    """`scontrol requeue` (SLURM kills and requeues), or the USR2 SLURM sends before a timeout
+    (submitit calls CellJob.checkpoint and requeues)."""
     budget = 60_000
     cfg, url = sweep("req", batch="[1]", budget=budget)
     assert twoclocks("sweep", cfg, "--db", url).returncode == 0
@@ -167,7 +170,10 @@ def test_requeued_cell_resumes_from_its_checkpoint(sweep):
 
     _wait(past_checkpoint)
     job = _runs(url, "req")[0].job_id
-    subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
+    if how == "scontrol":
+        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
+    else:
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True)
     final = _wait(lambda: (r := _runs(url, "req")[0]).status in ("completed", "failed") and r,
                   timeout=300)
     assert final.status == "completed", final.error
@@ -178,6 +184,7 @@ def test_requeued_cell_resumes_from_its_checkpoint(sweep):
         resumed = [m for m in events if m.startswith("attempt 2")]
         assert resumed and re.search(r"resuming after step [1-9]\d* \(checkpoint found\)",
                                      resumed[0]), events
+        assert ("requeues 1" in resumed[0]) == (how == "timeout-signal"), resumed[0]
         series = store.load_metric([run.id], "reward_mean")[run.id]
         # every step exactly once across both attempts: no gap, no duplicate
         assert list(series.steps) == list(range(1, budget + 1))
