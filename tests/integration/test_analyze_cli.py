@@ -217,6 +217,8 @@ def test_edge_one_batch_partial_censored_nan(tmp_path):
     assert cens["batches"][0]["progress"]["lower_bound"] == 60 * 16
     assert any("every run is censored" in w for w in cens["warnings"])
     assert cens["critical_batch"]["mccandlish"]["b_crit"] is None
+    nodrift = analyze_sweep(store, "run", AnalysisOptions(drift_threshold=1.0)).to_json()
+    assert any("drift rule is on but no run logged 'drift_abs'" in w for w in nodrift["warnings"])
 
     def with_nan(x, b, s):
         y = 1 - np.exp(-x / 1000)

@@ -134,6 +134,18 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         "truncated": _load(store, ids, "truncated_frac") if opts.truncated_max is not None else {},
         "nonfinite": _load(store, ids, "nonfinite"),
     }
+    for rule, key, on in (
+        ("drift", opts.drift_key, opts.drift_threshold is not None),
+        (
+            "entropy",
+            opts.entropy_key,
+            opts.entropy_low is not None or opts.entropy_high is not None,
+        ),
+        ("length", "resp_len_mean", opts.length_max is not None),
+        ("length", "truncated_frac", opts.truncated_max is not None),
+    ):
+        if on and not extra[rule if key != "truncated_frac" else "truncated"]:
+            warnings.append(f"{rule} rule is on but no run logged {key!r}: it cannot fire")
     grads = {k: _load(store, ids, k) for k in GRAD_KEYS}
     extra["times"] = [_load(store, ids, k) for k in TIME_KEYS]
     run_rows = [_analyse_run(r, usable.get(r.id), extra, grads, tau, opts) for r in runs]
