@@ -100,3 +100,8 @@ def test_config_errors_name_the_key():
         ModelConfig.from_dict({"optimizer": "lion"})
     with pytest.raises(ConfigError, match="sigma"):
         ModelConfig.from_dict({"sigma": 0})
+    with pytest.raises(ConfigError, match=r"sim.dim = 2.5: .*integer"):
+        ModelConfig.from_dict({"dim": 2.5})
+    with pytest.raises(ConfigError, match="sim.cap"):
+        ModelConfig.from_dict({"cap": [1]})
+    assert ModelConfig.from_dict({"dim": "8", "cap": "0.1"}).dim == 8  # TOML/JSON strings

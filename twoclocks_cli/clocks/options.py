@@ -14,9 +14,7 @@ class AnalysisOptions:
     """Options of `twoclocks analyze` (defaults from the two-clocks note)."""
 
     metric: str | None = None  # progress metric; None: eval_accuracy when logged, else reward_mean
-    target: str = (
-        "frac:0.5"  # absolute value, or frac:X of the way from initial to best of the sweep
-    )
+    target: str = "frac:0.5"  # a value, or frac:X of the way from initial to the sweep's best
     smoothing: str = "ma"  # ma (centred moving average), ema, none
     window: int = 5  # moving-average window in logged points
     ema_alpha: float = 0.3  # EMA weight of the newest point

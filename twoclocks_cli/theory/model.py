@@ -20,15 +20,11 @@ class ModelConfig:
     h_min: float = 0.1  # smallest curvature; the spectrum is log-spaced from h_min to h_max
     h_max: float = 1.0  # largest curvature
     theta0: float = 1.0  # initial |theta_i| of every curved direction (sign random per seed)
-    sigma: float = (
-        1.0  # per-sample gradient noise std per coordinate: a batch of B has sigma/sqrt(B)
-    )
+    sigma: float = 1.0  # per-sample gradient noise std per coordinate (batch: sigma/sqrt(B))
     flat_dims: int = 256  # directions with h = 0: pure noise, the drift that ends runs
     drift_threshold: float = 7.0  # collapse once ||theta - theta0||_2 crosses this (inf: never)
     collapse_samples: float = 4000.0  # after collapse the progress metric decays with this e-fold
-    optimizer: str = (
-        "adam"  # adam (bias-corrected, as torch), sgd, or normalized (divides by sigma/sqrt(B))
-    )
+    optimizer: str = "adam"  # adam (bias-corrected, as torch), sgd, normalized (/ sigma/sqrt(B))
     beta1: float = 0.9  # Adam first-moment decay
     beta2: float = 0.999  # Adam second-moment decay
     adam_eps: float = 1e-8  # Adam epsilon
@@ -78,10 +74,10 @@ class ModelConfig:
                 f"{where}: unknown key(s) {', '.join(unknown)}; "
                 f"allowed: {', '.join(sorted(allowed))}"
             )
-        try:
-            return cls(**data)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+        for f in fields(cls):
+            if f.name in data:
+                data[f.name] = _coerce(f.name, data[f.name], f.default, where)
+        return cls(**data)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,3 +100,27 @@ class ModelConfig:
         if self.cap_per_clip is not None and clip_low is not None and clip_high is not None:
             return float(self.cap_per_clip) * (float(clip_low) + float(clip_high)) / 2
         return None
+
+
+def _coerce(name: str, value, default, where: str):
+    """The value as its field's type (int, float, str; None allowed where the default is None)."""
+    if value is None and default is None:
+        return None
+    kind = float if default is None else type(default)
+    try:
+        if kind is int:
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise ValueError
+            return int(float(value))
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{where}.{name} = {value!r}: expected {'a number' if kind is not str else 'a string'}"
+            + (" (an integer)" if kind is int else "")
+        ) from None
