@@ -93,3 +93,57 @@ def test_retry_failed_resubmits_only_the_failed_cell(tmp_path):
             assert (status, attempts) == ("failed", 2) and events > before[rid][3]
         else:
             assert (status, attempts, events) == ("completed", 1, before[rid][3])
+
+
+@pytest.mark.slow
+def test_local_reconcile_a_killed_cell_and_cancel_the_rest(tmp_path):
+    import os
+    import re
+    import signal
+    import time
+
+    from twoclocks_cli.launch.local import pid_alive
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    cfg = _config(tmp_path, "long", batch="[1]", seeds="[0, 1]")
+    text = open(cfg).read().replace("sample_budget = 4096", "sample_budget = 80000000")
+    open(cfg, "w").write(text.replace("group_size = 8", "group_size = 1"))
+    assert twoclocks("sweep", cfg, "--db", url).returncode == 0
+
+    def running_pids():
+        store = Store.open(url)
+        try:
+            out = {}
+            for r in store.list_runs("long"):
+                msgs = [e.message for e in store.events(r.id) if e.to_status == "running"]
+                if r.status == "running" and msgs:
+                    out[r.id] = int(re.search(r"pid (\d+)", msgs[-1]).group(1))
+            return out
+        finally:
+            store.close()
+
+    deadline = time.monotonic() + 60
+    while len(pids := running_pids()) < 2:
+        assert time.monotonic() < deadline, "cells did not start"
+        time.sleep(0.3)
+    victim, other = sorted(pids)
+    os.kill(pids[victim], signal.SIGKILL)  # dies without reporting
+    deadline = time.monotonic() + 30
+    while True:
+        snap = json.loads(twoclocks("status", "long", "--db", url, "--json").stdout)
+        states = {r["id"]: r for r in snap["runs"]}
+        if states[victim]["status"] == "failed":
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.5)
+    assert "without reporting" in states[victim]["error"]
+    assert states[other]["status"] == "running" and snap["queries"] == {"local": 1}
+    out = twoclocks("cancel", "long", "--db", url)
+    assert out.returncode == 0 and "cancelled 1 cell(s)" in out.stdout, out.stderr
+    deadline = time.monotonic() + 30
+    while pid_alive(pids[other]):
+        assert time.monotonic() < deadline, "cancelled cell still running"
+        time.sleep(0.3)
+    time.sleep(1)
+    runs, _ = _runs(url, "long")
+    assert runs[other][0] == "cancelled" and runs[victim][0] == "failed"

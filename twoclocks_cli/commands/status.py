@@ -39,17 +39,21 @@ def sweep_table(snap: dict, sweep: str):
     counts = snap["sweeps"].get(sweep, {})
     summary = ", ".join(f"{counts[s]} {s}" for s in ORDER if counts.get(s))
     table = Table(title=f"sweep {sweep}: {summary or 'no cells'}")
-    for col in ("run", "cell", "prompts", "samples/batch", "lr", "seed", "status", "job",
-                "attempt", "step", "error"):
-        table.add_column(col)
+    for col in ("run", "P", "B", "lr", "seed", "status", "job", "try", "step"):
+        table.add_column(col, justify="right" if col not in ("status", "job") else "left",
+                         no_wrap=True)
+    table.add_column("error", overflow="fold")
     for r in snap["runs"]:
         st = r["status"]
-        table.add_row(str(r["id"]), r["cell_id"][:10], str(r["batch_prompts"]),
-                      str(r["batch_samples"]), f"{r['lr']:.4g}" if r["lr"] else "-",
-                      str(r["seed"]), f"[{STYLE.get(st, 'white')}]{st}[/]", r["job_id"] or "-",
-                      str(r["attempts"]), str(r["last_step"] if r["last_step"] is not None
-                                              else "-"),
-                      (r["error"] or "")[:60])
+        job = r["job_id"] or "-"
+        if ":" in job:  # local:HOST:RUNNER[:PID] / debug:HOST:PID -> kind:pid
+            job = f"{job.split(':')[0]}:{job.split(':')[-1]}"
+        table.add_row(str(r["id"]), str(r["batch_prompts"]), str(r["batch_samples"]),
+                      f"{r['lr']:.3g}" if r["lr"] else "-", str(r["seed"]),
+                      f"[{STYLE.get(st, 'white')}]{st}[/]",
+                      job, str(r["attempts"]),
+                      str(r["last_step"] if r["last_step"] is not None else "-"),
+                      (r["error"] or "")[:80])
     return table
 
 
@@ -57,7 +61,7 @@ def sweeps_table(snap: dict):
     from rich.table import Table
 
     table = Table(title="sweeps")
-    table.add_column("sweep")
+    table.add_column("sweep", no_wrap=True)
     for s in ORDER:
         table.add_column(s, justify="right")
     for name, counts in sorted(snap["sweeps"].items()):
