@@ -1,0 +1,170 @@
+"""Real GRPO on `builtin:tiny-arith`: reward rises, kill -9 + resume is exact, divergence is
+recorded, and a 2-process data-parallel run works under `accelerate launch`.
+
+The tiny model is built once into the user cache (shared with the tiny-model tests).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.support.cli import twoclocks
+
+pytestmark = pytest.mark.slow
+
+TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from trainer.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(0)
+
+
+def _store_run(url: str, cell: dict) -> int:
+    from twoclocks_cli.store import Store
+    from twoclocks_cli.store.models import Run
+
+    store = Store.open(url)
+    with store.session() as s:
+        run = Run(cell_id=f"c{time.monotonic_ns()}", name="t", backend="grpo", config=cell)
+        s.add(run)
+        s.flush()
+        return run.id
+
+
+def _metrics(url: str, run_id: int) -> dict[tuple[int, str], tuple[int, float]]:
+    import sqlalchemy as sa
+
+    from twoclocks_cli.store import Store
+
+    store = Store.open(url)
+    with store.engine.connect() as c:
+        rows = c.execute(sa.text("SELECT step, key, samples, value FROM metrics WHERE run_id = :r"),
+                         {"r": run_id}).all()
+    out = {(s, k): (n, v) for s, k, n, v in rows}
+    assert len(out) == len(rows)  # (run, step, key) is unique: no duplicate rows
+    return out
+
+
+RUN_CELL = (
+    "import sys; from pathlib import Path; from twoclocks_cli.store import Store; "
+    "from twoclocks_cli.backends import run_cell; "
+    "print('STATUS', run_cell(Store.open(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])).value)"
+)
+
+
+def _run_cell(url: str, run_id: int, workdir, **popen) -> subprocess.Popen:
+    """The entry point a sweep job calls, in a subprocess (so it can be SIGKILLed)."""
+    return subprocess.Popen([sys.executable, "-c", RUN_CELL, url, str(run_id), str(workdir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_training_reward_rises(tiny_model, tmp_path):
+    """8k samples at the prototype's lr: train accuracy climbs, judged against its own noise.
+
+    Steps are independent draws (fresh prompts, fresh samples), so the least-squares slope of
+    per-step accuracy over steps has an honest standard error; t > 2.5 (one-sided p < 0.01).
+    Measured here: t = 4.3 (seed 3, lr 1e-4) and 4.1 (seed 4, lr 1.5e-4, 12k samples).
+    """
+    from scipy import stats
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    cell = dict(prompts_per_batch=16, group_size=8, lr=1e-4, sample_budget=8192, seed=3,
+                eval_every_samples=0, kl_init_every=4, checkpoint_every_steps=0, threads=1)
+    run_id = _store_run(url, cell)
+    proc = _run_cell(url, run_id, tmp_path / "w")
+    out, err = proc.communicate(timeout=900)
+    assert "STATUS completed" in out, err[-2000:]
+    m = _metrics(url, run_id)
+    acc = np.array([m[(s, "accuracy")][1] for s in range(1, 65)])
+    fit = stats.linregress(np.arange(64), acc)
+    assert fit.slope / fit.stderr > 2.5, (fit, acc.reshape(8, 8).mean(1).round(3))
+    assert acc[-16:].mean() > acc[:16].mean() + 0.01
+    keys = {k for (_s, k) in m}
+    for key in ("reward_mean", "entropy", "kl_init", "drift_abs", "grad_sq_micro",
+                "grad_sq_full", "clip_frac", "zero_std_frac", "truncated_frac", "nonfinite"):
+        assert key in keys, key
+    assert m[(64, "batch_samples")] == (8192, 128)
+    assert m[(64, "drift_abs")][1] > 0 and m[(64, "kl_init")][1] > 0
+
+
+def test_kill9_then_resume_is_exact(tiny_model, tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    cell = dict(prompts_per_batch=4, group_size=8, lr=2e-4, sample_budget=32 * 24, seed=5,
+                eval_every_samples=256, eval_size=32, kl_init_every=2, checkpoint_every_steps=4,
+                num_minibatches=2, threads=1)
+    ref = _run_cell(url, _store_run(url, cell), tmp_path / "ref")
+    killed_id = _store_run(url, cell)
+    victim = _run_cell(url, killed_id, tmp_path / "killed")
+    from twoclocks_cli.store import Store
+
+    store = Store.open(url)
+    deadline = time.monotonic() + 600
+    while (store.max_step(killed_id) or 0) < 10 and victim.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    victim.send_signal(signal.SIGKILL)  # past checkpoint 8, between checkpoints
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    resumed = _run_cell(url, killed_id, tmp_path / "killed")
+    out, err = resumed.communicate(timeout=600)
+    assert "STATUS completed" in out, err[-2000:]
+    out, err = ref.communicate(timeout=600)
+    assert "STATUS completed" in out, err[-2000:]
+
+    a, b = _metrics(url, killed_id - 1), _metrics(url, killed_id)
+    assert set(a) == set(b)
+    steps = sorted({s for s, _ in b})
+    assert steps == list(range(0, 25))  # eval at step 0, then 24 steps: none missing
+    diff = [(k, a[k], b[k]) for k in a if k[1] not in TIMING and a[k] != b[k]]
+    assert not diff, diff[:5]
+
+
+def test_divergence_is_recorded(tiny_model, tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    cell = dict(prompts_per_batch=8, group_size=8, lr=1e30, max_grad_norm=None,
+                sample_budget=64 * 20, seed=0, eval_every_samples=0, threads=1)
+    run_id = _store_run(url, cell)
+    out, err = _run_cell(url, run_id, tmp_path / "w").communicate(timeout=600)
+    assert "STATUS diverged" in out, err[-2000:]
+    m = _metrics(url, run_id)
+    last = max(s for s, _ in m)
+    assert m[(last, "nonfinite")][1] == 1.0
+    assert all(m[(s, "nonfinite")][1] == 0.0 for s in range(1, last))
+
+
+def test_two_process_accelerate_run(tiny_model, tmp_path):
+    accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable))
+    (tmp_path / "t.toml").write_text(
+        "prompts_per_batch = 8\ngroup_size = 4\nsample_budget = 320\neval_every_samples = 160\n"
+        "eval_size = 32\ncheckpoint_every_steps = 5\nthreads = 1\nseed = 1\n")
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    proc = subprocess.run(
+        [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no",
+         os.path.join(os.path.dirname(sys.executable), "twoclocks"), "train",
+         str(tmp_path / "t.toml"), "--db", db, "--workdir", str(tmp_path / "w")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "run 1 completed" in proc.stdout
+    ckpt = sorted((tmp_path / "w" / "checkpoints").glob("step-*"))[-1]
+    assert {p.name for p in ckpt.iterdir()} >= {"rng-0.pt", "rng-1.pt", "state.pt", "COMPLETE"}
+    m = _metrics(db, 1)
+    assert sorted({s for s, _ in m}) == list(range(0, 11))  # one writer: 10 steps + eval
+    assert all(m[(s, "batch_samples")][1] == 32 for s in range(1, 11))
+    assert m[(10, "grad_full_size")][1] == 32  # the full-batch gradient spans both ranks
+    assert m[(10, "grad_micro_size")][1] == 16
+    from twoclocks_cli.store import Store
+
+    assert Store.open(db).get_run(1).status == "completed"
+    assert twoclocks("runs", "list", "--db", db).returncode == 0
