@@ -78,16 +78,17 @@ def register(store, plan: Plan, source: str) -> Registered:
         if sweep is not None and sweep.backend != cfg.backend:
             raise ConfigError(f"{source}: key 'backend' = {cfg.backend!r}: sweep {cfg.name!r} "
                               f"already exists with backend {sweep.backend!r}; use a new name")
+        # unique per registration: another store's sweep of the same name never shares (and
+        # resumes from) these checkpoints
+        folder = str(Path(cfg.workdir).resolve() / f"{cfg.name}-{uuid.uuid4().hex[:8]}")
         if sweep is None:
-            # unique per registration: another store's sweep of the same name never shares
-            # (and resumes from) these checkpoints
-            folder = Path(cfg.workdir).resolve() / f"{cfg.name}-{uuid.uuid4().hex[:8]}"
-            sweep = Sweep(name=cfg.name, backend=cfg.backend, folder=str(folder),
+            sweep = Sweep(name=cfg.name, backend=cfg.backend, folder=folder,
                           config=cfg.model_dump(mode="json"))
             s.add(sweep)
             s.flush()
         else:
             sweep.config = cfg.model_dump(mode="json")
+            sweep.folder = sweep.folder or folder  # e.g. a sweep created by an ingest
         have = {r.cell_id: r for r in s.scalars(select(Run).where(Run.sweep_id == sweep.id))}
         new = 0
         for cell in plan.cells:
