@@ -102,8 +102,9 @@ def main() -> None:
     t3 = time.perf_counter()
     held = []
     for _ in range(len(job_ids)):
-        out = subprocess.run(["sbatch", "--hold", "--parsable", "-o", "/dev/null", "--wrap", "true"],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["sbatch", "--hold", "--parsable", "-o", "/dev/null", "--wrap", "true"],
+            capture_output=True, text=True, check=True)
         held.append(out.stdout.strip().split(";")[0])
     t_single = time.perf_counter() - t3
     subprocess.run(["scancel", *held], capture_output=True)
@@ -115,7 +116,8 @@ def main() -> None:
     print(f"submission wall time (plan+register+submit): {t_submit:.2f}s")
     print(f"sbatch calls for the submission: {submit_calls.get('sbatch', 0)} (must be 1); "
           f"baseline one sbatch per cell: {n} calls in {t_single:.2f}s -> "
-          f"{t_single / max(t_submit - t_reg, 1e-9):.1f}x the array submit's {t_submit - t_reg:.2f}s")
+          f"{t_single / max(t_submit - t_reg, 1e-9):.1f}x the array submit's "
+          f"{t_submit - t_reg:.2f}s")
     print(f"scheduler queries per status refresh: {sum(refresh_calls.values())} "
           f"{refresh_calls} (must be 1); refresh took {t_refresh:.3f}s; "
           f"baseline one sacct per job: {n} queries in {t_per_job:.2f}s -> "

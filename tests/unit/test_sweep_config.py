@@ -49,7 +49,8 @@ def _doc(**over) -> dict:
 
 REJECTIONS = [
     # (replace this line of VALID, with this, needles in the one error line)
-    ("reference_lr = 0.01", "reference_lr = -0.5", ["scaling.reference_lr", "-0.5", "greater than 0"]),
+    ("reference_lr = 0.01", "reference_lr = -0.5",
+     ["scaling.reference_lr", "-0.5", "greater than 0"]),
     ("reference_lr = 0.01", "reference_lr = 0", ["scaling.reference_lr", "greater than 0"]),
     ("batch = [2, 4, 8]", "batch = [2, 0, 8]", ["grid.batch", "= 0", "> 0"]),
     ("batch = [2, 4, 8]", "batch = [2, -4]", ["grid.batch", "-4", "> 0"]),
@@ -57,7 +58,8 @@ REJECTIONS = [
      ["grid.batch", "12", "divisible by group_size 8"]),
     ("batch = [2, 4, 8]", "batch = []", ["grid.batch", "empty grid"]),
     ("seeds = [0]", "seeds = []", ["grid.seeds", "empty grid"]),
-    ("sample_budget = 4096", "sample_budget = 32", ["sample_budget", "32", "smaller than one batch"]),
+    ("sample_budget = 4096", "sample_budget = 32",
+     ["sample_budget", "32", "smaller than one batch"]),
     ("batch = [2, 4, 8]", "bach = [2]", ["unknown key 'grid.bach'", "did you mean 'grid.batch'"]),
     ("reference_batch = 64", "reference_bacth = 64",
      ["scaling.reference_bacth", "did you mean 'scaling.reference_batch'"]),
@@ -99,7 +101,8 @@ def test_plan_json_and_warnings_through_the_cli(tmp_path):
     assert any("clipping cannot bind" in w for w in out["warnings"])
 
 
-@pytest.mark.parametrize("rule,alpha", [("sqrt", 0.5), ("linear", 1.0), ("none", 0.0), (0.75, 0.75)])
+@pytest.mark.parametrize("rule,alpha",
+                         [("sqrt", 0.5), ("linear", 1.0), ("none", 0.0), (0.75, 0.75)])
 def test_scaling_rules(rule, alpha):
     p = plan(parse_config(_doc(scaling__rule=rule)))
     for c in p.cells:

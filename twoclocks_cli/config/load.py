@@ -76,7 +76,7 @@ def _matched_branches(errors: list[dict]) -> list[dict]:
         info.append((parent, depth))
         if parent is not None and depth > 0:
             deep.add(parent)
-    return [e for e, (parent, depth) in zip(errors, info)
+    return [e for e, (parent, depth) in zip(errors, info, strict=True)
             if not (parent in deep and depth == 0)]
 
 
@@ -94,7 +94,8 @@ def _location(loc: tuple) -> tuple[list[str], str]:
     return keys, ".".join(keys)
 
 
-_TYPE_NAMES = {"float", "int", "str", "bool", "BatchRange", "function-after", "none", "list", "dict"}
+_TYPE_NAMES = {"float", "int", "str", "bool", "BatchRange", "function-after", "none", "list",
+               "dict"}
 
 
 def _allowed_keys(keys: list[str]) -> list[str]:

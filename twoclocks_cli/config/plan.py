@@ -156,7 +156,8 @@ def _combinations(cfg: SweepConfig, axes: dict[str, list], source: str) -> list[
                               f"lengths, got {lengths}")
     groups: list[list[dict]] = []
     if zipped:
-        groups.append([dict(zip(zipped, vals)) for vals in zip(*(axes[n] for n in zipped))])
+        groups.append([dict(zip(zipped, vals, strict=True))
+                       for vals in zip(*(axes[n] for n in zipped), strict=True)])
     for name, values in axes.items():
         if name not in zipped:
             groups.append([{name: v} for v in values])
@@ -264,6 +265,10 @@ def _warnings(cfg: SweepConfig, cells: list[Cell]) -> list[str]:
         out.append(f"{len([c for c in cells if c.steps < cfg.min_steps])} cell(s) run fewer "
                    f"than {cfg.min_steps} steps (batch samples {short}): their clocks will be "
                    "coarse; raise sample_budget or drop those batch sizes")
+    if cfg.executor in ("slurm", "auto") and cfg.slurm.timeout_min < 5:
+        out.append(f"slurm.timeout_min = {cfg.slurm.timeout_min}: the checkpoint signal comes "
+                   "90 s before the limit (SLURM may send it up to 60 s earlier), so a cell this "
+                   "short may requeue before it makes progress")
     clips = {(c.clip_low, c.clip_high) for c in cells}
     if len(clips) > 1:
         if cfg.backend == "grpo":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
@@ -18,7 +18,7 @@ class Submission:
     sweep: str
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """What the scheduler says about a job, reduced to what reconciliation needs."""
 
     alive = "alive"  # pending, running, requeued: leave the run as it is

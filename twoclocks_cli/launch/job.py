@@ -61,10 +61,11 @@ class CellJob(Checkpointable):
             job_id, host = job_identity()
             resume = store.max_step(self.run_id)
             has_ckpt = any(Path(self.workdir).glob("*")) if Path(self.workdir).exists() else False
+            ckpt = "found" if has_ckpt else "none"
             note = (f"attempt {run.attempts + 1} on {host} pid {os.getpid()} job {job_id}; "
                     f"requeues {self.requeues}; "
-                    + (f"resuming after step {resume} (checkpoint {'found' if has_ckpt else 'none'})"
-                       if resume else "starting"))
+                    + (f"resuming after step {resume} (checkpoint {ckpt})" if resume
+                       else "starting"))
             transition(store, self.run_id, RunStatus.running,
                        {RunStatus.planned, RunStatus.submitted, RunStatus.running}, note,
                        job_id=job_id, host=host, attempts=run.attempts + 1, error=None)

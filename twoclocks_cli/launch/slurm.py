@@ -69,7 +69,7 @@ class SlurmExecutor:
                 jobs = [ex.submit(c) for c in cells]
         except Exception as exc:  # sbatch refused: name the reason in one line
             raise LaunchError(f"sbatch failed: {' '.join(str(exc).split())[:500]}") from None
-        return {rid: job.job_id for (rid, _), job in zip(sub.runs, jobs)}
+        return {rid: job.job_id for (rid, _), job in zip(sub.runs, jobs, strict=True)}
 
     def query(self, job_ids: list[str]) -> dict[str, JobInfo]:
         """One `sacct` for every array of these ids; states per array task."""
