@@ -64,6 +64,9 @@ def test_four_cells_complete_and_a_rerun_submits_nothing(tmp_path):
     assert _runs(url, "loc") == (runs, metrics)  # no attempt, event or row added
     status = json.loads(twoclocks("status", "loc", "--db", url, "--json").stdout)
     assert status["sweeps"] == {"loc": {"completed": 4}}
+    listed = json.loads(twoclocks("sweeps", "list", "--db", url, "--json").stdout)
+    assert [(w["name"], w["executor"], w["cells"]) for w in listed] == \
+        [("loc", "local", {"completed": 4})]
     # a changed config adds only its new cells
     more = twoclocks("sweep", _config(tmp_path, "loc", seeds="[0, 1, 2]"), "--db", url, "--wait")
     assert more.returncode == 0, more.stderr
