@@ -49,6 +49,7 @@ def _runs(url, sweep):
         store.close()
 
 
+@pytest.mark.slow
 def test_four_cells_complete_and_a_rerun_submits_nothing(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     cfg = _config(tmp_path, "loc")
