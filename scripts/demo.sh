@@ -19,8 +19,12 @@ SWEEP=$("$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"
 T0=$(date +%s)
 step() { printf '\n== %s  [%ds]\n' "$*" "$(( $(date +%s) - T0 ))"; }
 
-step "1/7 the built-in tiny model (built once into \$TWOCLOCKS_CACHE or ~/.cache/twoclocks)"
-"$PY" -c 'from trainer.tiny import ensure_tiny_model; print(ensure_tiny_model(progress=True))'
+MODEL=$("$PY" -c 'import sys, tomllib; c = tomllib.load(open(sys.argv[1], "rb"))
+print(c.get("trainer", {}).get("model", "builtin:tiny-arith"))' "$CONFIG")
+step "1/7 the model: $MODEL"
+if [ "$MODEL" = "builtin:tiny-arith" ]; then  # built once into $TWOCLOCKS_CACHE or ~/.cache/twoclocks
+  "$PY" -c 'from trainer.tiny import ensure_tiny_model; print(ensure_tiny_model(progress=True))'
+fi
 
 step "2/7 the sweep ($CONFIG): plan, then run with live status"
 "$TC" plan "$CONFIG"

@@ -78,13 +78,13 @@ def _clock(c: dict) -> str:
         lo, hi = c.get("low"), c.get("high")
         return f"{c['median']:.4g}" + (f" [{lo:.4g}, {hi:.4g}]" if lo is not None else "")
     lb = c.get("lower_bound")
-    return f"censored (>= {lb:.4g})" if lb is not None else "censored"
+    return f">= {lb:.4g} (censored)" if lb is not None else "censored"
 
 
 def _one(c: dict) -> str:
     if c["samples"] is not None:
         return f"{c['samples']:.4g}" + (f" ({c['rule']})" if c.get("rule") else "")
-    return f"censored (>= {c['censored_at']:.4g})"
+    return f">= {c['censored_at']:.4g} (censored)"
 
 
 def render(result: dict) -> None:
@@ -94,22 +94,24 @@ def render(result: dict) -> None:
 
     con = Console()
     t = result["target"]
-    table = Table(title=f"schedule vs constant batches, sweep {result['sweep']}: "
-                  f"{result['metric']} target {t['value']:.4g} ({t['spec']}); samples")
-    for col in ("run", "batch", "lr", "runs", "samples to target", "failure",
-                f"final {result['metric']}"):
+    table = Table(title=f"schedule vs constant batches ({result['sweep']}): samples to "
+                  f"{result['metric']} {t['value']:.3g} ({t['spec']}), samples to failure")
+    for col in ("run", "batch: samples (prompts)", "lr", "seeds", "to target", "failure",
+                "final"):
         table.add_column(col)
     for row in result["constant"]:
         final = "-" if row["final"] is None else f"{row['final']:.3f}"
         prompts = ",".join(str(x) for x in row["batch_prompts"])
-        table.add_row("constant", f"{row['batch_samples']} samples ({prompts} prompts)",
+        table.add_row("constant", f"{row['batch_samples']} ({prompts})",
                       ", ".join(f"{x:.3g}" for x in row["lr"]), str(row["n_runs"]),
                       _clock(row["progress"]), _clock(row["failure"]), final)
     s = result["schedule"]
-    batches = " -> ".join(f"{p['prompts_per_batch']} prompts" for p in s["phases"]) or "-"
-    table.add_row(f"schedule (run {s['run_id']}, {s['status']})", batches, "-", "1",
-                  _one(s["progress"]), _one(s["failure"]), f"{s['final']:.3f}")
+    batches = " -> ".join(f"({p['prompts_per_batch']})" for p in s["phases"]) or "-"
+    lrs = " -> ".join("-" if p["lr"] is None else f"{p['lr']:.3g}" for p in s["phases"]) or "-"
+    table.add_row(f"schedule #{s['run_id']}", batches, lrs, "1", _one(s["progress"]),
+                  _one(s["failure"]), f"{s['final']:.3f}")
     con.print(table)
+    con.print(f"schedule run {s['run_id']} ({s['status']}):")
     for p in s["phases"]:
         lr = "-" if p["lr"] is None else f"{p['lr']:.4g}"
         con.print(f"  phase {p['phase']}: samples {p['from_samples']:.0f}-{p['to_samples']:.0f}, "
