@@ -74,7 +74,7 @@ def test_analyze_json_csv_plot_and_stored(sim_db, tmp_path):
         "--target",
         "0.9",
         "--drift-threshold",
-        "7",
+        "6.5",
         "--json",
         "--csv",
         str(out_csv),
@@ -98,7 +98,7 @@ def test_analyze_json_csv_plot_and_stored(sim_db, tmp_path):
         "warnings",
         "analysis_id",
     }
-    assert data["options"]["drift_threshold"] == 7.0 and data["options"]["target"] == "0.9"
+    assert data["options"]["drift_threshold"] == 6.5 and data["options"]["target"] == "0.9"
     assert data["options"]["window"] == 5 and data["options"]["drop_rho"] == 0.3
     assert data["metric"] == "eval_accuracy" and len(data["runs"]) == 6
     assert [b["batch_samples"] for b in data["batches"]] == [8, 16, 32]
@@ -120,7 +120,7 @@ def test_schedule_reuses_stored_analysis_and_writes_toml(sim_db, tmp_path):
     url, _ = sim_db
     assert (
         twoclocks(
-            "analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "7", "--json"
+            "analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "6.5", "--json"
         ).returncode
         == 0
     )
@@ -303,7 +303,7 @@ def test_clipping_table_wider_clip_fails_earlier(tmp_path):
     for rid in wide:
         run_cell(store, rid, tmp_path / f"w{rid}")
     result = analyze_sweep(
-        store, "clip", AnalysisOptions(target="0.9", drift_threshold=7.0, theory=False)
+        store, "clip", AnalysisOptions(target="0.9", drift_threshold=6.5, theory=False)
     ).to_json()
     table = {row["clip_low"]: row for row in result["clipping"]}
     assert set(table) == {0.1, 0.3}

@@ -1,6 +1,6 @@
 """The analysis against the theory model's ground truth, on sweeps run by the sim backend.
 
-Sweeps: sqrt lr scaling, batches 4..64 samples (16x), 3 seeds, 40k samples each. `capped` has a
+Sweeps: sqrt lr scaling, batches 4..64 samples (16x), 3 seeds, 30k samples each. `capped` has a
 per-step displacement cap of 0.05 (sim.cap), `free` none. Model defaults otherwise.
 """
 
@@ -15,7 +15,7 @@ from twoclocks_cli.store import Store
 from twoclocks_cli.theory import ModelConfig, predict_critical_batch
 
 PROMPTS = [1, 2, 4, 8, 16]
-BUDGET = 40_000
+BUDGET = 30_000
 SIM = {"log_every": 4, "eval_every": 1, "checkpoint_every": 2000}
 CAP = 0.05
 TARGET = 0.9

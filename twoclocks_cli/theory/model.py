@@ -22,7 +22,7 @@ class ModelConfig:
     theta0: float = 1.0  # initial |theta_i| of every curved direction (sign random per seed)
     sigma: float = 1.0  # per-sample gradient noise std per coordinate (batch: sigma/sqrt(B))
     flat_dims: int = 256  # directions with h = 0: pure noise, the drift that ends runs
-    drift_threshold: float = 7.0  # collapse once ||theta - theta0||_2 crosses this (inf: never)
+    drift_threshold: float = 6.5  # collapse once ||theta - theta0||_2 crosses this (inf: never)
     collapse_samples: float = 4000.0  # after collapse the progress metric decays with this e-fold
     optimizer: str = "adam"  # adam (bias-corrected, as torch), sgd, normalized (/ sigma/sqrt(B))
     beta1: float = 0.9  # Adam first-moment decay
