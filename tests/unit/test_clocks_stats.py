@@ -104,3 +104,12 @@ def test_schedule_switches_only_to_a_larger_batch_that_fails_later():
     c = _analysis([16, 32], [1000, 1100], [None, None], 40)
     plan = make_schedule(c)
     assert len(plan["phases"]) == 1 and plan["stop_before_samples"] is None
+
+
+def test_mccandlish_reports_residuals_and_extrapolation():
+    rng = np.random.default_rng(0)
+    concave = {b: [1000 * np.sqrt(1 + b / 8)] * 2 for b in (8, 16, 32, 64, 128)}
+    fit = mccandlish(concave, rng, reps=50)
+    assert max(abs(r) for r in fit["rel_residuals"]) > 0.1  # sqrt-like, not a straight line
+    flat = {b: [1000 + b * 0.5] * 2 for b in (8, 16, 32)}  # B_crit = 2000: far above the grid
+    assert "extrapolated" in mccandlish(flat, rng, reps=50)["note"]

@@ -123,6 +123,9 @@ def mccandlish(per_batch: dict[float, list[float | None]], rng, reps=1000) -> di
     )
     if b_crit is None:
         note = "E(B) does not grow with B on this grid: B_crit above the largest batch"
+    elif not bs[0] <= b_crit <= bs[-1]:
+        note += f"; B_crit lies outside the grid [{bs[0]:g}, {bs[-1]:g}]: extrapolated"
+    resid = (meds - (e_min + s_min * bs)) / meds
     return {
         "b_crit": b_crit,
         "e_min": e_min,
@@ -130,6 +133,8 @@ def mccandlish(per_batch: dict[float, list[float | None]], rng, reps=1000) -> di
         "low": _fin(lo),
         "high": _fin(hi),
         "batches_used": [float(b) for b in bs],
+        "medians": [float(m) for m in meds],
+        "rel_residuals": [float(r) for r in resid],  # (median - fit) / median per batch
         "note": note,
     }
 

@@ -60,6 +60,14 @@ def render(result: dict) -> None:
         f"[{_fmt(m['low'])}, {_fmt(m['high'])}]  E_min={_fmt(m['e_min'])} "
         f"S_min={_fmt(m['s_min'])}  ({m['note']})"
     )
+    if m.get("rel_residuals"):
+        con.print(
+            "  fit residuals (median - fit)/median: "
+            + "  ".join(
+                f"B={b:g}: {r:+.0%}"
+                for b, r in zip(m["batches_used"], m["rel_residuals"], strict=True)
+            )
+        )
     ns = cb["noise_scale"]
     con.print(f"B_simple (gradient noise scale): {_fmt(ns['b_simple'])}  ({ns['note']})")
     th = cb["theory"]
