@@ -105,3 +105,19 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="sim.cap"):
         ModelConfig.from_dict({"cap": [1]})
     assert ModelConfig.from_dict({"dim": "8", "cap": "0.1"}).dim == 8  # TOML/JSON strings
+
+
+def test_critical_batch_prediction_mechanisms():
+    from twoclocks_cli.theory import predict_critical_batch
+
+    cfg = ModelConfig()
+    capped = predict_critical_batch(cfg, 0.01, 32, 0.9, cap=0.05, seeds=8)
+    assert capped["mechanism"].startswith("step cap")
+    assert capped["b_crit"] == pytest.approx(capped["e_min"] / capped["s_min"])
+    # a larger lr makes the cap bind at smaller batches
+    assert (
+        predict_critical_batch(cfg, 0.04, 32, 0.9, cap=0.05, seeds=8)["b_crit"] < capped["b_crit"]
+    )
+    # the idealised normaliser hits the curvature wall: the floor passes a tight target
+    wall = predict_critical_batch(ModelConfig(optimizer="normalized"), 0.05, 32, 0.97, seeds=8)
+    assert wall["mechanism"].startswith("curvature wall") and wall["b_crit"] >= 1, wall

@@ -16,6 +16,16 @@ from twoclocks_cli.theory.model import ModelConfig
 from twoclocks_cli.theory.sweep import simulate_sweep
 
 HUGE_BATCH = 1e10  # "B -> inf": per-coordinate noise sigma/sqrt(B) = 1e-5 sigma
+MAX_SMALL_SAMPLES = 5e4  # the B = 1 limit gives up here (target unreachable: no prediction)
+MAX_BIG_STEPS = 2e4  # the B -> inf limit gives up after this many steps
+WALL_FACTOR = 16  # a grid batch slower than this x E_min counts as "beyond the wall"
+
+
+def _clock(result) -> float | None:
+    """Median samples-to-target over seeds; None when the median seed never got there."""
+    x = np.where(np.isnan(result.n_prog), np.inf, result.n_prog)
+    med = float(np.median(x))
+    return med if np.isfinite(med) else None
 
 
 def predict_critical_batch(
@@ -26,69 +36,59 @@ def predict_critical_batch(
     alpha: float = 0.5,
     cap: float | None = None,
     seeds: int = 32,
-    max_samples: float = 2e6,
     seed: int = 12345,
 ) -> dict:
     """B_crit of the model for this optimizer, lr rule, target progress and cap (a dict)."""
-    small = simulate_sweep(
-        cfg,
-        [1.0],
-        [scaled_lr(lr0, b0, 1.0, alpha)],
-        seeds,
-        max_samples,
-        target,
-        cap=cap,
-        seed=seed,
-        stop_at_target=True,
-    )
-    if np.isnan(small.n_prog).any():
-        return {
-            "b_crit": None,
-            "e_min": None,
-            "s_min": None,
-            "mechanism": "target not reached",
-            "method": "simulation",
-        }
-    e_min = float(np.median(small.n_prog))
-    if cap is not None:
-        big = simulate_sweep(
+
+    def sweep(batches, n_seeds, budget):
+        batches = np.asarray(batches, float)
+        return simulate_sweep(
             cfg,
-            [HUGE_BATCH],
-            [scaled_lr(lr0, b0, HUGE_BATCH, alpha)],
-            2,
-            HUGE_BATCH * 1e5,
+            batches,
+            scaled_lr(lr0, b0, batches, alpha),
+            n_seeds,
+            budget,
             target,
             cap=cap,
             seed=seed,
             stop_at_target=True,
         )
-        s_min = float(np.median(big.n_prog)) / HUGE_BATCH
+
+    e_min = _clock(sweep([1.0], seeds, MAX_SMALL_SAMPLES))
+    out = {"b_crit": None, "e_min": e_min, "s_min": None}
+    if e_min is None:
         return {
+            **out,
+            "mechanism": f"target not reached at B=1 within {MAX_SMALL_SAMPLES:g} "
+            "samples (noise floor above the target?)",
+            "method": "simulation",
+        }
+    if cap is not None:
+        big = _clock(sweep([HUGE_BATCH], 2, HUGE_BATCH * MAX_BIG_STEPS))
+        if big is None:
+            return {
+                **out,
+                "mechanism": "target not reached as B -> inf with this cap",
+                "method": "E_min/S_min limits",
+            }
+        s_min = big / HUGE_BATCH
+        return {
+            **out,
             "b_crit": e_min / s_min,
-            "e_min": e_min,
             "s_min": s_min,
             "mechanism": "step cap (clipping) limits steps",
             "method": "E_min/S_min limits",
         }
     grid = np.geomspace(1, 4096, 13)
-    res = simulate_sweep(
-        cfg,
-        grid,
-        scaled_lr(lr0, b0, grid, alpha),
-        max(seeds // 4, 4),
-        max_samples,
-        target,
-        seed=seed,
-        stop_at_target=True,
-    )
+    res = sweep(grid, max(seeds // 4, 4), WALL_FACTOR * e_min)
     batches, med = res.median_by_batch("n_prog")
     for i in range(1, len(batches)):
         if np.isnan(med[i]):
             return {
+                **out,
                 "b_crit": float(batches[i - 1]),
-                "e_min": e_min,
-                "s_min": None,
-                "mechanism": "curvature wall (target never reached above this batch)",
+                "mechanism": f"curvature wall: above this batch samples-to-target exceeds "
+                f"{WALL_FACTOR} x E_min (the floor passes the target)",
                 "method": "dense grid",
             }
         if med[i] >= 2 * e_min:
@@ -96,16 +96,9 @@ def predict_critical_batch(
             frac = (np.log(2 * e_min) - lo) / max(hi - lo, 1e-12)
             b = np.exp(np.log(batches[i - 1]) + frac * np.log(batches[i] / batches[i - 1]))
             return {
+                **out,
                 "b_crit": float(b),
-                "e_min": e_min,
-                "s_min": None,
                 "mechanism": "gradient noise scale (Adam)",
                 "method": "E(B)=2E_min, dense grid",
             }
-    return {
-        "b_crit": None,
-        "e_min": e_min,
-        "s_min": None,
-        "mechanism": "no doubling up to B=4096",
-        "method": "dense grid",
-    }
+    return {**out, "mechanism": "no doubling up to B=4096", "method": "dense grid"}
