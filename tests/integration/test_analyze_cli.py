@@ -192,6 +192,10 @@ def test_edge_no_runs_unknown_sweep_unknown_metric(tmp_path):
     assert_one_line_error(
         twoclocks("analyze", "syn", "--db", url, "--target", "frac:2"), "--target"
     )
+    _synthetic(store, "falling", [8, 16], fn=lambda x, b, s: np.exp(-x / 500))
+    assert_one_line_error(
+        twoclocks("analyze", "falling", "--db", url), "never rose", "absolute --target"
+    )
 
 
 def test_edge_one_batch_partial_censored_nan(tmp_path):

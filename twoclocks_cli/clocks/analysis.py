@@ -124,6 +124,13 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     kind, x = parse_target(opts.target)
     initial = float(np.median([sm[0] for _, sm in usable.values()]))
     best = float(max(sm.max() for _, sm in usable.values()))
+    rose = max(float(sm.max() - sm[0]) for _, sm in usable.values())
+    if kind == "frac" and (best <= initial or rose <= 0):
+        raise AnalysisError(
+            f"--target {opts.target}: {metric} never rose above its initial value in any run "
+            f"of sweep {sweep!r}, so a relative target is undefined (the progress "
+            "metric must increase; give an absolute --target or another --metric)"
+        )
     tau = x if kind == "abs" else initial + x * (best - initial)
     extra = {
         "drift": _load(store, ids, opts.drift_key) if opts.drift_threshold is not None else {},
