@@ -25,17 +25,29 @@ from pathlib import Path
 P, G, NEW_TOKENS, LR = 16, 8, 12, 1e-4
 
 
-def ours(samples: int, threads: int, all_metrics: bool) -> float:
+def ours(model: str, samples: int, threads: int, all_metrics: bool) -> float:
     """samples/s of trainer.loop.train (steps 2..N)."""
     from trainer.config import TrainConfig
     from trainer.loop import train
 
-    cfg = TrainConfig(prompts_per_batch=P, group_size=G, max_new_tokens=NEW_TOKENS, lr=LR,
-                      sample_budget=samples, eval_every_samples=0, checkpoint_every_steps=0,
-                      kl_init_every=1 if all_metrics else 0, threads=threads, seed=0)
+    cfg = TrainConfig(
+        model=model,
+        prompts_per_batch=P,
+        group_size=G,
+        max_new_tokens=NEW_TOKENS,
+        lr=LR,
+        sample_budget=samples,
+        eval_every_samples=0,
+        checkpoint_every_steps=0,
+        kl_init_every=1 if all_metrics else 0,
+        threads=threads,
+        seed=0,
+    )
     marks: list[tuple[float, int]] = []
     with tempfile.TemporaryDirectory() as work:
-        train(cfg, None, Path(work), on_step=lambda p: marks.append((time.perf_counter(), p.samples)))
+        train(
+            cfg, None, Path(work), on_step=lambda p: marks.append((time.perf_counter(), p.samples))
+        )
     (t0, s0), (t1, s1) = marks[0], marks[-1]
     return (s1 - s0) / (t1 - t0)
 
@@ -57,7 +69,10 @@ torch.set_num_threads(threads)
 tok = AutoTokenizer.from_pretrained(path, padding_side="left")
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 problems = ArithmeticTask().sample(np.random.default_rng(0), samples // G)
-ds = Dataset.from_list([{"prompt": render_prompt(p, tok), "answer": p.answer} for p in problems])
+import pyarrow as pa
+rows = [{"prompt": render_prompt(p, tok), "answer": p.answer} for p in problems]
+# an explicit fingerprint: datasets 5.2 cannot hash a pyarrow 26 table
+ds = Dataset(pa.Table.from_pylist(rows), fingerprint="bench")
 reward = MathVerifyReward()
 
 def correctness(prompts, completions, answer, **kw):
@@ -85,22 +100,34 @@ print("RESULT " + json.dumps({"samples_per_s": (s1 - s0) * P * G / (t1 - t0)}))
 """
 
 
-def trl(samples: int, threads: int, trl_path: str | None) -> float | None:
+def trl(model_dir: str, samples: int, threads: int, trl_path: str | None) -> float | None:
     """samples/s of TRL's GRPOTrainer in a subprocess, or None when trl does not import."""
-    from trainer.tiny import ensure_tiny_model
-
     env = dict(os.environ)
     if trl_path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [trl_path, env.get("PYTHONPATH")]))
-    probe = subprocess.run([sys.executable, "-c", "import trl, datasets"], env=env,
-                           capture_output=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import trl, datasets"], env=env, capture_output=True
+    )
     if probe.returncode:
         return None
     with tempfile.TemporaryDirectory() as out:
         proc = subprocess.run(
-            [sys.executable, "-c", TRL_SCRIPT, str(ensure_tiny_model()), str(samples),
-             str(threads), str(P), str(G), str(NEW_TOKENS), str(LR), out],
-            env=env, capture_output=True, text=True,
+            [
+                sys.executable,
+                "-c",
+                TRL_SCRIPT,
+                model_dir,
+                str(samples),
+                str(threads),
+                str(P),
+                str(G),
+                str(NEW_TOKENS),
+                str(LR),
+                out,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
         )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -114,24 +141,26 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trl-path", default=None, help="Directory holding trl and datasets.")
+    ap.add_argument("--model", default="builtin:tiny-arith", help="Model id or directory.")
     a = ap.parse_args()
     import torch
 
     torch.set_num_threads(a.threads)
-    from trainer.tiny import ensure_tiny_model
+    from trainer.tiny import TINY_MODEL_ID, ensure_tiny_model
 
-    ensure_tiny_model(progress=True)
-    mine = ours(a.samples, a.threads, all_metrics=False)
+    model_dir = str(ensure_tiny_model(progress=True) if a.model == TINY_MODEL_ID else a.model)
+    mine = ours(model_dir, a.samples, a.threads, all_metrics=False)
     print(f"twoclocks GRPO (TRL's work: no KL-to-init metric): {mine:8.1f} samples/s")
-    full = ours(a.samples, a.threads, all_metrics=True)
+    full = ours(model_dir, a.samples, a.threads, all_metrics=True)
     print(f"twoclocks GRPO (every metric, kl_init each step):  {full:8.1f} samples/s")
-    theirs = trl(a.samples, a.threads, a.trl_path)
+    theirs = trl(model_dir, a.samples, a.threads, a.trl_path)
     if theirs is None:
         print("TRL GRPOTrainer: trl/datasets not importable (see --trl-path); no ratio")
         return
     print(f"TRL GRPOTrainer:                                   {theirs:8.1f} samples/s")
-    print(f"ratio ours/TRL: {mine / theirs:.2f}x (every metric: {full / theirs:.2f}x; "
-          "target >= 1.5x)")
+    print(
+        f"ratio ours/TRL: {mine / theirs:.2f}x (every metric: {full / theirs:.2f}x; target >= 1.5x)"
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ def _atomic_save(obj, path: Path) -> None:
 
 def rng_state(data_rng: np.random.Generator) -> dict:
     """Every random stream a step consumes."""
-    state = {"torch": torch.get_rng_state(), "numpy_data": data_rng.bit_generator.state,
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy_data": data_rng.bit_generator.state,
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -26,15 +26,19 @@ class Phase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     until_samples: int | None = Field(
-        None, gt=0, description="This phase covers steps that start below this many samples; "
-        "the last phase may omit it and runs to `sample_budget`."
+        None,
+        gt=0,
+        description="This phase covers steps that start below this many samples; "
+        "the last phase may omit it and runs to `sample_budget`.",
     )
     prompts_per_batch: int = Field(..., gt=0, description="Prompts per rollout batch (P).")
     lr: float = Field(..., gt=0, description="Learning rate in this phase.")
-    clip_eps_low: float | None = Field(None, ge=0, lt=1, description="Lower ratio clip in "
-                                       "this phase (None: the top-level value).")
-    clip_eps_high: float | None = Field(None, ge=0, description="Upper ratio clip in this "
-                                        "phase (None: the top-level value).")
+    clip_eps_low: float | None = Field(
+        None, ge=0, lt=1, description="Lower ratio clip in this phase (None: the top-level value)."
+    )
+    clip_eps_high: float | None = Field(
+        None, ge=0, description="Upper ratio clip in this phase (None: the top-level value)."
+    )
 
 
 class TrainConfig(BaseModel):
@@ -53,8 +57,10 @@ class TrainConfig(BaseModel):
         "float32", description="Parameter dtype. fp32 on CPU: bf16 matmuls are slower there."
     )
     threads: int | None = Field(
-        None, gt=0, description="torch intra-op threads (None: torch's default). Results are "
-        "bit-identical across runs only with the same thread count."
+        None,
+        gt=0,
+        description="torch intra-op threads (None: torch's default). Results are "
+        "bit-identical across runs only with the same thread count.",
     )
 
     # --- data --------------------------------------------------------------------------------
@@ -65,9 +71,10 @@ class TrainConfig(BaseModel):
     )
     dataset_split: str = Field("train", description="Split of an `hf:` dataset.")
     eval_dataset: str | None = Field(
-        None, description="Held-out problems (same forms as `dataset`). None: the task's own "
+        None,
+        description="Held-out problems (same forms as `dataset`). None: the task's own "
         "held-out set for `builtin:arithmetic`, else the last `eval_size` rows of `dataset`, "
-        "which are then excluded from training."
+        "which are then excluded from training.",
     )
     question_key: str = Field("question", description="Question column of a file dataset.")
     answer_key: str = Field("answer", description="Gold-answer column of a file dataset.")
@@ -77,39 +84,56 @@ class TrainConfig(BaseModel):
         default_factory=lambda: ["+", "-"], description="Operators of the synthetic task."
     )
     prompt_template: str | None = Field(
-        None, description="Python format string with `{question}`. None: the tokenizer's chat "
-        "template when it has one, else the plain template the tiny model was trained on."
+        None,
+        description="Python format string with `{question}`. None: the tokenizer's chat "
+        "template when it has one, else the plain template the tiny model was trained on.",
     )
     reward: str = Field(
-        "math-verify", description="`math-verify` (strict `\\boxed{int}` format policy, then "
-        "math-verify in a process pool) or `module:function` for your own reward function."
+        "math-verify",
+        description="`math-verify` (strict `\\boxed{int}` format policy, then "
+        "math-verify in a process pool) or `module:function` for your own reward function.",
     )
 
     # --- batch -------------------------------------------------------------------------------
-    group_size: int = Field(8, ge=2, description="Completions per prompt (G); >= 2 so a group "
-                            "has a standard deviation.")
+    group_size: int = Field(
+        8, ge=2, description="Completions per prompt (G); >= 2 so a group has a standard deviation."
+    )
     prompts_per_batch: int | None = Field(
-        None, gt=0, description="Prompts per rollout batch (P); samples per batch = P*G. Give "
-        "this or `samples_per_batch`; default 16 when neither is given."
+        None,
+        gt=0,
+        description="Prompts per rollout batch (P); samples per batch = P*G. Give "
+        "this or `samples_per_batch`; default 16 when neither is given.",
     )
     samples_per_batch: int | None = Field(
-        None, gt=0, description="Samples per rollout batch (TRL's generation_batch_size, verl's "
-        "train_batch_size*n); must be a multiple of `group_size`."
+        None,
+        gt=0,
+        description="Samples per rollout batch (TRL's generation_batch_size, verl's "
+        "train_batch_size*n); must be a multiple of `group_size`.",
     )
     micro_batch_size: int = Field(
-        32, gt=0, description="Samples per forward/backward (gradient accumulation): memory "
-        "stays bounded for any batch; the first micro-batch also gives `grad_sq_micro`."
+        64,
+        gt=0,
+        description="Samples per forward/backward (gradient accumulation): memory "
+        "stays bounded for any batch; the first micro-batch also gives `grad_sq_micro`.",
     )
-    sample_budget: int = Field(32_768, gt=0, description="Stop once this many samples were "
-                               "consumed (the last batch may overshoot).")
+    sample_budget: int = Field(
+        32_768,
+        gt=0,
+        description="Stop once this many samples were consumed (the last batch may overshoot).",
+    )
     phases: list[Phase] = Field(
-        default_factory=list, description="Batch-size schedule; empty: one phase from the "
-        "top-level prompts_per_batch/lr/clip values."
+        default_factory=list,
+        description="Batch-size schedule; empty: one phase from the "
+        "top-level prompts_per_batch/lr/clip values.",
     )
 
     # --- optimiser ---------------------------------------------------------------------------
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate, constant (no warm-up or "
-                      "decay, so the clocks see the batch size's effect alone).")
+    lr: float = Field(
+        1e-4,
+        gt=0,
+        description="AdamW learning rate, constant (no warm-up or "
+        "decay, so the clocks see the batch size's effect alone).",
+    )
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
     adam_epsilon: float = Field(1e-8, gt=0, description="AdamW epsilon.")
@@ -120,55 +144,85 @@ class TrainConfig(BaseModel):
 
     # --- GRPO update -------------------------------------------------------------------------
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch (verl).")
-    num_minibatches: int = Field(1, gt=0, description="Optimizer steps per pass; updates per "
-                                 "batch = ppo_epochs * num_minibatches. One update is exactly "
-                                 "on-policy: the ratio is 1 and clipping cannot bind.")
+    num_minibatches: int = Field(
+        1,
+        gt=0,
+        description="Optimizer steps per pass; updates per "
+        "batch = ppo_epochs * num_minibatches. One update is exactly "
+        "on-policy: the ratio is 1 and clipping cannot bind.",
+    )
     clip_eps_low: float = Field(0.2, ge=0, lt=1, description="Ratio clip below: 1 - eps.")
-    clip_eps_high: float = Field(0.2, ge=0, description="Ratio clip above: 1 + eps (DAPO's "
-                                 "clip-higher uses 0.28).")
+    clip_eps_high: float = Field(
+        0.2, ge=0, description="Ratio clip above: 1 + eps (DAPO's clip-higher uses 0.28)."
+    )
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="token-mean (DAPO; TRL `dapo`), seq-mean-token-mean (GRPO "
+        "token-mean",
+        description="token-mean (DAPO; TRL `dapo`), seq-mean-token-mean (GRPO "
         "paper; TRL `grpo`), seq-mean-token-sum-norm (Dr. GRPO; TRL `dr_grpo`: token sums "
-        "divided by max_new_tokens)."
+        "divided by max_new_tokens).",
     )
     advantage_scaling: Literal["group", "batch", "none"] = Field(
-        "group", description="Divide group-centred rewards by the group's std (GRPO), the "
-        "batch's std, or nothing (Dr. GRPO); TRL's scale_rewards."
+        "group",
+        description="Divide group-centred rewards by the group's std (GRPO), the "
+        "batch's std, or nothing (Dr. GRPO); TRL's scale_rewards.",
     )
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the initial "
-                           "policy in the loss (TRL beta, verl kl_loss_coef); 0 = none.")
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the k3 KL penalty to the initial "
+        "policy in the loss (TRL beta, verl kl_loss_coef); 0 = none.",
+    )
     kl_init_every: int = Field(
-        1, ge=0, description="Log `kl_init` (k3 on sampled tokens vs the initial policy) every "
-        "this many steps; 0 = never (saves a reference forward when kl_coef is 0)."
+        1,
+        ge=0,
+        description="Log `kl_init` (k3 on sampled tokens vs the initial policy) every "
+        "this many steps; 0 = never (saves a reference forward when kl_coef is 0).",
     )
     skip_zero_advantage: bool = Field(
-        True, description="Skip forward/backward of samples whose advantage is 0 (groups with "
+        True,
+        description="Skip forward/backward of samples whose advantage is 0 (groups with "
         "equal rewards). Exact when kl_coef = 0: they add nothing to the gradient, and the "
-        "loss normaliser still counts them. Ignored when kl_coef > 0."
+        "loss normaliser still counts them. Ignored when kl_coef > 0.",
     )
 
     # --- sampling ----------------------------------------------------------------------------
     rollout_engine: Literal["hf", "vllm"] = Field(
-        "hf", description="hf: transformers generate (CPU/GPU). vllm: the `vllm` extra, GPU "
-        "only, never run in this project's CI."
+        "hf",
+        description="hf: transformers generate (CPU/GPU). vllm: the `vllm` extra, GPU "
+        "only, never run in this project's CI.",
     )
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs are "
-                               "computed at the same temperature.")
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        description="Sampling temperature; log-probs are computed at the same temperature.",
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    max_new_tokens: int = Field(12, gt=0, description="Completion length cap; a completion "
-                                "without EOS by then counts as truncated.")
+    max_new_tokens: int = Field(
+        12,
+        gt=0,
+        description="Completion length cap; a completion without EOS by then counts as truncated.",
+    )
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM only.")
 
     # --- evaluation, checkpoints, seed -------------------------------------------------------
-    eval_every_samples: int = Field(4096, ge=0, description="Evaluate held-out accuracy each "
-                                    "time this many more samples were consumed (0 = never); "
-                                    "also before the first step and at the end.")
+    eval_every_samples: int = Field(
+        4096,
+        ge=0,
+        description="Evaluate held-out accuracy each "
+        "time this many more samples were consumed (0 = never); "
+        "also before the first step and at the end.",
+    )
     eval_size: int = Field(256, gt=0, description="Held-out problems per evaluation.")
-    eval_temperature: float = Field(1.0, ge=0, description="Eval sampling temperature; 0 = "
-                                    "greedy. Uses its own seeded RNG, so eval never shifts "
-                                    "the training stream.")
-    checkpoint_every_steps: int = Field(10, ge=0, description="Checkpoint every K steps and at "
-                                        "the end (0 = only at the end).")
+    eval_temperature: float = Field(
+        1.0,
+        ge=0,
+        description="Eval sampling temperature; 0 = "
+        "greedy. Uses its own seeded RNG, so eval never shifts "
+        "the training stream.",
+    )
+    checkpoint_every_steps: int = Field(
+        10, ge=0, description="Checkpoint every K steps and at the end (0 = only at the end)."
+    )
     seed: int = Field(0, description="Seeds data order, sampling and minibatch shuffles.")
 
     @model_validator(mode="after")
@@ -210,12 +264,16 @@ class TrainConfig(BaseModel):
     def phase_at(self, samples: int) -> tuple[int, Phase]:
         """The phase (index, settings) of a step that starts after `samples` samples."""
         index, ph = 0, None
-        for index, ph in enumerate(self.phases):
+        for index, ph in enumerate(self.phases):  # noqa: B007 - the loop's last values are used
             if ph.until_samples is None or samples < ph.until_samples:
                 break
         if ph is None:
-            return 0, Phase(prompts_per_batch=self.prompts_per_batch, lr=self.lr,
-                            clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high)
+            return 0, Phase(
+                prompts_per_batch=self.prompts_per_batch,
+                lr=self.lr,
+                clip_eps_low=self.clip_eps_low,
+                clip_eps_high=self.clip_eps_high,
+            )
         low = self.clip_eps_low if ph.clip_eps_low is None else ph.clip_eps_low
         high = self.clip_eps_high if ph.clip_eps_high is None else ph.clip_eps_high
         return index, ph.model_copy(update={"clip_eps_low": low, "clip_eps_high": high})

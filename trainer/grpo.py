@@ -14,7 +14,10 @@ LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, scaling: str = "group", eps: float = 1e-6,
+    rewards: torch.Tensor,
+    group_size: int,
+    scaling: str = "group",
+    eps: float = 1e-6,
     batch_std: float | None = None,
 ) -> torch.Tensor:
     """Rewards centred on their group's mean, divided by the group's std, the batch's std, or 1.
@@ -41,8 +44,11 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def clipped_surrogate(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-    clip_low: float, clip_high: float,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token PPO loss max(-A r, -A clip(r, 1-low, 1+high)), and where each clip binds.
 
@@ -76,12 +82,15 @@ def token_weights(mask: torch.Tensor, agg: str, max_new_tokens: int) -> torch.Te
 
 
 def normaliser(mask: torch.Tensor, agg: str) -> float:
-    """The denominator of `agg` over the samples in `mask`: tokens for token-mean, else sequences."""
+    """The denominator of `agg` over `mask`: tokens for token-mean, else sequences."""
     return float(mask.sum()) if agg == "token-mean" else float(mask.shape[0])
 
 
 def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, agg: str, max_new_tokens: int,
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    agg: str,
+    max_new_tokens: int,
     denominator: float | None = None,
 ) -> torch.Tensor:
     """Aggregate a per-token loss [N, T] by `agg`; `denominator` defaults to this batch's own."""

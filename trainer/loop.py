@@ -114,7 +114,7 @@ class FileSource:
 
 
 class TaskSource:
-    """The synthetic task: every draw comes from the data Generator, so its state is the position."""
+    """The synthetic task: every draw comes from the data Generator (its state is the position)."""
 
     def __init__(self, task: ArithmeticTask):
         self.task = task
@@ -139,7 +139,9 @@ def _read(spec: str, cfg: TrainConfig) -> list[Problem]:
         try:
             rows = datasets.load_dataset(spec[3:], split=cfg.dataset_split)
         except Exception as err:  # the hub raises many types; one line for the user
-            raise ConfigError(f"dataset {spec!r}: cannot load ({type(err).__name__}: {err})") from None
+            raise ConfigError(
+                f"dataset {spec!r}: cannot load ({type(err).__name__}: {err})"
+            ) from None
         return [Problem(str(r[cfg.question_key]), str(r[cfg.answer_key])) for r in rows]
     return load_problems(spec, cfg.question_key, cfg.answer_key)
 
@@ -151,7 +153,9 @@ def load_data(cfg: TrainConfig):
         train = TaskSource(task)
         held = task.heldout(cfg.eval_size, EVAL_SEED)
     elif cfg.dataset.startswith("builtin:"):
-        raise ConfigError(f"unknown built-in dataset {cfg.dataset!r}: allowed is 'builtin:arithmetic'")
+        raise ConfigError(
+            f"unknown built-in dataset {cfg.dataset!r}: allowed is 'builtin:arithmetic'"
+        )
     else:
         problems = _read(cfg.dataset, cfg)
         if cfg.eval_dataset is None:
@@ -184,7 +188,9 @@ def load_model(cfg: TrainConfig, device: str = "cpu"):
         tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, cfg.dtype))
     except OSError as err:
-        raise ConfigError(f"model {cfg.model!r}: cannot load ({str(err).splitlines()[0]})") from None
+        raise ConfigError(
+            f"model {cfg.model!r}: cannot load ({str(err).splitlines()[0]})"
+        ) from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return path, tok, model.to(device)
@@ -276,7 +282,8 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
                     old = logp.detach() if on_policy else old_logp[train_idx]
                     m = cmask[train_idx]
                     tok_loss, low, high = grpo.clipped_surrogate(
-                        logp, old, adv[train_idx], phase.clip_eps_low, phase.clip_eps_high)
+                        logp, old, adv[train_idx], phase.clip_eps_low, phase.clip_eps_high
+                    )
                     if cfg.kl_coef > 0:
                         tok_loss = tok_loss + cfg.kl_coef * grpo.k3(logp, ref_logp[train_idx])
                     loss = grpo.aggregate(tok_loss, m, cfg.loss_agg, cfg.max_new_tokens, den)
@@ -323,8 +330,9 @@ def evaluate(engine, reward_fn, held: list[Problem], cfg, tokenizer, step: int) 
         torch.manual_seed(EVAL_SEED + step)
         for i in range(0, len(held), 256):
             chunk = held[i : i + 256]
-            roll = engine.generate([prompt_text(p, cfg, tokenizer) for p in chunk],
-                                   temperature=cfg.eval_temperature)
+            roll = engine.generate(
+                [prompt_text(p, cfg, tokenizer) for p in chunk], temperature=cfg.eval_temperature
+            )
             hits += sum(r >= 1.0 for r in reward_fn(roll.texts, chunk))
     return hits / max(len(held), 1)
 
@@ -345,7 +353,9 @@ class Progress:
 
 
 def train(
-    cfg: TrainConfig, writer, workdir: Path,
+    cfg: TrainConfig,
+    writer,
+    workdir: Path,
     on_step: Callable[[Progress], None] | None = None,
 ) -> str:
     """Run (or resume from `workdir`) one GRPO training; returns 'completed' or 'diverged'.
@@ -362,8 +372,10 @@ def train(
         torch.set_num_threads(cfg.threads)
     for i, ph in enumerate(cfg.phases or [cfg.phase_at(0)[1]]):
         if ph.prompts_per_batch % dist.world:
-            raise ConfigError(f"phases[{i}].prompts_per_batch = {ph.prompts_per_batch} is not "
-                              f"divisible by the {dist.world} data-parallel processes")
+            raise ConfigError(
+                f"phases[{i}].prompts_per_batch = {ph.prompts_per_batch} is not "
+                f"divisible by the {dist.world} data-parallel processes"
+            )
     log = writer.log if (writer is not None and dist.rank == 0) else (lambda *a, **k: None)
 
     # --- model, reference, optimizer, data, rewards --------------------------------------
@@ -378,8 +390,13 @@ def train(
         import copy
 
         ref = copy.deepcopy(model).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                            eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+        weight_decay=cfg.weight_decay,
+    )
     source, held = load_data(cfg)
     reward_fn = load_reward(cfg.reward)
     engine = make_engine(cfg, model, tok, model_path)
@@ -402,11 +419,22 @@ def train(
             torch.distributed.all_gather_object(states, source.state())
         else:
             states = [source.state()]
-        main = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "samples": samples, "data": states} if dist.rank == 0 else None
+        main = (
+            {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "step": step,
+                "samples": samples,
+                "data": states,
+            }
+            if dist.rank == 0
+            else None
+        )
         if writer is not None and dist.rank == 0:
             writer.flush()  # metrics never lag the checkpoint
-        checkpoint.save(workdir, step, dist.rank, main, checkpoint.rng_state(data_rng), dist.barrier)
+        checkpoint.save(
+            workdir, step, dist.rank, main, checkpoint.rng_state(data_rng), dist.barrier
+        )
 
     try:
         if step == 0 and cfg.eval_every_samples > 0 and dist.rank == 0:
@@ -436,8 +464,9 @@ def train(
             rewards = torch.tensor(reward_fn(roll.texts, expanded), dtype=torch.float32)
             t_reward = time.perf_counter() - t0 - t_gen
             n_local = len(expanded)
-            r_sum, r_sq, n_all = dist.sum([float(rewards.sum()), float((rewards.double() ** 2).sum()),
-                                           n_local])
+            r_sum, r_sq, n_all = dist.sum(
+                [float(rewards.sum()), float((rewards.double() ** 2).sum()), n_local]
+            )
             r_mean = r_sum / n_all
             r_std = math.sqrt(max(r_sq / n_all - r_mean**2, 0.0) * n_all / max(n_all - 1, 1))
             adv = grpo.group_advantages(rewards, g, cfg.advantage_scaling, batch_std=r_std)
@@ -453,8 +482,9 @@ def train(
                 old_logp, entropy = no_grad_logprobs(model, roll, cfg, with_entropy=True)
             else:
                 rest = (adv == 0).nonzero().flatten() if cfg.skip_zero_advantage else adv[:0]
-                rest_entropy = no_grad_logprobs(model, roll.select(rest), cfg, True)[1] \
-                    if len(rest) else None
+                rest_entropy = (
+                    no_grad_logprobs(model, roll.select(rest), cfg, True)[1] if len(rest) else None
+                )
             if ref is not None and (kl_due or cfg.kl_coef > 0):
                 ref_logp, _ = no_grad_logprobs(ref, roll, cfg, with_entropy=False)
 
@@ -474,40 +504,83 @@ def train(
             zero = grpo.zero_std_groups(rewards, g)
             ent_s, tokens = M.masked_mean(entropy, cm)
             kl_s = M.masked_mean(M.kl_to_init(old_logp, ref_logp), cm)[0] if kl_due else 0.0
-            pooled = dist.sum([
-                float((rewards >= 1.0).sum()), float(zero.sum()), float(zero.numel()), ent_s,
-                tokens, kl_s, float(roll.truncated.sum()), st.loss, st.clip_low, st.clip_high,
-                st.clip_tokens, st.kl_old_new, st.trained_tokens,
-            ])
-            (hits, zero_n, groups, ent_s, tokens, kl_s, trunc, loss, c_low, c_high, c_tok,
-             kl_on, tr_tok) = pooled
+            pooled = dist.sum(
+                [
+                    float((rewards >= 1.0).sum()),
+                    float(zero.sum()),
+                    float(zero.numel()),
+                    ent_s,
+                    tokens,
+                    kl_s,
+                    float(roll.truncated.sum()),
+                    st.loss,
+                    st.clip_low,
+                    st.clip_high,
+                    st.clip_tokens,
+                    st.kl_old_new,
+                    st.trained_tokens,
+                ]
+            )
+            (
+                hits,
+                zero_n,
+                groups,
+                ent_s,
+                tokens,
+                kl_s,
+                trunc,
+                loss,
+                c_low,
+                c_high,
+                c_tok,
+                kl_on,
+                tr_tok,
+            ) = pooled
             elapsed = time.perf_counter() - t0
             d_abs, d_rel = M.drift(model, theta0)
             ups = cfg.updates_per_batch
             values = {
-                "reward_mean": r_mean, "reward_std": r_std, "accuracy": hits / n_all,
-                "zero_std_frac": zero_n / groups, "entropy": ent_s / tokens,
-                "drift_abs": d_abs, "drift_rel": d_rel,
+                "reward_mean": r_mean,
+                "reward_std": r_std,
+                "accuracy": hits / n_all,
+                "zero_std_frac": zero_n / groups,
+                "entropy": ent_s / tokens,
+                "drift_abs": d_abs,
+                "drift_rel": d_rel,
                 "grad_norm": sum(st.grad_norms) / len(st.grad_norms),
-                "grad_sq_micro": st.grad_sq_micro, "grad_sq_full": st.grad_sq_full,
-                "grad_micro_size": st.micro_size, "grad_full_size": st.full_size,
-                "lr": phase.lr, "batch_samples": n_all, "prompts": n_all // g,
-                "phase": phase_index, "loss": loss / ups,
-                "clip_frac": (c_low + c_high) / max(c_tok, 1), "clip_frac_low": c_low / max(c_tok, 1),
+                "grad_sq_micro": st.grad_sq_micro,
+                "grad_sq_full": st.grad_sq_full,
+                "grad_micro_size": st.micro_size,
+                "grad_full_size": st.full_size,
+                "lr": phase.lr,
+                "batch_samples": n_all,
+                "prompts": n_all // g,
+                "phase": phase_index,
+                "loss": loss / ups,
+                "clip_frac": (c_low + c_high) / max(c_tok, 1),
+                "clip_frac_low": c_low / max(c_tok, 1),
                 "clip_frac_high": c_high / max(c_tok, 1),
                 "approx_kl": kl_on / max(tr_tok, 1),
-                "resp_len_mean": tokens / n_all, "resp_len_max": dist.max(float(lens.max())),
-                "truncated_frac": trunc / n_all, "time_gen_s": t_gen, "time_reward_s": t_reward,
-                "time_update_s": t_update, "tokens_per_s": tokens / elapsed, "nonfinite": 0.0,
+                "resp_len_mean": tokens / n_all,
+                "resp_len_max": dist.max(float(lens.max())),
+                "truncated_frac": trunc / n_all,
+                "time_gen_s": t_gen,
+                "time_reward_s": t_reward,
+                "time_update_s": t_update,
+                "tokens_per_s": tokens / elapsed,
+                "nonfinite": 0.0,
             }
             if kl_due:
                 values["kl_init"] = kl_s / tokens
             crossed = cfg.eval_every_samples > 0 and (
                 samples // cfg.eval_every_samples > (samples - n_all) // cfg.eval_every_samples
-                or samples >= cfg.sample_budget)
+                or samples >= cfg.sample_budget
+            )
             eval_acc = None
             if crossed and dist.rank == 0:
-                eval_acc = values["eval_accuracy"] = evaluate(engine, reward_fn, held, cfg, tok, step)
+                eval_acc = values["eval_accuracy"] = evaluate(
+                    engine, reward_fn, held, cfg, tok, step
+                )
             log(step, samples, values)
             if writer is not None and dist.rank == 0:
                 writer.flush()

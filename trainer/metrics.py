@@ -28,7 +28,9 @@ def kl_to_init(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 def flat_params(model) -> torch.Tensor:
     """All trainable parameters as one detached fp32 vector (drift needs theta and theta_0)."""
-    return torch.cat([p.detach().float().reshape(-1) for p in model.parameters() if p.requires_grad])
+    return torch.cat(
+        [p.detach().float().reshape(-1) for p in model.parameters() if p.requires_grad]
+    )
 
 
 def drift(model, theta0: torch.Tensor) -> tuple[float, float]:

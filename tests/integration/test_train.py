@@ -49,8 +49,10 @@ def _metrics(url: str, run_id: int) -> dict[tuple[int, str], tuple[int, float]]:
 
     store = Store.open(url)
     with store.engine.connect() as c:
-        rows = c.execute(sa.text("SELECT step, key, samples, value FROM metrics WHERE run_id = :r"),
-                         {"r": run_id}).all()
+        rows = c.execute(
+            sa.text("SELECT step, key, samples, value FROM metrics WHERE run_id = :r"),
+            {"r": run_id},
+        ).all()
     out = {(s, k): (n, v) for s, k, n, v in rows}
     assert len(out) == len(rows)  # (run, step, key) is unique: no duplicate rows
     return out
@@ -65,8 +67,13 @@ RUN_CELL = (
 
 def _run_cell(url: str, run_id: int, workdir, **popen) -> subprocess.Popen:
     """The entry point a sweep job calls, in a subprocess (so it can be SIGKILLed)."""
-    return subprocess.Popen([sys.executable, "-c", RUN_CELL, url, str(run_id), str(workdir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-c", RUN_CELL, url, str(run_id), str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def test_training_reward_rises(tiny_model, tmp_path):
@@ -79,8 +86,17 @@ def test_training_reward_rises(tiny_model, tmp_path):
     from scipy import stats
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    cell = dict(prompts_per_batch=16, group_size=8, lr=1e-4, sample_budget=8192, seed=3,
-                eval_every_samples=0, kl_init_every=4, checkpoint_every_steps=0, threads=1)
+    cell = dict(
+        prompts_per_batch=16,
+        group_size=8,
+        lr=1e-4,
+        sample_budget=8192,
+        seed=3,
+        eval_every_samples=0,
+        kl_init_every=4,
+        checkpoint_every_steps=0,
+        threads=1,
+    )
     run_id = _store_run(url, cell)
     proc = _run_cell(url, run_id, tmp_path / "w")
     out, err = proc.communicate(timeout=900)
@@ -91,8 +107,18 @@ def test_training_reward_rises(tiny_model, tmp_path):
     assert fit.slope / fit.stderr > 2.5, (fit, acc.reshape(8, 8).mean(1).round(3))
     assert acc[-16:].mean() > acc[:16].mean() + 0.01
     keys = {k for (_s, k) in m}
-    for key in ("reward_mean", "entropy", "kl_init", "drift_abs", "grad_sq_micro",
-                "grad_sq_full", "clip_frac", "zero_std_frac", "truncated_frac", "nonfinite"):
+    for key in (
+        "reward_mean",
+        "entropy",
+        "kl_init",
+        "drift_abs",
+        "grad_sq_micro",
+        "grad_sq_full",
+        "clip_frac",
+        "zero_std_frac",
+        "truncated_frac",
+        "nonfinite",
+    ):
         assert key in keys, key
     assert m[(64, "batch_samples")] == (8192, 128)
     assert m[(64, "drift_abs")][1] > 0 and m[(64, "kl_init")][1] > 0
@@ -100,9 +126,19 @@ def test_training_reward_rises(tiny_model, tmp_path):
 
 def test_kill9_then_resume_is_exact(tiny_model, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    cell = dict(prompts_per_batch=4, group_size=8, lr=2e-4, sample_budget=32 * 24, seed=5,
-                eval_every_samples=256, eval_size=32, kl_init_every=2, checkpoint_every_steps=4,
-                num_minibatches=2, threads=1)
+    cell = dict(
+        prompts_per_batch=4,
+        group_size=8,
+        lr=2e-4,
+        sample_budget=32 * 24,
+        seed=5,
+        eval_every_samples=256,
+        eval_size=32,
+        kl_init_every=2,
+        checkpoint_every_steps=4,
+        num_minibatches=2,
+        threads=1,
+    )
     ref = _run_cell(url, _store_run(url, cell), tmp_path / "ref")
     killed_id = _store_run(url, cell)
     victim = _run_cell(url, killed_id, tmp_path / "killed")
@@ -132,8 +168,16 @@ def test_kill9_then_resume_is_exact(tiny_model, tmp_path):
 
 def test_divergence_is_recorded(tiny_model, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    cell = dict(prompts_per_batch=8, group_size=8, lr=1e30, max_grad_norm=None,
-                sample_budget=64 * 20, seed=0, eval_every_samples=0, threads=1)
+    cell = dict(
+        prompts_per_batch=8,
+        group_size=8,
+        lr=1e30,
+        max_grad_norm=None,
+        sample_budget=64 * 20,
+        seed=0,
+        eval_every_samples=0,
+        threads=1,
+    )
     run_id = _store_run(url, cell)
     out, err = _run_cell(url, run_id, tmp_path / "w").communicate(timeout=600)
     assert "STATUS diverged" in out, err[-2000:]
@@ -147,14 +191,35 @@ def test_two_process_accelerate_run(tiny_model, tmp_path):
     accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable))
     (tmp_path / "t.toml").write_text(
         "prompts_per_batch = 8\ngroup_size = 4\nsample_budget = 320\neval_every_samples = 160\n"
-        "eval_size = 32\ncheckpoint_every_steps = 5\nthreads = 1\nseed = 1\n")
+        "eval_size = 32\ncheckpoint_every_steps = 5\nthreads = 1\nseed = 1\n"
+    )
     db = f"sqlite:///{tmp_path / 's.db'}"
     proc = subprocess.run(
-        [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no",
-         os.path.join(os.path.dirname(sys.executable), "twoclocks"), "train",
-         str(tmp_path / "t.toml"), "--db", db, "--workdir", str(tmp_path / "w")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        [
+            accelerate,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            os.path.join(os.path.dirname(sys.executable), "twoclocks"),
+            "train",
+            str(tmp_path / "t.toml"),
+            "--db",
+            db,
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "run 1 completed" in proc.stdout
     ckpt = sorted((tmp_path / "w" / "checkpoints").glob("step-*"))[-1]

@@ -31,10 +31,12 @@ def test_clipped_surrogate_hand_computed(low, high):
     logp, old = torch.log(ratio), torch.zeros(2, 3)
     adv = torch.tensor([1.0, -1.0])
     loss, lo, hi = grpo.clipped_surrogate(logp, old, adv, low, high)
-    expect = torch.tensor([
-        [-0.5, -1.0, -(1 + high)],  # A>0: min(r, clip(r)) — only the upper clip binds
-        [1 - low, 1.0, 1.5],  # A<0: max(r, clip(r)) — only the lower clip binds
-    ])
+    expect = torch.tensor(
+        [
+            [-0.5, -1.0, -(1 + high)],  # A>0: min(r, clip(r)) — only the upper clip binds
+            [1 - low, 1.0, 1.5],  # A<0: max(r, clip(r)) — only the lower clip binds
+        ]
+    )
     assert torch.allclose(loss, expect, atol=1e-6)
     assert lo.tolist() == [[False, False, False], [True, False, False]]
     assert hi.tolist() == [[False, False, True], [False, False, False]]
@@ -52,7 +54,9 @@ def test_aggregations_hand_computed_and_split_exactly():
         whole = grpo.aggregate(per_tok, mask, agg, 4)
         assert float(whole) == pytest.approx(value)
         den = grpo.normaliser(mask, agg)
-        parts = sum(grpo.aggregate(per_tok[i : i + 1], mask[i : i + 1], agg, 4, den) for i in range(2))
+        parts = sum(
+            grpo.aggregate(per_tok[i : i + 1], mask[i : i + 1], agg, 4, den) for i in range(2)
+        )
         assert float(parts) == pytest.approx(value)  # micro-batches sum to the whole
     with pytest.raises(ValueError):
         grpo.aggregate(per_tok, mask, "sum", 4)
@@ -93,11 +97,28 @@ def test_recomputed_logprobs_match_sampler(tiny):
     enc = tok(["12+3=", "7-45="] * 4, return_tensors="pt", padding=True, add_special_tokens=False)
     assert roll.prompt_len == enc["input_ids"].shape[1]
     with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=6, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
-        greedy = roll.__class__(out.sequences, torch.cat([enc["attention_mask"], torch.ones(
-            8, out.sequences.shape[1] - roll.prompt_len, dtype=torch.long)], 1),
-            torch.ones(8, 6), roll.prompt_len, [""] * 8, torch.zeros(8, dtype=torch.bool))
+        out = model.generate(
+            **enc,
+            max_new_tokens=6,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=tok.pad_token_id,
+        )
+        greedy = roll.__class__(
+            out.sequences,
+            torch.cat(
+                [
+                    enc["attention_mask"],
+                    torch.ones(8, out.sequences.shape[1] - roll.prompt_len, dtype=torch.long),
+                ],
+                1,
+            ),
+            torch.ones(8, 6),
+            roll.prompt_len,
+            [""] * 8,
+            torch.zeros(8, dtype=torch.bool),
+        )
         lp, _ = completion_logprobs(model, greedy, 1.0)
     gen = torch.stack([torch.log_softmax(x, -1) for x in out.logits], 1)
     want = gen.gather(-1, out.sequences[:, roll.prompt_len :, None]).squeeze(-1)
@@ -116,8 +137,9 @@ def test_on_policy_update_ratio_one_nothing_clipped_and_accumulation_exact(tiny)
     grads = []
     for micro in (3, 8):
         m = copy.deepcopy(model)
-        c = cfg.model_copy(update={"micro_batch_size": micro, "clip_eps_low": 0.0,
-                                   "clip_eps_high": 0.0})
+        c = cfg.model_copy(
+            update={"micro_batch_size": micro, "clip_eps_low": 0.0, "clip_eps_high": 0.0}
+        )
         opt = torch.optim.SGD(m.parameters(), lr=0.0)
         old, _ = no_grad_logprobs(m, roll, c, False)
         st = update(m, opt, roll, adv, old, None, c, c.phase_at(0)[1], Dist())
@@ -141,8 +163,17 @@ def test_skipping_zero_advantage_is_exact(tiny):
     for skip in (True, False):
         m = copy.deepcopy(model)
         c = cfg.model_copy(update={"skip_zero_advantage": skip})
-        update(m, torch.optim.SGD(m.parameters(), lr=0.0), roll, adv, None, None, c,
-               c.phase_at(0)[1], Dist())
+        update(
+            m,
+            torch.optim.SGD(m.parameters(), lr=0.0),
+            roll,
+            adv,
+            None,
+            None,
+            c,
+            c.phase_at(0)[1],
+            Dist(),
+        )
         grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-7)
 
@@ -156,8 +187,14 @@ def test_second_update_is_off_policy_and_can_clip(tiny):
     cfg, roll = _rollout(tok, model)
     adv = grpo.group_advantages(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), 4)
     m = copy.deepcopy(model)
-    c = cfg.model_copy(update={"ppo_epochs": 3, "clip_eps_low": 0.001, "clip_eps_high": 0.001,
-                               "max_grad_norm": None})
+    c = cfg.model_copy(
+        update={
+            "ppo_epochs": 3,
+            "clip_eps_low": 0.001,
+            "clip_eps_high": 0.001,
+            "max_grad_norm": None,
+        }
+    )
     opt = torch.optim.SGD(m.parameters(), lr=5.0)
     old, _ = no_grad_logprobs(m, roll, c, False)
     st = update(m, opt, roll, adv, old, None, c, c.phase_at(0)[1], Dist())

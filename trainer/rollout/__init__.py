@@ -35,20 +35,32 @@ class Rollout:
     def select(self, index: torch.Tensor) -> Rollout:
         """The rows `index` of this rollout (same padding)."""
         idx = index.tolist()
-        return Rollout(self.input_ids[index], self.attention_mask[index],
-                       self.completion_mask[index], self.prompt_len,
-                       [self.texts[i] for i in idx], self.truncated[index])
+        return Rollout(
+            self.input_ids[index],
+            self.attention_mask[index],
+            self.completion_mask[index],
+            self.prompt_len,
+            [self.texts[i] for i in idx],
+            self.truncated[index],
+        )
 
 
-def assemble(prompt_ids, prompt_mask, completion_ids, eos_id: int, pad_id: int, tokenizer) -> Rollout:
-    """Build a Rollout from left-padded prompts and raw sampled completions (after EOS: anything)."""
+def assemble(
+    prompt_ids, prompt_mask, completion_ids, eos_id: int, pad_id: int, tokenizer
+) -> Rollout:
+    """A Rollout from left-padded prompts and raw sampled completions (after EOS: anything)."""
     is_eos = completion_ids == eos_id
     has_eos = is_eos.any(dim=1)
-    first = torch.where(has_eos, is_eos.int().argmax(dim=1),
-                        torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long))
+    first = torch.where(
+        has_eos,
+        is_eos.int().argmax(dim=1),
+        torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long),
+    )
     pos = torch.arange(completion_ids.shape[1]).unsqueeze(0)
     cmask = (pos <= first.unsqueeze(1)).long()
-    completion_ids = torch.where(cmask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
+    completion_ids = torch.where(
+        cmask.bool(), completion_ids, torch.full_like(completion_ids, pad_id)
+    )
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return Rollout(
         input_ids=torch.cat([prompt_ids, completion_ids], dim=1),

@@ -28,15 +28,22 @@ class HFEngine:
         device = next(self.model.parameters()).device
         ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         sample = t > 0
-        kwargs = dict(do_sample=True, temperature=t, top_p=cfg.top_p, top_k=0) if sample else \
-            dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        kwargs = (
+            dict(do_sample=True, temperature=t, top_p=cfg.top_p, top_k=0)
+            if sample
+            else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        )
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
                 out = self.model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
-                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **kwargs,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=cfg.max_new_tokens,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                    **kwargs,
                 )
         except RuntimeError as err:
             if "inf" in str(err) or "nan" in str(err):

@@ -26,9 +26,13 @@ class VLLMEngine:
                 "and a GPU; use rollout_engine = 'hf' here"
             ) from None
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.llm = LLM(model=str(model_path), dtype=cfg.dtype, seed=cfg.seed,
-                       gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                       enable_prefix_caching=True)
+        self.llm = LLM(
+            model=str(model_path),
+            dtype=cfg.dtype,
+            seed=cfg.seed,
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            enable_prefix_caching=True,
+        )
 
     def sync(self, model) -> None:
         """Load the trainer's current weights into vLLM (after every optimizer update)."""
@@ -42,8 +46,9 @@ class VLLMEngine:
 
         cfg, tok = self.cfg, self.tokenizer
         t = cfg.temperature if temperature is None else temperature
-        params = SamplingParams(n=1, temperature=t, top_p=cfg.top_p if t > 0 else 1.0,
-                                max_tokens=cfg.max_new_tokens)
+        params = SamplingParams(
+            n=1, temperature=t, top_p=cfg.top_p if t > 0 else 1.0, max_tokens=cfg.max_new_tokens
+        )
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         width = cfg.max_new_tokens
@@ -51,5 +56,6 @@ class VLLMEngine:
         for i, o in enumerate(outs):
             ids = list(o.outputs[0].token_ids)[:width]
             comp[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        return assemble(enc["input_ids"], enc["attention_mask"], comp, tok.eos_token_id,
-                        tok.pad_token_id, tok)
+        return assemble(
+            enc["input_ids"], enc["attention_mask"], comp, tok.eos_token_id, tok.pad_token_id, tok
+        )

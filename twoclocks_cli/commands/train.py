@@ -46,11 +46,19 @@ def _run_row(store, cfg, name: str, workdir: Path | None) -> tuple[int, Path]:
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
     phase = cfg.phase_at(0)[1]
     with store.session() as s:
-        run = Run(cell_id=f"train-{digest}-{os.getpid()}", name=name, backend="grpo",
-                  batch_prompts=phase.prompts_per_batch, group_size=cfg.group_size,
-                  batch_samples=phase.prompts_per_batch * cfg.group_size, lr=phase.lr,
-                  clip_low=phase.clip_eps_low, clip_high=phase.clip_eps_high, seed=cfg.seed,
-                  config=config)
+        run = Run(
+            cell_id=f"train-{digest}-{os.getpid()}",
+            name=name,
+            backend="grpo",
+            batch_prompts=phase.prompts_per_batch,
+            group_size=cfg.group_size,
+            batch_samples=phase.prompts_per_batch * cfg.group_size,
+            lr=phase.lr,
+            clip_low=phase.clip_eps_low,
+            clip_high=phase.clip_eps_high,
+            seed=cfg.seed,
+            config=config,
+        )
         s.add(run)
         s.flush()
         run_id = run.id
@@ -76,11 +84,16 @@ def _broadcast(value, dist):
 def train(
     config: Annotated[Path, typer.Argument(help="Training config (TOML).")],
     db: DbOption = None,
-    name: Annotated[str | None, typer.Option("--name", help="Run name (default: config stem).")] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Run name (default: config stem).")
+    ] = None,
     workdir: Annotated[
         Path | None,
-        typer.Option("--workdir", help="Checkpoint directory; training again with the same "
-                     "directory resumes its run. Default: ./twoclocks-train/run-<id>."),
+        typer.Option(
+            "--workdir",
+            help="Checkpoint directory; training again with the same "
+            "directory resumes its run. Default: ./twoclocks-train/run-<id>.",
+        ),
     ] = None,
 ) -> None:
     """Train one GRPO run in-process; every step's metrics go to the store."""
@@ -101,8 +114,9 @@ def train(
     run_id, workdir = _broadcast((run_id, str(workdir)), dist)
     workdir = Path(workdir)
     if dist.rank == 0:
-        store.set_status(run_id, RunStatus.running, message=f"twoclocks train {config}",
-                         host=os.uname().nodename)
+        store.set_status(
+            run_id, RunStatus.running, message=f"twoclocks train {config}", host=os.uname().nodename
+        )
         writer = store.metric_writer(run_id)
     try:
         status = _train_with_bar(cfg, writer, workdir, run_id, dist.rank == 0)
@@ -117,22 +131,38 @@ def train(
     if dist.rank == 0:
         writer.close()
         store.set_status(run_id, RunStatus(status))
-        typer.echo(f"run {run_id} {status}: {store.count_metrics(run_id)} metric rows in "
-                   f"{store.url}; checkpoints in {workdir}")
+        typer.echo(
+            f"run {run_id} {status}: {store.count_metrics(run_id)} metric rows in "
+            f"{store.url}; checkpoints in {workdir}"
+        )
 
 
 def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool) -> str:
     """Run the loop under a rich progress bar (samples/budget, reward, accuracy, ETA)."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from trainer.loop import train
 
     if not show:
         return train(cfg, writer, workdir)
-    columns = (TextColumn(f"run {run_id}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("samples  reward {task.fields[reward]}  acc {task.fields[acc]}  "
-                          "eval {task.fields[eval]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn(f"run {run_id}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(
+            "samples  reward {task.fields[reward]}  acc {task.fields[acc]}  "
+            "eval {task.fields[eval]}"
+        ),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("train", total=cfg.sample_budget, reward="-", acc="-", eval="-")
 
