@@ -114,7 +114,8 @@ class TrainConfig(BaseModel):
         64,
         gt=0,
         description="Samples per forward/backward (gradient accumulation): memory "
-        "stays bounded for any batch; the first micro-batch also gives `grad_sq_micro`.",
+        "stays bounded for any batch. The first minibatch is split in at least two, and its "
+        "first micro-batch gives `grad_sq_micro`.",
     )
     sample_budget: int = Field(
         32_768,

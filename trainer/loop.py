@@ -272,7 +272,9 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
             den = dist.sum([grpo.normaliser(cmask[mb], cfg.loss_agg)])[0]
             opt.zero_grad(set_to_none=True)
             bad_loss = False
-            for k, micro in enumerate(mb.split(cfg.micro_batch_size)):
+            # the first minibatch is split in at least two, so grad_sq_micro != grad_sq_full
+            size = min(cfg.micro_batch_size, -(-len(mb) // 2)) if first else cfg.micro_batch_size
+            for k, micro in enumerate(mb.split(size)):
                 train_idx = micro[adv[micro] != 0] if skip else micro
                 if len(train_idx):
                     part = rollout.select(train_idx)
@@ -504,47 +506,31 @@ def train(
             zero = grpo.zero_std_groups(rewards, g)
             ent_s, tokens = M.masked_mean(entropy, cm)
             kl_s = M.masked_mean(M.kl_to_init(old_logp, ref_logp), cm)[0] if kl_due else 0.0
-            pooled = dist.sum(
-                [
-                    float((rewards >= 1.0).sum()),
-                    float(zero.sum()),
-                    float(zero.numel()),
-                    ent_s,
-                    tokens,
-                    kl_s,
-                    float(roll.truncated.sum()),
-                    st.loss,
-                    st.clip_low,
-                    st.clip_high,
-                    st.clip_tokens,
-                    st.kl_old_new,
-                    st.trained_tokens,
-                ]
-            )
-            (
-                hits,
-                zero_n,
-                groups,
-                ent_s,
-                tokens,
-                kl_s,
-                trunc,
-                loss,
-                c_low,
-                c_high,
-                c_tok,
-                kl_on,
-                tr_tok,
-            ) = pooled
+            sums = {
+                "hits": float((rewards >= 1.0).sum()),
+                "zero": float(zero.sum()),
+                "groups": float(zero.numel()),
+                "ent": ent_s,
+                "tokens": tokens,
+                "kl_init": kl_s,
+                "trunc": float(roll.truncated.sum()),
+                "loss": st.loss,
+                "c_low": st.clip_low,
+                "c_high": st.clip_high,
+                "c_tok": max(st.clip_tokens, 1.0),
+                "kl_on": st.kl_old_new,
+                "tr_tok": max(st.trained_tokens, 1.0),
+            }
+            S = dict(zip(sums, dist.sum(list(sums.values())), strict=True))  # summed over ranks
             elapsed = time.perf_counter() - t0
             d_abs, d_rel = M.drift(model, theta0)
             ups = cfg.updates_per_batch
             values = {
                 "reward_mean": r_mean,
                 "reward_std": r_std,
-                "accuracy": hits / n_all,
-                "zero_std_frac": zero_n / groups,
-                "entropy": ent_s / tokens,
+                "accuracy": S["hits"] / n_all,
+                "zero_std_frac": S["zero"] / S["groups"],
+                "entropy": S["ent"] / S["tokens"],
                 "drift_abs": d_abs,
                 "drift_rel": d_rel,
                 "grad_norm": sum(st.grad_norms) / len(st.grad_norms),
@@ -556,22 +542,22 @@ def train(
                 "batch_samples": n_all,
                 "prompts": n_all // g,
                 "phase": phase_index,
-                "loss": loss / ups,
-                "clip_frac": (c_low + c_high) / max(c_tok, 1),
-                "clip_frac_low": c_low / max(c_tok, 1),
-                "clip_frac_high": c_high / max(c_tok, 1),
-                "approx_kl": kl_on / max(tr_tok, 1),
-                "resp_len_mean": tokens / n_all,
+                "loss": S["loss"] / ups,
+                "clip_frac": (S["c_low"] + S["c_high"]) / S["c_tok"],
+                "clip_frac_low": S["c_low"] / S["c_tok"],
+                "clip_frac_high": S["c_high"] / S["c_tok"],
+                "approx_kl": S["kl_on"] / S["tr_tok"],
+                "resp_len_mean": S["tokens"] / n_all,
                 "resp_len_max": dist.max(float(lens.max())),
-                "truncated_frac": trunc / n_all,
+                "truncated_frac": S["trunc"] / n_all,
                 "time_gen_s": t_gen,
                 "time_reward_s": t_reward,
                 "time_update_s": t_update,
-                "tokens_per_s": tokens / elapsed,
+                "tokens_per_s": S["tokens"] / elapsed,
                 "nonfinite": 0.0,
             }
             if kl_due:
-                values["kl_init"] = kl_s / tokens
+                values["kl_init"] = S["kl_init"] / S["tokens"]
             crossed = cfg.eval_every_samples > 0 and (
                 samples // cfg.eval_every_samples > (samples - n_all) // cfg.eval_every_samples
                 or samples >= cfg.sample_budget
@@ -585,7 +571,9 @@ def train(
             if writer is not None and dist.rank == 0:
                 writer.flush()
             if on_step is not None and dist.rank == 0:
-                on_step(Progress(step, samples, cfg.sample_budget, r_mean, hits / n_all, eval_acc))
+                on_step(
+                    Progress(step, samples, cfg.sample_budget, r_mean, S["hits"] / n_all, eval_acc)
+                )
 
             # --- 6. checkpoint -----------------------------------------------------------------
             every = cfg.checkpoint_every_steps
