@@ -55,6 +55,7 @@ def _train(tmp_path, toml: str, *files: tuple[str, str]):
         ),
         ('loss_agg = "sum"\n', [], ["loss_agg", "token-mean"]),
         ("lr = \n", [], ["not valid TOML"]),
+        ('rollout_engine = "vllm"\n', [], ["vllm extra"]),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, toml, files, needles):

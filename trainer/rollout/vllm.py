@@ -8,6 +8,8 @@ samples with its own copy of the weights, which the trainer pushes after every u
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from trainer.rollout import Rollout, assemble
@@ -26,6 +28,8 @@ class VLLMEngine:
                 "and a GPU; use rollout_engine = 'hf' here"
             ) from None
         self.cfg, self.tokenizer = cfg, tokenizer
+        # keep the engine in this process so `sync` can reach its model (as TRL does)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.llm = LLM(
             model=str(model_path),
             dtype=cfg.dtype,
@@ -36,7 +40,9 @@ class VLLMEngine:
 
     def sync(self, model) -> None:
         """Load the trainer's current weights into vLLM (after every optimizer update)."""
-        inner = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        worker = self.llm.llm_engine.model_executor.driver_worker
+        worker = getattr(worker, "worker", worker)  # the V1 engine wraps the worker once more
+        inner = worker.model_runner.model
         inner.load_weights((name, p.detach()) for name, p in model.state_dict().items())
         self.llm.reset_prefix_cache()
 

@@ -19,13 +19,21 @@ RUN_FILE = "run.json"  # in the workdir: which run row a resumed `train` continu
 
 
 def _validate(cfg) -> None:
-    """Fail on a missing model path or a bad dataset before anything is written."""
+    """Fail on a missing model path, a bad dataset or a missing extra before anything is written."""
+    import importlib.util
+
     from trainer.loop import load_data
     from trainer.tiny import TINY_MODEL_ID, resolve_model_path
+    from twoclocks_cli.errors import ConfigError
 
     if cfg.model != TINY_MODEL_ID:
         resolve_model_path(cfg.model)
     load_data(cfg)
+    if cfg.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "rollout_engine = 'vllm' needs the vllm extra (pip install 'twoclocks[vllm]') and a "
+            "GPU; use rollout_engine = 'hf' here"
+        )
 
 
 def _run_row(store, cfg, name: str, workdir: Path | None) -> tuple[int, Path]:
