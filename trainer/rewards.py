@@ -13,6 +13,7 @@ import math
 import multiprocessing as mp
 import os
 import re
+import signal
 import time
 from collections import deque
 from multiprocessing.connection import wait
@@ -69,21 +70,41 @@ def _worker(conn) -> None:
 
 
 class _Worker:
-    """One forked verifier process, its pipe, and the item indices it still owes."""
+    """One forked verifier process, its pipe, and the item indices it still owes.
 
-    def __init__(self, ctx):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child,), daemon=True)
-        self.proc.start()
+    A bare os.fork (not multiprocessing.Process) so a pool also works inside daemonic processes
+    and never joins at interpreter exit: a worker exits when its pipe closes.
+    """
+
+    def __init__(self, others: list[_Worker]):
+        self.conn, child = mp.Pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the worker: never returns
+            code = 0
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+                self.conn.close()
+                for w in others:
+                    w.conn.close()
+                _worker(child)
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
         child.close()
         self.pending: deque[int] = deque()
         self.deadline = math.inf
 
     def kill(self) -> None:
-        """Stop the process now and release its pipe."""
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join()
+        """Stop the process now, reap it and release its pipe."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
         self.conn.close()
 
 
@@ -108,7 +129,6 @@ class MathVerifyReward:
         if not isinstance(workers, int) or workers < 0:
             raise ConfigError(f"reward workers={workers!r}: must be an integer >= 0")
         self.timeout_s, self.n_workers = float(timeout_s), workers
-        self._ctx = mp.get_context("fork")
         self._workers: list[_Worker] = []
         self.timeouts = 0  # items that overran timeout_s since creation
         if workers:
@@ -178,14 +198,16 @@ class MathVerifyReward:
         lost = w.pending.popleft() if w.pending else None
         todo.extendleft(reversed(w.pending))
         w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self._ctx)
+        self._workers[self._workers.index(w)] = _Worker(self._workers)
         return 0 if lost is None else 1
 
     def _spawn(self) -> None:
         """Start the pool (again after a fork into a child process, whose pipes are not ours)."""
         if self._workers and getattr(self, "_pid", None) == os.getpid():
             return
-        self._workers = [_Worker(self._ctx) for _ in range(self.n_workers)]
+        self._workers = []
+        for _ in range(self.n_workers):
+            self._workers.append(_Worker(self._workers))
         self._pid = os.getpid()
 
     def close(self) -> None:
@@ -197,7 +219,6 @@ class MathVerifyReward:
                 except OSError:
                     pass
             for w in self._workers:
-                w.proc.join(timeout=1.0)
                 w.kill()
         self._workers = []
 

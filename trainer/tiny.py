@@ -1,10 +1,10 @@
 """`builtin:tiny-arith`: a ~1M-parameter Qwen2 model with a character tokenizer, warmed up on arithmetic.
 
-Built once per seed by supervised training in which half the targets are deliberately wrong, so
-that its sampled (T=1) accuracy starts low (15–50%) and GRPO has room to improve it. The result is
-an ordinary HF directory (AutoModelForCausalLM / AutoTokenizer), cached under
-`$TWOCLOCKS_CACHE` or `~/.cache/twoclocks/`, written atomically under a file lock and checked
-against a manifest of checksums on every use.
+Built once per seed by supervised training in which some targets are deliberately wrong, then a
+logit-scale calibration, so that its sampled (T=1) accuracy starts low (15–50%) and GRPO has room
+to improve it. The result is an ordinary HF directory (AutoModelForCausalLM / AutoTokenizer),
+cached under `$TWOCLOCKS_CACHE` or `~/.cache/twoclocks/`, written atomically under a file lock
+and checked against a manifest of checksums on every use.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from twoclocks_cli.errors import ConfigError
 
 TINY_MODEL_ID = "builtin:tiny-arith"
 # Bump when the recipe changes: a new version never reuses an old cache entry.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 MANIFEST = "manifest.json"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # Every printable ASCII character plus newline, one token each.
@@ -45,7 +45,13 @@ class TinyRecipe:
     batch_size: int = 128  # sequences per warm-up step
     lr: float = 2e-3  # AdamW peak lr (linear warm-up, cosine decay)
     warmup_steps: int = 100  # lr warm-up steps
-    wrong_frac: float = 0.5  # fraction of targets replaced by a wrong answer
+    wrong_frac: float = 0.3  # fraction of targets replaced by a wrong answer
+    # Sampled accuracy outside [calib_low, calib_high] after warm-up is moved to calib_target by
+    # scaling the logits (the final norm's weight): a sharper or flatter starting policy.
+    calib_low: float = 0.2
+    calib_high: float = 0.42
+    calib_target: float = 0.3
+    calib_size: int = 512  # held-out problems used to calibrate (disjoint seed from eval)
     max_offset: int = 10  # wrong answers are the right one plus a nonzero offset up to this
     eval_size: int = 256  # held-out problems for the accuracies recorded in the manifest
 
@@ -217,6 +223,36 @@ def accuracy(model, tokenizer, problems, temperature: float = 1.0, max_new_token
     return hits / len(problems)
 
 
+def _sampled_at(model, tokenizer, problems, scale: float, base, seed: int) -> float:
+    """Sampled accuracy with the logits multiplied by `scale` (fixed sampling seed)."""
+    import torch
+
+    model.model.norm.weight.data.copy_(base * scale)
+    torch.manual_seed(seed)
+    return accuracy(model, tokenizer, problems, temperature=1.0)
+
+
+def _calibrate(model, tokenizer, seed: int, recipe: TinyRecipe) -> tuple[float, float]:
+    """Scale the logits so sampled accuracy lies in the calibration band; (scale, accuracy before)."""
+    from trainer.data import ArithmeticTask
+
+    problems = ArithmeticTask().heldout(recipe.calib_size, seed=20_000 + seed)
+    base = model.model.norm.weight.data.clone()
+    before = _sampled_at(model, tokenizer, problems, 1.0, base, seed)
+    if recipe.calib_low <= before <= recipe.calib_high:
+        model.model.norm.weight.data.copy_(base)
+        return 1.0, before
+    lo, hi = (1.0, 4.0) if before < recipe.calib_low else (0.25, 1.0)
+    best = (abs(before - recipe.calib_target), 1.0)
+    for _ in range(7):  # bisection in log-scale; accuracy rises with the scale
+        mid = math.sqrt(lo * hi)
+        acc = _sampled_at(model, tokenizer, problems, mid, base, seed)
+        best = min(best, (abs(acc - recipe.calib_target), mid))
+        lo, hi = (mid, hi) if acc < recipe.calib_target else (lo, mid)
+    model.model.norm.weight.data.copy_(base * best[1])
+    return best[1], before
+
+
 def _build(target: Path, seed: int, progress: bool) -> None:
     """Train and save a fresh model into `target` (an empty directory), manifest last."""
     import torch
@@ -231,8 +267,10 @@ def _build(target: Path, seed: int, progress: bool) -> None:
         torch.manual_seed(seed)
         model = _build_model(tokenizer, recipe)
         _warm_up(model, tokenizer, seed, recipe, progress)
+        scale, before = _calibrate(model, tokenizer, seed, recipe)
         heldout = ArithmeticTask().heldout(recipe.eval_size, seed=10_000 + seed)
         greedy = accuracy(model, tokenizer, heldout, temperature=0.0)
+        torch.manual_seed(seed)
         sampled = accuracy(model, tokenizer, heldout, temperature=1.0)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -245,14 +283,15 @@ def _build(target: Path, seed: int, progress: bool) -> None:
     manifest = {
         "model_id": TINY_MODEL_ID, "version": BUILD_VERSION, "seed": seed, "files": files,
         "recipe": asdict(recipe), "params": sum(p.numel() for p in model.parameters()),
-        "greedy_accuracy": greedy, "sampled_accuracy": sampled,
+        "greedy_accuracy": greedy, "sampled_accuracy": sampled, "logit_scale": scale,
+        "sampled_accuracy_before_scale": before,
         "build_seconds": round(time.monotonic() - t0, 1), "torch_threads": torch.get_num_threads(),
     }
     (target / MANIFEST).write_text(json.dumps(manifest, indent=2))
     if progress:
         print(
             f"tiny-arith built in {manifest['build_seconds']}s: held-out accuracy greedy "
-            f"{greedy:.2f}, sampled {sampled:.2f}",
+            f"{greedy:.2f}, sampled {sampled:.2f} (logit scale {scale:.2f}; {before:.2f} before)",
             file=sys.stderr,
         )
 

@@ -121,3 +121,20 @@ def test_load_reward_specs():
             load_reward(spec)
     with pytest.raises(ConfigError, match="only to math-verify"):
         load_reward(f"{mod}:_length_reward", workers=2)
+
+
+def _score_in_daemon(queue):
+    with MathVerifyReward(workers=1) as r:
+        queue.put(r(["\\boxed{64}", "\\boxed{6}"], [P, P]))
+
+
+def test_pool_inside_a_daemonic_process():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_score_in_daemon, args=(queue,), daemon=True)
+    proc.start()
+    assert queue.get(timeout=60) == [1.0, 0.0]
+    proc.join(30)
+    assert proc.exitcode == 0
