@@ -125,13 +125,16 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     initial = float(np.median([sm[0] for _, sm in usable.values()]))
     best = float(max(sm.max() for _, sm in usable.values()))
     rose = max(float(sm.max() - sm[0]) for _, sm in usable.values())
-    if kind == "frac" and (best <= initial or rose <= 0):
-        raise AnalysisError(
-            f"--target {opts.target}: {metric} never rose above its initial value in any run "
-            f"of sweep {sweep!r}, so a relative target is undefined (the progress "
-            "metric must increase; give an absolute --target or another --metric)"
-        )
     tau = x if kind == "abs" else initial + x * (best - initial)
+    if kind == "frac" and (best <= initial or rose <= 0):
+        # no run ever improved: a relative target is undefined; put it just above the best
+        # value, so every progress clock is censored (and say why) instead of "crossing" at 0
+        tau = best + 1e-9 * max(1.0, abs(best))
+        warnings.append(
+            f"{metric} never rose above its initial value in any run: the relative target "
+            f"{opts.target} is undefined, every progress clock is censored (the progress metric "
+            "must increase; give an absolute --target or another --metric)"
+        )
     extra = {
         "drift": _load(store, ids, opts.drift_key) if opts.drift_threshold is not None else {},
         "entropy": _load(store, ids, opts.entropy_key)
