@@ -81,7 +81,8 @@ def test_training_reward_rises(tiny_model, tmp_path):
 
     Steps are independent draws (fresh prompts, fresh samples), so the least-squares slope of
     per-step accuracy over steps has an honest standard error; t > 2.5 (one-sided p < 0.01).
-    Measured here: t = 4.3 (seed 3, lr 1e-4) and 4.1 (seed 4, lr 1.5e-4, 12k samples).
+    Measured here on the v2 tiny model: t = 6.4 and 6.7 (seeds 3 and 7), accuracy of the first
+    16 steps 0.34 and 0.31, of the last 16 0.46 and 0.42: both bounds hold with room.
     """
     from scipy import stats
 
@@ -105,7 +106,7 @@ def test_training_reward_rises(tiny_model, tmp_path):
     acc = np.array([m[(s, "accuracy")][1] for s in range(1, 65)])
     fit = stats.linregress(np.arange(64), acc)
     assert fit.slope / fit.stderr > 2.5, (fit, acc.reshape(8, 8).mean(1).round(3))
-    assert acc[-16:].mean() > acc[:16].mean() + 0.01
+    assert acc[-16:].mean() > acc[:16].mean() + 0.05
     keys = {k for (_s, k) in m}
     for key in (
         "reward_mean",
@@ -228,7 +229,7 @@ def test_two_process_accelerate_run(tiny_model, tmp_path):
     assert sorted({s for s, _ in m}) == list(range(0, 11))  # one writer: 10 steps + eval
     assert all(m[(s, "batch_samples")][1] == 32 for s in range(1, 11))
     assert m[(10, "grad_full_size")][1] == 32  # the full-batch gradient spans both ranks
-    assert m[(10, "grad_micro_size")][1] == 16
+    assert m[(10, "grad_micro_size")][1] == 8  # half of rank 0's 16
     from twoclocks_cli.store import Store
 
     assert Store.open(db).get_run(1).status == "completed"
