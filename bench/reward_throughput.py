@@ -2,7 +2,7 @@
 
 Usage: python bench/reward_throughput.py [--n 2000] [--workers 2]
 Completions mimic a GRPO batch on the arithmetic task: 40% right, 40% wrong, 20% format hacks
-(rejected by the policy before math-verify). Every completion is distinct, so nothing is deduplicated.
+(rejected by the policy before math-verify). Every completion is distinct: nothing is deduplicated.
 """
 
 from __future__ import annotations

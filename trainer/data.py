@@ -80,7 +80,7 @@ class ArithmeticTask:
     def _problems(self, a: np.ndarray, b: np.ndarray, op: np.ndarray) -> list[Problem]:
         """Problems for operand and operator-index arrays."""
         out = []
-        for x, y, k in zip(a.tolist(), b.tolist(), op.tolist()):
+        for x, y, k in zip(a.tolist(), b.tolist(), op.tolist(), strict=True):
             sym = self.ops[k]
             val = x + y if sym == "+" else x - y if sym == "-" else x * y
             out.append(Problem(f"{x}{sym}{y}", str(val)))
@@ -212,14 +212,16 @@ def _parquet_rows(path: Path, qk: str, ak: str):
     for k in (qk, ak):
         if k not in table.column_names:
             raise ConfigError(f"{path}: missing column {k!r} (has {table.column_names})")
-    for i, (q, a) in enumerate(zip(table[qk].to_pylist(), table[ak].to_pylist()), 1):
+    for i, (q, a) in enumerate(zip(table[qk].to_pylist(), table[ak].to_pylist(), strict=True), 1):
         yield f"row {i}", q, a
 
 
 _READERS = {".jsonl": _jsonl_rows, ".csv": _csv_rows, ".parquet": _parquet_rows}
 
 
-def load_problems(path, question_key: str = "question", answer_key: str = "answer") -> list[Problem]:
+def load_problems(
+    path, question_key: str = "question", answer_key: str = "answer"
+) -> list[Problem]:
     """Problems from a .jsonl, .csv or .parquet file; a bad file or row is a ConfigError."""
     path = Path(path)
     reader = _READERS.get(path.suffix.lower())
@@ -245,7 +247,7 @@ def load_problems(path, question_key: str = "question", answer_key: str = "answe
 
 
 def render_prompt(problem: Problem, tokenizer) -> str:
-    """The prompt text for `problem`: the tokenizer's chat template if it has one, else PLAIN_TEMPLATE.
+    """The prompt for `problem`: the tokenizer's chat template if it has one, else PLAIN_TEMPLATE.
 
     Encode the result with `add_special_tokens=False` for chat templates (they carry their own);
     the tiny model's tokenizer adds no special tokens either way.

@@ -19,8 +19,8 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Protocol
 
-from twoclocks_cli.errors import ConfigError
 from trainer.data import Problem
+from twoclocks_cli.errors import ConfigError
 
 # The tiny task's policy: exactly `\boxed{<integer>}`, optionally followed by whitespace.
 STRICT_INTEGER_BOXED = r"\\boxed\{-?[0-9]+\}\s*"
@@ -109,8 +109,8 @@ class _Worker:
 
 
 class MathVerifyReward:
-    """Reward 1.0 for a completion matching `answer_pattern` that math-verify finds equal to the gold
-    answer, else 0.0.
+    """Reward 1.0 for a completion matching `answer_pattern` that math-verify finds equal to the
+    gold answer, else 0.0.
 
     `answer_pattern` must match the whole completion (re.fullmatch); `timeout_s` bounds each
     item's verification (an overrun scores 0 and its worker is replaced); `workers` forked
@@ -123,7 +123,9 @@ class MathVerifyReward:
         try:
             self.pattern = re.compile(answer_pattern)
         except re.error as e:
-            raise ConfigError(f"reward answer_pattern {answer_pattern!r} is not a regex: {e}") from None
+            raise ConfigError(
+                f"reward answer_pattern {answer_pattern!r} is not a regex: {e}"
+            ) from None
         if not timeout_s > 0:
             raise ConfigError(f"reward timeout_s={timeout_s!r}: must be > 0")
         if not isinstance(workers, int) or workers < 0:
@@ -140,12 +142,12 @@ class MathVerifyReward:
             raise ValueError(f"{len(completions)} completions for {len(problems)} problems")
         rewards = [0.0] * len(completions)
         unique: dict[tuple[str, str], list[int]] = {}
-        for i, (c, p) in enumerate(zip(completions, problems)):
+        for i, (c, p) in enumerate(zip(completions, problems, strict=True)):
             if isinstance(c, str) and self.pattern.fullmatch(c):
                 unique.setdefault((c, p.answer), []).append(i)
         keys = list(unique)
         scores = self._score(keys)
-        for key, score in zip(keys, scores):
+        for key, score in zip(keys, scores, strict=True):
             for i in unique[key]:
                 rewards[i] = score
         return rewards
@@ -267,7 +269,8 @@ class _UserReward:
 
 
 def load_reward(spec: str = "math-verify", **options) -> RewardFunction:
-    """The reward named by `spec`: `math-verify` (options go to MathVerifyReward) or `module:function`."""
+    """The reward named by `spec`: `math-verify` (options go to MathVerifyReward) or
+    `module:function` (a user function)."""
     if spec == "math-verify":
         return MathVerifyReward(**options)
     if options:

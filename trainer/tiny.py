@@ -1,4 +1,4 @@
-"""`builtin:tiny-arith`: a ~1M-parameter Qwen2 model with a character tokenizer, warmed up on arithmetic.
+"""`builtin:tiny-arith`: a ~1M-parameter Qwen2 model, character tokenizer, warmed up on arithmetic.
 
 Built once per seed by supervised training in which some targets are deliberately wrong, then a
 logit-scale calibration, so that its sampled (T=1) accuracy starts low (15–50%) and GRPO has room
@@ -89,7 +89,7 @@ def is_valid(model_dir: Path, seed: int) -> bool:
 
 
 def build_tokenizer():
-    """The character-level tokenizer as a PreTrainedTokenizerFast (left padding, no auto specials)."""
+    """The character tokenizer as a PreTrainedTokenizerFast (left padding, no auto specials)."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -153,7 +153,7 @@ def _warmup_batch(task, tokenizer, rng, recipe: TinyRecipe):
     ids = torch.full((len(enc), width), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full_like(ids, -100)
     mask = torch.zeros_like(ids)
-    for i, (row, k) in enumerate(zip(enc, n_prompt)):
+    for i, (row, k) in enumerate(zip(enc, n_prompt, strict=True)):
         row = row + [tokenizer.eos_token_id]
         ids[i, : len(row)] = torch.tensor(row)
         mask[i, : len(row)] = 1
@@ -218,8 +218,11 @@ def accuracy(model, tokenizer, problems, temperature: float = 1.0, max_new_token
                 temperature=temperature if sample else None, top_k=0 if sample else None,
                 top_p=1.0 if sample else None, pad_token_id=tokenizer.pad_token_id,
             )
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-        hits += sum(t.strip() == f"\\boxed{{{p.answer}}}" for t, p in zip(texts, chunk))
+        new = out[:, enc["input_ids"].shape[1] :]
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        hits += sum(
+            t.strip() == f"\\boxed{{{p.answer}}}" for t, p in zip(texts, chunk, strict=True)
+        )
     return hits / len(problems)
 
 
@@ -233,7 +236,10 @@ def _sampled_at(model, tokenizer, problems, scale: float, base, seed: int) -> fl
 
 
 def _calibrate(model, tokenizer, seed: int, recipe: TinyRecipe) -> tuple[float, float]:
-    """Scale the logits so sampled accuracy lies in the calibration band; (scale, accuracy before)."""
+    """Scale the logits so sampled accuracy lies in the calibration band.
+
+    Returns (scale, sampled accuracy before scaling).
+    """
     from trainer.data import ArithmeticTask
 
     problems = ArithmeticTask().heldout(recipe.calib_size, seed=20_000 + seed)
@@ -297,7 +303,8 @@ def _build(target: Path, seed: int, progress: bool) -> None:
 
 
 def ensure_tiny_model(seed: int = 0, cache_dir: Path | None = None, progress: bool = False) -> Path:
-    """The directory of the tiny model for `seed`, building it (≈3 min on 2 cores) if absent or corrupt."""
+    """The directory of the tiny model for `seed`, built first (≈3 min on 2 free cores) if absent
+    or corrupt."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     name = f"tiny-arith-v{BUILD_VERSION}-seed{seed}"
     target = root / name
@@ -328,7 +335,7 @@ def ensure_tiny_model(seed: int = 0, cache_dir: Path | None = None, progress: bo
 
 
 def resolve_model_path(name_or_path: str) -> Path | str:
-    """`builtin:tiny-arith` → its cached directory; an existing local path → itself; a hub id → itself.
+    """`builtin:tiny-arith` → its cached directory; a local path → itself; a hub id → itself.
 
     Anything that looks like a filesystem path (absolute, ./, ../, ~) but does not exist is a
     ConfigError naming the path.

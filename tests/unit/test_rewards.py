@@ -68,7 +68,7 @@ def test_hostile_answers_are_cut_at_the_timeout():
         elapsed = time.monotonic() - t0
         assert out == [0.0, 0.0, 1.0, 0.0]
         assert r.timeouts == 2
-        assert elapsed < 3.0  # two hung items on two workers in parallel, 1 s each, plus a fork
+        assert elapsed < 4.0  # two hung items on two workers in parallel, 1 s each, plus a fork
         # the replaced workers still serve
         assert r(["\\boxed{64}", "\\boxed{1}"], [P, P]) == [1.0, 0.0]
 
