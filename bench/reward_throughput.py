@@ -43,18 +43,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2000, help="completions per measurement")
     ap.add_argument("--workers", type=int, default=2, help="pool size")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating measurements; medians shown")
     args = ap.parse_args()
-    comps, probs = batch(args.n)
+    comps, probs = batch(50)
+    serial_rates, pool_rates = [], []
     with MathVerifyReward(workers=0) as serial, MathVerifyReward(workers=args.workers) as pool:
-        rate(serial, comps[:50], probs[:50])  # warm imports and sympy caches
-        rate(pool, comps[:50], probs[:50])  # start the workers
-        comps, probs = batch(args.n, seed=1)
-        s, s_mean = rate(serial, comps, probs)
-        p, p_mean = rate(pool, comps, probs)
-    assert s_mean == p_mean, (s_mean, p_mean)
+        rate(serial, comps, probs)  # warm imports and sympy caches
+        rate(pool, comps, probs)  # start the workers
+        for k in range(args.rounds):  # alternate, so a load change on a shared machine hits both
+            comps, probs = batch(args.n, seed=1 + k)
+            s, s_mean = rate(serial, comps, probs)
+            p, p_mean = rate(pool, comps, probs)
+            assert s_mean == p_mean, (s_mean, p_mean)
+            serial_rates.append(s)
+            pool_rates.append(p)
+    s, p = float(np.median(serial_rates)), float(np.median(pool_rates))
     print(f"serial (in-process):     {s:8.0f} verifications/s")
     print(f"pool ({args.workers} fork workers):  {p:8.0f} verifications/s")
-    print(f"ratio pool/serial:       {p / s:8.2f}x   (mean reward {p_mean:.3f}, n={args.n})")
+    print(f"ratio pool/serial:       {p / s:8.2f}x   (medians of {args.rounds} rounds, n={args.n},"
+          f" mean reward {p_mean:.3f})")
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ from twoclocks_cli.errors import ConfigError
 STRICT_INTEGER_BOXED = r"\\boxed\{-?[0-9]+\}\s*"
 # A looser policy for chat models: any text ending in one `\boxed{...}` (no nested braces).
 FINAL_BOXED = r"(?s).*\\boxed\{[^{}]*\}\s*"
-# Items sent to a worker per message (results still come back, and time out, one by one).
-_CHUNK = 16
+# Items sent to a worker per message; a new message goes out when half are left, so a worker never
+# waits for the parent to be scheduled (results still come back, and time out, one by one).
+_CHUNK = 32
 
 
 class RewardFunction(Protocol):
@@ -168,12 +169,13 @@ class MathVerifyReward:
         todo = deque(range(len(items)))
         done = 0
         while done < len(items):
-            for w in self._workers:
-                if not w.pending and todo:
+            for w in self._workers:  # keep every worker's queue topped up (pipelined chunks)
+                if todo and len(w.pending) <= _CHUNK // 2:
                     size = min(_CHUNK, -(-len(todo) // len(self._workers)))
                     chunk = [todo.popleft() for _ in range(size)]
+                    if not w.pending:
+                        w.deadline = time.monotonic() + self.timeout_s
                     w.pending.extend(chunk)
-                    w.deadline = time.monotonic() + self.timeout_s
                     w.conn.send([(i, *items[i]) for i in chunk])
             busy = [w for w in self._workers if w.pending]
             left = min(w.deadline for w in busy) - time.monotonic()

@@ -28,6 +28,8 @@ TINY_MODEL_ID = "builtin:tiny-arith"
 # Bump when the recipe changes: a new version never reuses an old cache entry.
 BUILD_VERSION = 2
 MANIFEST = "manifest.json"
+# Threads used to build: the same seed gives the same weights on any machine with this torch.
+BUILD_THREADS = 2
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # Every printable ASCII character plus newline, one token each.
 CHARS = "".join(sorted(set(string.printable) - set("\t\r\x0b\x0c")))
@@ -262,13 +264,26 @@ def _calibrate(model, tokenizer, seed: int, recipe: TinyRecipe) -> tuple[float, 
 def _build(target: Path, seed: int, progress: bool) -> None:
     """Train and save a fresh model into `target` (an empty directory), manifest last."""
     import torch
-    from transformers import GenerationConfig
-
-    from trainer.data import ArithmeticTask
 
     t0 = time.monotonic()
     recipe = _RECIPE
     tokenizer = build_tokenizer()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)  # the weights depend on the float reduction order
+    try:
+        _train_and_save(target, seed, tokenizer, recipe, t0, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_and_save(target: Path, seed: int, tokenizer, recipe: TinyRecipe, t0: float,
+                    progress: bool) -> None:
+    """Warm up, calibrate, evaluate and save into `target`, the manifest last."""
+    import torch
+    from transformers import GenerationConfig
+
+    from trainer.data import ArithmeticTask
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = _build_model(tokenizer, recipe)
