@@ -8,7 +8,7 @@ TRL is not a dependency: it runs in a subprocess when `trl` (and `datasets`) imp
 environment or from `--trl-path DIR` (e.g. `pip install --target DIR --no-deps trl datasets
 pandas pyarrow dill multiprocess xxhash`). Target: ours / TRL >= 1.5.
 
-    python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2]
+    python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool) -> float:
             cfg, None, Path(work), on_step=lambda p: marks.append((time.perf_counter(), p.samples))
         )
     (t0, s0), (t1, s1) = marks[0], marks[-1]
-    return (s1 - s0) / (t1 - t0)
+    return round((s1 - s0) / (t1 - t0), 1)
 
 
 TRL_SCRIPT = r"""
@@ -131,7 +131,7 @@ def trl(model_dir: str, samples: int, threads: int, trl_path: str | None) -> flo
         )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])["samples_per_s"]
+            return round(json.loads(line[7:])["samples_per_s"], 1)
     sys.stderr.write(proc.stderr[-3000:])
     raise SystemExit("TRL run failed (stderr above)")
 
@@ -140,27 +140,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="Alternating runs of each trainer.")
     ap.add_argument("--trl-path", default=None, help="Directory holding trl and datasets.")
     ap.add_argument("--model", default="builtin:tiny-arith", help="Model id or directory.")
     a = ap.parse_args()
+    import statistics
+
     import torch
 
     torch.set_num_threads(a.threads)
     from trainer.tiny import TINY_MODEL_ID, ensure_tiny_model
 
     model_dir = str(ensure_tiny_model(progress=True) if a.model == TINY_MODEL_ID else a.model)
-    mine = ours(model_dir, a.samples, a.threads, all_metrics=False)
-    print(f"twoclocks GRPO (TRL's work: no KL-to-init metric): {mine:8.1f} samples/s")
+    # alternate the two trainers, so a change in machine load hits both alike; report medians
+    mine, theirs = [], []
+    for _ in range(a.repeats):
+        mine.append(ours(model_dir, a.samples, a.threads, all_metrics=False))
+        t = trl(model_dir, a.samples, a.threads, a.trl_path)
+        if t is not None:
+            theirs.append(t)
     full = ours(model_dir, a.samples, a.threads, all_metrics=True)
+    m = statistics.median(mine)
+    print(f"twoclocks GRPO (TRL's work: no KL-to-init metric): {m:8.1f} samples/s  runs {mine}")
     print(f"twoclocks GRPO (every metric, kl_init each step):  {full:8.1f} samples/s")
-    theirs = trl(model_dir, a.samples, a.threads, a.trl_path)
-    if theirs is None:
+    if not theirs:
         print("TRL GRPOTrainer: trl/datasets not importable (see --trl-path); no ratio")
         return
-    print(f"TRL GRPOTrainer:                                   {theirs:8.1f} samples/s")
-    print(
-        f"ratio ours/TRL: {mine / theirs:.2f}x (every metric: {full / theirs:.2f}x; target >= 1.5x)"
-    )
+    t = statistics.median(theirs)
+    print(f"TRL GRPOTrainer:                                   {t:8.1f} samples/s  runs {theirs}")
+    print(f"ratio ours/TRL: {m / t:.2f}x (every metric: {full / t:.2f}x; target >= 1.5x)")
 
 
 if __name__ == "__main__":
