@@ -4,6 +4,8 @@ and starts with a sampled accuracy GRPO can improve (15–50%)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 import subprocess
 import sys
 import time
@@ -110,38 +112,71 @@ def test_reload_from_cache_is_fast_and_does_not_rebuild(tiny_dir):
     assert (tiny_dir / tiny.MANIFEST).stat().st_mtime_ns == before
 
 
-def test_build_is_deterministic_per_seed(short_recipe, tmp_path):
-    stale = short_recipe / f".tiny-arith-v{tiny.BUILD_VERSION}-seed1.tmpdead"
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory):
+    """One SHORT build (seed 0) that the cache tests copy and damage."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tiny, "_RECIPE", SHORT)
+        return tiny.ensure_tiny_model(seed=0, cache_dir=tmp_path_factory.mktemp("short"))
+
+
+def _checksums(model_dir):
+    return json.loads((model_dir / tiny.MANIFEST).read_text())["files"]
+
+
+def test_build_is_deterministic_per_seed(short_recipe, short_model):
+    stale = short_recipe / f".tiny-arith-v{tiny.BUILD_VERSION}-seed0.tmpdead"
     stale.mkdir(parents=True)  # what a build killed mid-way leaves behind
-    a = tiny.ensure_tiny_model(seed=1)
+    again = tiny.ensure_tiny_model(seed=0)
     assert not stale.exists()
-    b = tiny.ensure_tiny_model(seed=1, cache_dir=tmp_path / "other")
-    c = tiny.ensure_tiny_model(seed=2)
-    assert a.parent == short_recipe and a != b
-    files = lambda d: __import__("json").loads((d / tiny.MANIFEST).read_text())["files"]  # noqa: E731
-    assert files(a)["model.safetensors"] == files(b)["model.safetensors"]
-    assert files(a)["model.safetensors"] != files(c)["model.safetensors"]
+    assert again.parent == short_recipe and again != short_model
+    assert _checksums(again) == _checksums(short_model)
+    other = tiny.ensure_tiny_model(seed=2)
+    assert _checksums(other)["model.safetensors"] != _checksums(short_model)["model.safetensors"]
 
 
-@pytest.mark.parametrize("damage", ["flip_weights", "no_manifest", "missing_file", "bad_json"])
-def test_corrupt_cache_is_detected_and_rebuilt(short_recipe, damage):
-    path = tiny.ensure_tiny_model(seed=0)
-    weights = path / "model.safetensors"
-    if damage == "flip_weights":
-        data = bytearray(weights.read_bytes())
+def _damage(path, how: str) -> None:
+    if how == "flip_weights":
+        data = bytearray((path / "model.safetensors").read_bytes())
         data[len(data) // 2] ^= 0xFF
-        weights.write_bytes(bytes(data))
-    elif damage == "no_manifest":
+        (path / "model.safetensors").write_bytes(bytes(data))
+    elif how == "truncate_weights":
+        with (path / "model.safetensors").open("r+b") as f:
+            f.truncate(1000)
+    elif how == "no_manifest":
         (path / tiny.MANIFEST).unlink()
-    elif damage == "missing_file":
+    elif how == "missing_file":
         (path / "tokenizer.json").unlink()
-    else:
+    elif how == "bad_json":
         (path / tiny.MANIFEST).write_text("{not json")
-    assert not tiny.is_valid(path, 0)
-    assert tiny.ensure_tiny_model(seed=0) == path
+    else:  # an older recipe
+        manifest = json.loads((path / tiny.MANIFEST).read_text())
+        manifest["recipe"]["steps"] += 1
+        (path / tiny.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["flip_weights", "truncate_weights", "no_manifest", "missing_file", "bad_json", "recipe"],
+)
+def test_corrupt_cache_is_detected(short_recipe, short_model, damage):
+    path = short_recipe / short_model.name
+    shutil.copytree(short_model, path)
     assert tiny.is_valid(path, 0)
+    _damage(path, damage)
+    assert not tiny.is_valid(path, 0)
+
+
+@pytest.mark.parametrize("damage", ["flip_weights", "no_manifest"])
+def test_corrupt_cache_is_rebuilt(short_recipe, short_model, damage):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    path = short_recipe / short_model.name
+    shutil.copytree(short_model, path)
+    _damage(path, damage)
+    assert tiny.ensure_tiny_model(seed=0) == path
+    assert tiny.is_valid(path, 0)
+    assert _checksums(path) == _checksums(short_model)  # the same model again
     AutoModelForCausalLM.from_pretrained(path)
     AutoTokenizer.from_pretrained(path)
 
