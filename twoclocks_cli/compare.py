@@ -200,6 +200,8 @@ def _constant_rows(store, analysis: dict, tau: float, opts: AnalysisOptions) -> 
             "lr": b["lr"], "n_runs": b["n_runs"],
             "progress": b["progress"], "failure": b["failure"],
             "failure_rules": sorted({r["failure"]["rule"] for r in runs if r["failure"]["rule"]}),
+            "reached": sum(1 for r in runs if not r["progress"]["censored"]),
+            "failed": sum(1 for r in runs if not r["failure"]["censored"]),
         })
     return rows
 
@@ -227,7 +229,8 @@ def _verdict(constant: list[dict], sched: dict) -> list[str]:
                          f"did at {_fmt(med)} samples")
         elif med is None:
             lines.append(f"progress: the schedule reached the target at {_fmt(sp)} samples; the "
-                         f"{label} batch (B={b}) never did")
+                         f"{label} batch (B={b}) median did not ({row['reached']} of "
+                         f"{row['n_runs']} seeds did)")
         else:
             lines.append(f"progress: the schedule reached the target at {_fmt(sp)} samples vs "
                          f"{_fmt(med)} for the {label} batch (B={b}): {sp / med:.2f}x")
@@ -236,7 +239,8 @@ def _verdict(constant: list[dict], sched: dict) -> list[str]:
     sched_f = (f"failed at {_fmt(sf)} samples ({sched['failure']['rule']})" if sf is not None
                else f"did not fail within {_fmt(sched['failure']['censored_at'])} samples")
     small_f = (f"failed at {_fmt(fs)} (median)" if fs is not None
-               else "did not fail (censored)")
+               else f"did not fail (median censored; {small['failed']} of {small['n_runs']} "
+               "seeds failed)")
     lines.append(f"failure: the schedule {sched_f}; the smallest batch "
                  f"(B={small['batch_samples']}) {small_f}")
     return lines
