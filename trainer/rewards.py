@@ -175,9 +175,16 @@ class MathVerifyReward:
                     chunk = [todo.popleft() for _ in range(size)]
                     if not w.pending:
                         w.deadline = time.monotonic() + self.timeout_s
+                    try:
+                        w.conn.send([(i, *items[i]) for i in chunk])
+                    except OSError:  # the worker died (e.g. killed for memory): chunk not lost
+                        todo.extendleft(reversed(chunk))
+                        done += self._replace(w, todo)
+                        continue
                     w.pending.extend(chunk)
-                    w.conn.send([(i, *items[i]) for i in chunk])
             busy = [w for w in self._workers if w.pending]
+            if not busy:  # every worker was just replaced: hand out the work again
+                continue
             left = min(w.deadline for w in busy) - time.monotonic()
             ready = wait([w.conn for w in busy], timeout=max(0.0, left))
             now = time.monotonic()

@@ -138,3 +138,17 @@ def test_pool_inside_a_daemonic_process():
     assert queue.get(timeout=60) == [1.0, 0.0]
     proc.join(30)
     assert proc.exitcode == 0
+
+
+def test_a_dead_worker_is_replaced_without_losing_items():
+    import os
+    import signal
+
+    with MathVerifyReward(workers=2) as r:
+        assert r(["\\boxed{64}"], [P]) == [1.0]
+        for w in r._workers:  # killed from outside, e.g. by the OOM killer
+            os.kill(w.pid, signal.SIGKILL)
+            os.waitpid(w.pid, 0)
+        probs = [Problem(f"{k}+1", str(k + 1)) for k in range(40)]
+        comps = [f"\\boxed{{{k + 1 if k % 2 else k}}}" for k in range(40)]
+        assert r(comps, probs) == [float(k % 2) for k in range(40)]
