@@ -364,7 +364,7 @@ def resolve_model_path(name_or_path: str) -> Path | str:
         if not path.is_dir():
             raise ConfigError(f"model path {path} is not a directory")
         return path
-    looks_local = name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") != 1
+    looks_local = name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1
     if looks_local:
         raise ConfigError(f"model path {path} does not exist")
     return name_or_path

@@ -214,7 +214,8 @@ def test_resolve_model_path(tiny_dir, tmp_path):
     assert tiny.resolve_model_path(tiny.TINY_MODEL_ID) == tiny_dir
     assert tiny.resolve_model_path(str(tiny_dir)) == tiny_dir
     assert tiny.resolve_model_path("Qwen/Qwen2.5-Math-1.5B") == "Qwen/Qwen2.5-Math-1.5B"
-    for bad in [str(tmp_path / "missing"), "./nope", "builtin:huge"]:
+    assert tiny.resolve_model_path("gpt2") == "gpt2"
+    for bad in [str(tmp_path / "missing"), "./nope", "a/b/c", "builtin:huge"]:
         with pytest.raises(ConfigError) as err:
             tiny.resolve_model_path(bad)
         assert bad.lstrip("./") in str(err.value)
