@@ -100,6 +100,8 @@ class ArithmeticTask:
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         """n training problems (never held-out ones); deterministic given the rng's state."""
+        if n <= 0:
+            return []
         parts, have = [], 0
         for _ in range(1000):
             if have >= n:
@@ -118,6 +120,8 @@ class ArithmeticTask:
 
     def heldout(self, n: int, seed: int) -> list[Problem]:
         """n held-out evaluation problems, fixed per seed, distinct where the split allows."""
+        if n <= 0:
+            return []
         rng = np.random.default_rng(seed)
         if self.space <= _ENUMERATE_LIMIT:
             width = self.max_value - self.min_value + 1
@@ -161,7 +165,7 @@ def _cell(value, path: Path, where: str, key: str) -> str:
 
 def _jsonl_rows(path: Path, qk: str, ak: str):
     """(where, question, answer) per non-blank line of a JSON Lines file."""
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -181,7 +185,7 @@ def _jsonl_rows(path: Path, qk: str, ak: str):
 
 def _csv_rows(path: Path, qk: str, ak: str):
     """(where, question, answer) per data row of a CSV file with a header line."""
-    with path.open(encoding="utf-8", newline="") as f:
+    with path.open(encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
         for k in (qk, ak):

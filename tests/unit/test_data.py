@@ -67,12 +67,17 @@ def test_bad_task_options(kwargs):
         ArithmeticTask(**kwargs)
 
 
+def test_zero_problems():
+    task = ArithmeticTask()
+    assert task.sample(np.random.default_rng(0), 0) == [] and task.heldout(0, seed=0) == []
+
+
 def test_load_jsonl_and_csv(tmp_path):
     j = tmp_path / "d.jsonl"
     j.write_text('{"question": "1+1", "answer": 2}\n\n{"question": "3*3", "answer": "9"}\n')
     assert load_problems(j) == [Problem("1+1", "2"), Problem("3*3", "9")]
     c = tmp_path / "d.csv"
-    c.write_text("q,a,extra\n1+1,2,x\n\"what, is 2+2\",4,y\n")
+    c.write_text("\ufeffq,a,extra\n1+1,2,x\n\"what, is 2+2\",4,y\n", encoding="utf-8")  # BOM
     assert load_problems(c, question_key="q", answer_key="a") == [
         Problem("1+1", "2"), Problem("what, is 2+2", "4")
     ]
