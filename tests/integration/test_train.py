@@ -234,3 +234,33 @@ def test_two_process_accelerate_run(tiny_model, tmp_path):
 
     assert Store.open(db).get_run(1).status == "completed"
     assert twoclocks("runs", "list", "--db", db).returncode == 0
+
+
+def test_phases_switch_batch_and_lr(tiny_model, tmp_path):
+    """A schedule (as `twoclocks schedule` writes it): each step records its phase's values."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    phases = [
+        {"until_samples": 96, "prompts_per_batch": 4, "lr": 5e-5},
+        {"prompts_per_batch": 8, "lr": 2e-4, "clip_eps_high": 0.28},
+    ]
+    cell = dict(
+        group_size=8, sample_budget=352, seed=0, eval_every_samples=0, threads=1, phases=phases
+    )
+    run_id = _store_run(url, cell)
+    out, err = _run_cell(url, run_id, tmp_path / "w").communicate(timeout=600)
+    assert "STATUS completed" in out, err[-2000:]
+    m = _metrics(url, run_id)
+    got = [
+        (m[(s, "phase")][1], m[(s, "prompts")][1], m[(s, "lr")][1], m[(s, "phase")][0])
+        for s in range(1, 7)
+    ]
+    assert got == [
+        (0, 4, 5e-5, 32),
+        (0, 4, 5e-5, 64),
+        (0, 4, 5e-5, 96),
+        (1, 8, 2e-4, 160),
+        (1, 8, 2e-4, 224),
+        (1, 8, 2e-4, 288),
+    ]
+    assert m[(7, "batch_samples")] == (352, 64)  # the last step ends at the budget
+    assert (8, "phase") not in m
