@@ -26,7 +26,7 @@ cleanup() { [ "$slurm_started" = 1 ] && bash scripts/slurm-down.sh || true; }
 trap cleanup EXIT
 
 set +e
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
