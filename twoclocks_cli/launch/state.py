@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import select
 
-from twoclocks_cli.store.models import Run, RunEvent, RunStatus, utcnow
+from twoclocks_cli.store.models import Run, RunStatus, apply_status
 
 ACTIVE = frozenset({RunStatus.planned, RunStatus.submitted, RunStatus.running})
 RETRYABLE = frozenset({RunStatus.failed, RunStatus.cancelled})
@@ -22,25 +22,13 @@ def transition(store, run_id: int, to: RunStatus, only_from: Iterable[RunStatus]
     """Set run `run_id` to `to` (plus columns) iff its status is in `only_from` (and its job id
     is `job_id_is`, when given); log an event. Returns whether it changed."""
     allowed = {RunStatus(s).value for s in only_from}
-    now = utcnow()
     with store.session() as s:
         run = s.get(Run, run_id, with_for_update=True)  # row lock on PostgreSQL
         if run is None or run.status not in allowed:
             return False
         if job_id_is is not None and run.job_id != job_id_is:
             return False
-        previous = run.status
-        run.status = to.value
-        for name, value in fields.items():
-            setattr(run, name, value)
-        if to is RunStatus.submitted:
-            run.submitted_at = now
-        elif to is RunStatus.running:
-            run.started_at = now
-        elif to.finished:
-            run.finished_at = now
-        s.add(RunEvent(run_id=run_id, at=now, from_status=previous, to_status=to.value,
-                       message=message))
+        s.add(apply_status(run, to, message, **fields))
         return True
 
 
@@ -49,21 +37,12 @@ def transition_many(store, run_ids: Iterable[int], to: RunStatus, only_from: Ite
     """`transition` for many runs in ONE transaction; returns the ids that changed."""
     allowed = {RunStatus(s).value for s in only_from}
     ids = list(run_ids)
-    now = utcnow()
     changed = []
     with store.session() as s:
         q = select(Run).where(Run.id.in_(ids)).with_for_update().order_by(Run.id)
         for run in s.scalars(q):
             if run.status not in allowed:
                 continue
-            previous, run.status = run.status, to.value
-            for name, value in fields.items():
-                setattr(run, name, value)
-            if to is RunStatus.submitted:
-                run.submitted_at = now
-            elif to.finished:
-                run.finished_at = now
-            s.add(RunEvent(run_id=run.id, at=now, from_status=previous, to_status=to.value,
-                           message=message))
+            s.add(apply_status(run, to, message, **fields))
             changed.append(run.id)
     return changed

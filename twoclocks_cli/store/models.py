@@ -152,3 +152,23 @@ class Analysis(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     options: Mapped[dict] = mapped_column(JSON, default=dict)
     result: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+def apply_status(run: Run, status: RunStatus, message: str | None = None, **fields) -> RunEvent:
+    """Move `run` to `status` in memory (timestamps, extra columns); return the event to add.
+
+    The one place that knows which timestamp a status sets; callers own the transaction.
+    """
+    now = utcnow()
+    previous = run.status
+    run.status = status.value
+    for name, value in fields.items():
+        setattr(run, name, value)
+    if status is RunStatus.submitted:
+        run.submitted_at = now
+    elif status is RunStatus.running:
+        run.started_at = now
+    elif status.finished:
+        run.finished_at = now
+    return RunEvent(run_id=run.id, at=now, from_status=previous, to_status=status.value,
+                    message=message)

@@ -14,7 +14,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from twoclocks_cli.errors import NotFoundError, StoreError
 from twoclocks_cli.store.engine import describe_db_error, make_engine, mask_url, resolve_url
 from twoclocks_cli.store.migrate import ensure_schema
-from twoclocks_cli.store.models import Metric, Run, RunEvent, RunStatus, Sweep, utcnow
+from twoclocks_cli.store.models import (
+    Metric,
+    Run,
+    RunEvent,
+    RunStatus,
+    Sweep,
+    apply_status,
+)
 from twoclocks_cli.store.writer import MetricWriter
 
 
@@ -102,24 +109,11 @@ class Store:
         self, run_id: int, status: RunStatus | str, message: str | None = None, **fields
     ) -> Run:
         """Move a run to `status`, set extra columns (job_id, host, error, ...), log an event."""
-        status = RunStatus(status)
-        now = utcnow()
         with self.session() as s:
             run = s.get(Run, run_id)
             if run is None:
                 raise NotFoundError(f"no run with id {run_id}")
-            previous = run.status
-            run.status = status.value
-            for name, value in fields.items():
-                setattr(run, name, value)
-            if status is RunStatus.submitted:
-                run.submitted_at = now
-            elif status is RunStatus.running:
-                run.started_at = now
-            elif status.finished:
-                run.finished_at = now
-            s.add(RunEvent(run_id=run_id, at=now, from_status=previous, to_status=status.value,
-                           message=message))
+            s.add(apply_status(run, RunStatus(status), message, **fields))
             return run
 
     def events(self, run_id: int) -> list[RunEvent]:
