@@ -81,7 +81,8 @@ def run_backend(label: str, url: str, rows: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--pg-url", default=None, help="use this PostgreSQL instead of starting one")
+    parser.add_argument("--pg-url", default=None,
+                        help="use this PostgreSQL instead of starting one")
     args = parser.parse_args()
     print(f"{args.rows:,} rows ({len(KEYS)} keys per step), {BATCH:,} rows per transaction")
     with tempfile.TemporaryDirectory() as tmp:

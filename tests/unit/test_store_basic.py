@@ -50,7 +50,9 @@ def test_status_lifecycle_records_events(store):
     assert run.status == "failed" and run.error == "boom" and run.job_id == "17"
     assert run.finished_at is not None and run.started_at is not None
     transitions = [(e.from_status, e.to_status) for e in store.events(rid)]
-    assert transitions == [("planned", "submitted"), ("submitted", "running"), ("running", "failed")]
+    assert transitions == [
+        ("planned", "submitted"), ("submitted", "running"), ("running", "failed")
+    ]
 
 
 def test_list_runs_by_sweep(store):
