@@ -79,6 +79,7 @@ def plot_analysis(store, result: dict, path: str) -> None:
         if x:
             yerr = np.clip([np.subtract(y, lo), np.subtract(hi, y)], 0, None)
             ax2.errorbar(x, y, yerr=yerr, fmt=marker, capsize=3, label=label)
+        _plot_censored(ax2, result["batches"], key, marker[0], f"{label}: censored (>=)")
     fit = result["critical_batch"]["mccandlish"]
     if fit["b_crit"] is not None and bs:
         grid = np.geomspace(min(bs), max(bs), 50)
@@ -113,3 +114,16 @@ def plot_analysis(store, result: dict, path: str) -> None:
         raise ConfigError(f"--plot {path}: {exc.strerror}") from None
     finally:
         plt.close(fig)
+
+
+def _plot_censored(ax, batches: list[dict], key: str, marker: str, label: str) -> None:
+    """Batches whose median clock is censored: an open marker at the lower bound, arrow up."""
+    points = [(b["batch_samples"], b[key]["lower_bound"]) for b in batches
+              if b[key]["median"] is None and b[key].get("lower_bound")]
+    if not points:
+        return
+    x, y = zip(*points, strict=True)
+    ax.scatter(x, y, marker=marker, facecolors="none", edgecolors="grey", label=label)
+    for xi, yi in points:
+        ax.annotate("", xy=(xi, yi * 1.35), xytext=(xi, yi),
+                    arrowprops={"arrowstyle": "->", "color": "grey"})
