@@ -70,6 +70,18 @@ def _worker(conn) -> None:
             conn.send((idx, _verify(completion, answer, None)))
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when its parent dies (SIGTERM from scancel, kill -9),
+    even mid-verification when it is not reading its pipe. A no-op where prctl is missing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class _Worker:
     """One forked verifier process, its pipe, and the item indices it still owes.
 
@@ -84,6 +96,7 @@ class _Worker:
             code = 0
             try:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+                _die_with_parent()
                 self.conn.close()
                 for w in others:
                     w.conn.close()
