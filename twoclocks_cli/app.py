@@ -50,36 +50,36 @@ def _root(
     """twoclocks: sweep batch sizes under sqrt lr scaling, find both clocks, schedule the switch."""
 
 
+# (command name, module in twoclocks_cli.commands, function) in the order `--help` lists them.
+_COMMANDS = [
+    ("ingest", "ingest", "ingest"),
+    ("report", "report", "report"),
+    ("train", "train", "train"),
+    ("analyze", "analyze", "analyze"),
+    ("schedule", "schedule", "schedule"),
+    ("theory", "theory", "theory"),
+    ("schedule-config", "compare", "schedule_config"),
+    ("compare", "compare", "compare"),
+    ("plan", "plan", "plan_cmd"),
+    ("sweep", "sweep", "sweep"),
+    ("status", "status", "status"),
+    ("cancel", "sweep", "cancel"),
+]
+# (group name, module, Typer attribute)
+_GROUPS = [("db", "db", "app"), ("runs", "runs", "app"), ("sweeps", "sweep", "sweeps_app")]
+
+
 def _register() -> None:
-    from twoclocks_cli.commands import db, runs
+    """Attach every command and group; command modules import nothing heavy at top level."""
+    from importlib import import_module
 
-    app.add_typer(db.app, name="db")
-    app.add_typer(runs.app, name="runs")
-    from twoclocks_cli.commands import ingest
+    def module(name: str):
+        return import_module(f"twoclocks_cli.commands.{name}")
 
-    app.command("ingest")(ingest.ingest)
-    from twoclocks_cli.commands import report
-
-    app.command("report")(report.report)
-    from twoclocks_cli.commands import train
-
-    app.command("train")(train.train)
-    from twoclocks_cli.commands import analyze, schedule, theory
-
-    app.command("analyze")(analyze.analyze)
-    app.command("schedule")(schedule.schedule)
-    app.command("theory")(theory.theory)
-    from twoclocks_cli.commands import compare
-
-    app.command("schedule-config")(compare.schedule_config)
-    app.command("compare")(compare.compare)
-    from twoclocks_cli.commands import plan, status, sweep
-
-    app.command("plan")(plan.plan_cmd)
-    app.command("sweep")(sweep.sweep)
-    app.command("status")(status.status)
-    app.command("cancel")(sweep.cancel)
-    app.add_typer(sweep.sweeps_app, name="sweeps")
+    for name, mod, attr in _GROUPS:
+        app.add_typer(getattr(module(mod), attr), name=name)
+    for name, mod, attr in _COMMANDS:
+        app.command(name)(getattr(module(mod), attr))
 
 
 _register()
