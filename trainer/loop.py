@@ -22,6 +22,7 @@ from trainer import checkpoint, grpo
 from trainer import metrics as M
 from trainer.config import TrainConfig
 from trainer.data import ArithmeticTask, Problem, load_problems, render_prompt
+from trainer.logprobs import completion_logprobs
 from twoclocks_cli.errors import ConfigError
 
 EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
@@ -196,6 +197,22 @@ def load_model(cfg: TrainConfig, device: str = "cpu"):
     return path, tok, model.to(device)
 
 
+def make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters: the fused kernel (one pass over every tensor, ~5x
+    faster than the per-tensor loop on a CPU) where this torch has it, else the default."""
+    kwargs = dict(
+        lr=cfg.lr,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+        weight_decay=cfg.weight_decay,
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):  # older torch, or a device without the kernel
+        return torch.optim.AdamW(params, **kwargs)
+
+
 def prompt_text(problem: Problem, cfg: TrainConfig, tokenizer) -> str:
     if cfg.prompt_template is not None:
         return cfg.prompt_template.format(question=problem.question)
@@ -205,23 +222,6 @@ def prompt_text(problem: Problem, cfg: TrainConfig, tokenizer) -> str:
 # ---------------------------------------------------------------------------------------------
 # Log-probs and the update
 # ---------------------------------------------------------------------------------------------
-def completion_logprobs(model, rollout, temperature: float, with_entropy: bool = False):
-    """Log-probs [n, C] of the sampled completion tokens (and per-token entropy) at `temperature`.
-
-    Position ids follow the attention mask, as in generation with left padding.
-    """
-    ids, mask = rollout.input_ids, rollout.attention_mask
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    p = rollout.prompt_len
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, p - 1 : -1]
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, ids[:, p:].unsqueeze(-1)).squeeze(-1).cpu()
-    ent = M.token_entropy(logp_all).detach().cpu() if with_entropy else None
-    return logp, ent
-
-
 def no_grad_logprobs(model, rollout, cfg, with_entropy: bool):
     """Log-probs (and entropy) of every sample, in micro-batches, without building a graph."""
     lps, ents = [], []
@@ -392,13 +392,7 @@ def train(
         import copy
 
         ref = copy.deepcopy(model).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=cfg.lr,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_epsilon,
-        weight_decay=cfg.weight_decay,
-    )
+    opt = make_optimizer(model, cfg)
     source, held = load_data(cfg)
     reward_fn = load_reward(cfg.reward)
     engine = make_engine(cfg, model, tok, model_path)

@@ -29,6 +29,8 @@ FINAL_BOXED = r"(?s).*\\boxed\{[^{}]*\}\s*"
 # Items sent to a worker per message; a new message goes out when half are left, so a worker never
 # waits for the parent to be scheduled (results still come back, and time out, one by one).
 _CHUNK = 32
+# Verdicts remembered per (completion, gold answer); a full memo is dropped and refilled.
+_MEMO_SIZE = 1 << 16
 
 
 class RewardFunction(Protocol):
@@ -42,8 +44,9 @@ def _gold_text(answer: str) -> str:
     return answer if "\\boxed" in answer else f"\\boxed{{{answer}}}"
 
 
-def _verify(completion: str, answer: str, timeout: int | None) -> float:
-    """1.0 if math-verify finds `completion` equivalent to `answer`, else 0.0; never raises."""
+def _verify(completion: str, answer: str, timeout: int | None) -> float | None:
+    """1.0 if math-verify finds `completion` equivalent to `answer`, else 0.0; None when it
+    raised (a timeout, or garbage it cannot handle) — scored 0 but never remembered."""
     from math_verify import parse, verify
 
     try:
@@ -53,7 +56,7 @@ def _verify(completion: str, answer: str, timeout: int | None) -> float:
             return 0.0
         return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
     except BaseException:  # noqa: BLE001 — garbage must never crash a step (incl. RecursionError)
-        return 0.0
+        return None
 
 
 def _worker(conn) -> None:
@@ -132,8 +135,9 @@ class MathVerifyReward:
     signal-based timeout rounded up to whole seconds).
     """
 
-    def __init__(self, answer_pattern: str = STRICT_INTEGER_BOXED, timeout_s: float = 2.0,
-                 workers: int = 2):
+    def __init__(
+        self, answer_pattern: str = STRICT_INTEGER_BOXED, timeout_s: float = 2.0, workers: int = 2
+    ):
         try:
             self.pattern = re.compile(answer_pattern)
         except re.error as e:
@@ -147,6 +151,9 @@ class MathVerifyReward:
         self.timeout_s, self.n_workers = float(timeout_s), workers
         self._workers: list[_Worker] = []
         self.timeouts = 0  # items that overran timeout_s since creation
+        # math-verify's verdict is a pure function of its two strings: a GRPO batch repeats the
+        # same answers within and across steps, so each pair is verified once
+        self._memo: dict[tuple[str, str], float] = {}
         if workers:
             import math_verify  # noqa: F401 — import once here so forked workers inherit it
 
@@ -159,15 +166,22 @@ class MathVerifyReward:
         for i, (c, p) in enumerate(zip(completions, problems, strict=True)):
             if isinstance(c, str) and self.pattern.fullmatch(c):
                 unique.setdefault((c, p.answer), []).append(i)
-        keys = list(unique)
-        scores = self._score(keys)
-        for key, score in zip(keys, scores, strict=True):
+        keys = [k for k in unique if k not in self._memo]
+        if len(self._memo) + len(keys) > _MEMO_SIZE:
+            self._memo.clear()
+        for key, score in zip(keys, self._score(keys), strict=True):
+            if score is not None:  # a timeout or a crash may not repeat: never remembered
+                self._memo[key] = score
             for i in unique[key]:
-                rewards[i] = score
+                rewards[i] = score or 0.0
+        for key in unique.keys() - set(keys):
+            for i in unique[key]:
+                rewards[i] = self._memo[key]
         return rewards
 
-    def _score(self, items: list[tuple[str, str]]) -> list[float]:
-        """math-verify scores for (completion, answer) pairs, serially or through the pool."""
+    def _score(self, items: list[tuple[str, str]]) -> list[float | None]:
+        """math-verify scores for (completion, answer) pairs, serially or through the pool;
+        None for an item that raised, overran its timeout or lost its worker."""
         if not items:
             return []
         if self.n_workers == 0:
@@ -175,10 +189,10 @@ class MathVerifyReward:
             return [_verify(c, a, seconds) for c, a in items]
         return self._pool_score(items)
 
-    def _pool_score(self, items: list[tuple[str, str]]) -> list[float]:
+    def _pool_score(self, items: list[tuple[str, str]]) -> list[float | None]:
         """Scores from the worker pool, enforcing the per-item deadline from this process."""
         self._spawn()
-        out = [0.0] * len(items)
+        out: list[float | None] = [None] * len(items)
         todo = deque(range(len(items)))
         done = 0
         while done < len(items):

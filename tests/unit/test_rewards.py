@@ -71,6 +71,23 @@ def test_hostile_answers_are_cut_at_the_timeout():
         assert elapsed < 4.0  # two hung items on two workers in parallel, 1 s each, plus a fork
         # the replaced workers still serve
         assert r(["\\boxed{64}", "\\boxed{1}"], [P, P]) == [1.0, 0.0]
+        # a timeout is never remembered: the same hostile answer is verified (and cut) again
+        assert r(HOSTILE[:1], [P]) == [0.0] and r.timeouts == 3
+
+
+def test_verdicts_are_remembered_per_completion_and_gold():
+    """A pair math-verify already judged is not sent to it again; its verdict is reused."""
+    with MathVerifyReward(workers=1) as r:
+        asked = []
+        score = r._score
+        r._score = lambda items: asked.append(list(items)) or score(items)
+        other = Problem("1+5", "6")
+        assert r(["\\boxed{64}", "\\boxed{6}", "\\boxed{64}"], [P, other, other]) == [1.0, 1.0, 0.0]
+        assert r(["\\boxed{6}", "\\boxed{64}", "\\boxed{65}"], [other, P, P]) == [1.0, 1.0, 0.0]
+        assert asked == [
+            [("\\boxed{64}", "64"), ("\\boxed{6}", "6"), ("\\boxed{64}", "6")],
+            [("\\boxed{65}", "64")],
+        ]
 
 
 def test_serial_mode_uses_math_verify_timeout():
@@ -92,9 +109,7 @@ def test_length_mismatch_is_an_error(reward):
         reward(["\\boxed{64}"], [P, P])
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"answer_pattern": "(["}, {"timeout_s": 0}, {"workers": -1}]
-)
+@pytest.mark.parametrize("kwargs", [{"answer_pattern": "(["}, {"timeout_s": 0}, {"workers": -1}])
 def test_bad_options(kwargs):
     with pytest.raises(ConfigError):
         MathVerifyReward(**kwargs)
@@ -111,7 +126,7 @@ def _bad_reward(completions, problems):
 def test_load_reward_specs():
     mod = sys.modules[__name__].__name__
     with load_reward("math-verify", workers=1) as r:
-        assert isinstance(r, MathVerifyReward) and r([ "\\boxed{64}"], [P]) == [1.0]
+        assert isinstance(r, MathVerifyReward) and r(["\\boxed{64}"], [P]) == [1.0]
     user = load_reward(f"{mod}:_length_reward")
     assert user(["ab", "c"], [P, P]) == [2.0, 1.0]
     with pytest.raises(ConfigError, match="returned 1 values for 2"):

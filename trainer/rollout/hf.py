@@ -1,4 +1,9 @@
-"""The default rollout engine: transformers `generate`, batched, prompts left-padded."""
+"""The default rollout engine: transformers `generate`, batched, prompts left-padded.
+
+A GRPO batch repeats each prompt G times: the engine tokenizes each distinct prompt once and,
+when prompts repeat, pre-fills their keys/values once per distinct prompt and hands `generate`
+that cache re-indexed to every row (generate then only runs each row's last prompt token).
+"""
 
 from __future__ import annotations
 
@@ -24,9 +29,13 @@ class HFEngine:
         """Sample one completion per prompt (repeat a prompt G times for a group); T=0 is greedy."""
         cfg, tok = self.cfg, self.tokenizer
         t = cfg.temperature if temperature is None else temperature
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        distinct = list(dict.fromkeys(prompts))
+        row = {text: i for i, text in enumerate(distinct)}
+        inverse = torch.tensor([row[text] for text in prompts])
+        enc = tok(distinct, return_tensors="pt", padding=True, add_special_tokens=False)
         device = next(self.model.parameters()).device
-        ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        u_ids, u_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        ids, mask = u_ids[inverse], u_mask[inverse]
         sample = t > 0
         kwargs = (
             dict(do_sample=True, temperature=t, top_p=cfg.top_p, top_k=0)
@@ -37,12 +46,14 @@ class HFEngine:
         self.model.eval()
         try:
             with torch.no_grad():
+                prefill = self._prefill(u_ids, u_mask, inverse.to(device))
                 out = self.model.generate(
                     input_ids=ids,
                     attention_mask=mask,
                     max_new_tokens=cfg.max_new_tokens,
                     pad_token_id=tok.pad_token_id,
                     eos_token_id=tok.eos_token_id,
+                    **prefill,
                     **kwargs,
                 )
         except RuntimeError as err:
@@ -53,3 +64,25 @@ class HFEngine:
             self.model.train(was_training)
         completion = out[:, ids.shape[1] :].cpu()
         return assemble(ids.cpu(), mask.cpu(), completion, tok.eos_token_id, tok.pad_token_id, tok)
+
+    def _prefill(self, u_ids, u_mask, inverse) -> dict:
+        """`generate` kwargs carrying the distinct prompts' cache (all but their last token)
+        re-indexed to every row; empty when no prompt repeats or the model has no usable cache."""
+        from trainer.logprobs import cache_kwarg
+
+        kwarg = cache_kwarg(self.model)
+        if kwarg is None or len(u_ids) == len(inverse) or u_ids.shape[1] < 2:
+            return {}
+        pos = (u_mask[:, :-1].cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=u_ids[:, :-1],
+            attention_mask=u_mask[:, :-1],
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        if cache is None or not hasattr(cache, "batch_select_indices"):
+            return {}
+        cache.batch_select_indices(inverse)
+        return {kwarg: cache}
