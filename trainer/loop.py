@@ -233,6 +233,11 @@ def no_grad_logprobs(model, rollout, cfg, with_entropy: bool):
     return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
 
 
+def skips_zero_advantage(cfg: TrainConfig) -> bool:
+    """Whether the update leaves out samples with advantage 0 (exact only without a KL term)."""
+    return cfg.skip_zero_advantage and cfg.kl_coef == 0
+
+
 @dataclass
 class UpdateStats:
     """Sums pooled over micro-batches and updates of one step (divided at the end)."""
@@ -249,6 +254,7 @@ class UpdateStats:
     micro_size: int = 0
     full_size: int = 0
     entropy: torch.Tensor | None = None  # [N, C] rows trained on-policy (others stay NaN)
+    logp: torch.Tensor | None = None  # [N, C] their sampled tokens' log-probs, likewise
 
 
 def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist) -> UpdateStats:
@@ -261,10 +267,11 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
     stats = UpdateStats()
     n = len(rollout.texts)
     cmask = rollout.completion_mask.float()
-    skip = cfg.skip_zero_advantage and cfg.kl_coef == 0
+    skip = skips_zero_advantage(cfg)
     on_policy = cfg.updates_per_batch == 1
-    if on_policy:  # the only forward sees the rollout policy: keep its entropy
+    if on_policy:  # the only forward sees the rollout policy: keep its log-probs and entropy
         stats.entropy = torch.full(cmask.shape, math.nan)
+        stats.logp = torch.full(cmask.shape, math.nan)
     first = True
     for _epoch in range(cfg.ppo_epochs):
         order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
@@ -281,6 +288,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
                     logp, ent = completion_logprobs(model, part, cfg.temperature, on_policy)
                     if on_policy:
                         stats.entropy[train_idx] = ent
+                        stats.logp[train_idx] = logp.detach()
                     old = logp.detach() if on_policy else old_logp[train_idx]
                     m = cmask[train_idx]
                     tok_loss, low, high = grpo.clipped_surrogate(
@@ -469,17 +477,19 @@ def train(
 
             # --- 3. log-probs the update and the metrics need ------------------------------
             kl_due = cfg.kl_init_every > 0 and step % cfg.kl_init_every == 0
-            # (one on-policy update and no KL: the update's own forward gives the entropy of
-            # the samples it trains on, and only the skipped ones need a forward of their own)
+            # (one on-policy update: its own forward gives the rollout policy's log-probs and
+            # entropy of the samples it trains on; only skipped ones need a forward of their own)
             t1 = time.perf_counter()
-            lean = cfg.updates_per_batch == 1 and not kl_due and cfg.kl_coef == 0
+            lean = cfg.updates_per_batch == 1
             old_logp = entropy = ref_logp = None
             if not lean:
                 old_logp, entropy = no_grad_logprobs(model, roll, cfg, with_entropy=True)
             else:
-                rest = (adv == 0).nonzero().flatten() if cfg.skip_zero_advantage else adv[:0]
-                rest_entropy = (
-                    no_grad_logprobs(model, roll.select(rest), cfg, True)[1] if len(rest) else None
+                rest = (adv == 0).nonzero().flatten()  # the rows the update leaves out
+                if not skips_zero_advantage(cfg):
+                    rest = rest[:0]
+                rest_logp, rest_entropy = (
+                    no_grad_logprobs(model, roll.select(rest), cfg, True) if len(rest) else (0, 0)
                 )
             if ref is not None and (kl_due or cfg.kl_coef > 0):
                 ref_logp, _ = no_grad_logprobs(ref, roll, cfg, with_entropy=False)
@@ -487,9 +497,8 @@ def train(
             # --- 4. the update --------------------------------------------------------------
             st = update(model, opt, roll, adv, old_logp, ref_logp, cfg, phase, dist)
             if lean:
-                entropy = st.entropy
-                if rest_entropy is not None:
-                    entropy[rest] = rest_entropy
+                entropy, old_logp = st.entropy, st.logp
+                entropy[rest], old_logp[rest] = rest_entropy, rest_logp
             engine.sync(model)
             t_update = time.perf_counter() - t1
             samples += local_prompts * g * dist.world

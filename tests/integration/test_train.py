@@ -264,3 +264,50 @@ def test_phases_switch_batch_and_lr(tiny_model, tmp_path):
     ]
     assert m[(7, "batch_samples")] == (352, 64)  # the last step ends at the budget
     assert (8, "phase") not in m
+
+
+class _Collect:
+    """A metric sink for an in-process run: {step: values}."""
+
+    def __init__(self):
+        self.rows: dict[int, dict] = {}
+
+    def log(self, step, samples, values):
+        self.rows.setdefault(step, {}).update(values)
+
+    def flush(self):
+        pass
+
+
+def test_on_policy_metrics_from_the_update_equal_a_separate_forward(tiny_model, tmp_path):
+    """One update per batch reads the rollout policy's log-probs and entropy off the update's own
+    forward (plus one for the skipped samples); two updates per batch take a separate forward
+    first. Step 1 samples the same rollout from the same weights in both: equal metrics, and
+    KL to the initial policy is 0 there (the policy *is* the initial one) but not later."""
+    from trainer.config import TrainConfig
+    from trainer.loop import train
+
+    rows = []
+    for epochs in (1, 2):
+        cfg = TrainConfig(
+            prompts_per_batch=16,
+            group_size=8,
+            lr=1e-3,
+            sample_budget=3 * 128,
+            seed=11,
+            eval_every_samples=0,
+            checkpoint_every_steps=0,
+            threads=1,
+            kl_init_every=1,
+            ppo_epochs=epochs,
+        )
+        sink = _Collect()
+        assert train(cfg, sink, tmp_path / f"e{epochs}") == "completed"
+        rows.append(sink.rows)
+    lean, full = rows
+    assert 0 < lean[1]["zero_std_frac"] < 1  # some samples were skipped, some trained
+    assert lean[1]["reward_mean"] == full[1]["reward_mean"]
+    assert abs(lean[1]["entropy"] - full[1]["entropy"]) < 1e-5 * full[1]["entropy"]
+    for r in rows:
+        assert abs(r[1]["kl_init"]) < 1e-9
+        assert r[3]["kl_init"] > 1e-6
