@@ -7,6 +7,7 @@ so the workers run it without timeouts and the parent kills a worker whose item 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import math
@@ -44,14 +45,24 @@ def _gold_text(answer: str) -> str:
     return answer if "\\boxed" in answer else f"\\boxed{{{answer}}}"
 
 
+@functools.lru_cache(maxsize=8192)
+def _parse(text: str, timeout: int | None):
+    """math-verify's parse of `text`, once per text and process. Parsing is nearly all of a
+    verification's cost, and texts repeat: a prompt's G completions share one gold answer, and
+    short answers recur across problems and steps. An exception (a timeout) is not cached."""
+    from math_verify import parse
+
+    return parse(text, parsing_timeout=timeout)
+
+
 def _verify(completion: str, answer: str, timeout: int | None) -> float | None:
     """1.0 if math-verify finds `completion` equivalent to `answer`, else 0.0; None when it
     raised (a timeout, or garbage it cannot handle) — scored 0 but never remembered."""
-    from math_verify import parse, verify
+    from math_verify import verify
 
     try:
-        gold = parse(_gold_text(answer), parsing_timeout=timeout)
-        pred = parse(completion, parsing_timeout=timeout)
+        gold = _parse(_gold_text(answer), timeout)
+        pred = _parse(completion, timeout)
         if not gold or not pred:
             return 0.0
         return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
