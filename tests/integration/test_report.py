@@ -117,3 +117,45 @@ def test_report_bad_input_is_one_line(tmp_path, sqlite_url, args, needle):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def _used(out) -> dict:
+    import json
+
+    saved = json.loads((out / "analysis.json").read_text())
+    a = saved["analysis"]
+    return {"id": a["analysis_id"], "how": saved["options"]["analysis_source"]["how"],
+            "target": a["options"]["target"], "runs": len(a["runs"])}
+
+
+def test_report_reuses_the_stored_analysis_until_the_sweep_changes(tmp_path, sqlite_url):
+    """`analyze` stores a result; `report` shows exactly that one while the sweep is unchanged,
+    redoes it with the same options once a run is added, and starts afresh on request."""
+    import json
+
+    ingest_synthetic(tmp_path, sqlite_url)
+    r = CliRunner().invoke(app, ["analyze", "syn", "--target", "frac:0.4", "--json",
+                                 "--db", sqlite_url])
+    assert r.exit_code == 0, r.output
+    stored = json.loads(r.stdout)["analysis_id"]
+
+    assert report("syn", "--out", tmp_path / "a", "--db", sqlite_url).exit_code == 0
+    assert _used(tmp_path / "a") == {"id": stored, "how": "reused", "target": "frac:0.4", "runs": 6}
+    assert "frac:0.4" in (tmp_path / "a" / "index.html").read_text()
+
+    log = tmp_path / "late.jsonl"  # one more run: the stored analysis no longer describes it
+    log.write_text("".join(f'{{"step": {s}, "reward_mean": {min(0.9, s / 40)}}}\n'
+                           for s in range(1, 80)))
+    r = CliRunner().invoke(app, ["ingest", str(log), "-f", "jsonl", "--sweep", "syn",
+                                 "--batch-prompts", "8", "--group-size", "8", "--db", sqlite_url])
+    assert r.exit_code == 0, r.output
+    assert report("syn", "--out", tmp_path / "b", "--db", sqlite_url).exit_code == 0
+    b = _used(tmp_path / "b")
+    assert b["how"] == "refreshed" and b["id"] > stored and b["target"] == "frac:0.4"
+    assert b["runs"] == 7
+
+    assert report("syn", "--out", tmp_path / "c", "--db", sqlite_url).exit_code == 0
+    assert _used(tmp_path / "c") == {**b, "how": "reused"}  # the refreshed one, now current
+    assert report("syn", "--out", tmp_path / "d", "--reanalyze", "--db", sqlite_url).exit_code == 0
+    d = _used(tmp_path / "d")
+    assert d["how"] == "analysed" and d["target"] == "frac:0.5" and d["id"] > b["id"]

@@ -15,11 +15,16 @@ def report(
     metric: Annotated[str | None, typer.Option(
         "--metric", help="Progress metric (default: eval_accuracy when logged, else "
         "reward_mean).")] = None,
-    target: Annotated[str, typer.Option(
+    target: Annotated[str | None, typer.Option(
         "--target", help="Progress target: a value, or frac:X of the way from the initial to "
-        "the best value of the sweep.")] = "frac:0.5",
-    smoothing: Annotated[str, typer.Option("--smoothing", help="ma, ema or none.")] = "ma",
-    window: Annotated[int, typer.Option("--window", help="Moving-average window (points).")] = 5,
+        "the best value of the sweep (default frac:0.5).")] = None,
+    smoothing: Annotated[str | None, typer.Option(
+        "--smoothing", help="ma, ema or none (default ma).")] = None,
+    window: Annotated[int | None, typer.Option(
+        "--window", help="Moving-average window in points (default 5).")] = None,
+    reanalyze: Annotated[bool, typer.Option(
+        help="Analyse afresh (defaults plus the options above) instead of reusing the latest "
+        "stored analysis. Giving any analysis option implies it.")] = False,
     safety: Annotated[float, typer.Option(
         "--safety", help="Schedule: switch at this fraction of the failure clock.")] = 0.8,
     budget: Annotated[float | None, typer.Option(
@@ -27,13 +32,17 @@ def report(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Write OUT/index.html: plots, the clock table, the fits, the schedule and the options."""
+    """Write OUT/index.html: plots, the clock table, the fits, the schedule and the options.
+
+    The numbers are those of the sweep's latest stored analysis (`twoclocks analyze`) while it
+    is current; a stale one is redone with its own options, and a new result is stored."""
     from twoclocks_cli.render.report import ReportOptions, write_report
     from twoclocks_cli.store import Store
 
-    analysis = {"target": target, "smoothing": smoothing, "window": window}
-    if metric is not None:
-        analysis["metric"] = metric
+    given = {"metric": metric, "target": target, "smoothing": smoothing, "window": window}
+    analysis = {k: v for k, v in given.items() if v is not None}
+    if not analysis and not reanalyze:
+        analysis = None  # reuse the stored analysis while it is current
     opts = ReportOptions(sweep=sweep, out=out, safety=safety, budget=budget, analysis=analysis)
     page = write_report(Store.open(db), opts)
     pngs = sorted(p.name for p in page.parent.glob("*.png"))

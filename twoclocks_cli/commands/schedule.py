@@ -13,16 +13,15 @@ from twoclocks_cli.options import DbOption, JsonOption
 def schedule_sweep(
     store, sweep: str, safety: float = 0.8, budget: float | None = None, reanalyze: bool = False
 ) -> dict:
-    """The schedule of `sweep` from its latest stored analysis (analysing with defaults if none)."""
-    from twoclocks_cli.clocks import analyze_sweep, make_schedule
-    from twoclocks_cli.clocks.saved import latest_analysis, save_analysis
+    """The schedule of `sweep` from its latest stored analysis while that is current (else
+    analysed again with its options; with defaults when never analysed or `reanalyze`)."""
+    from twoclocks_cli.clocks import make_schedule
+    from twoclocks_cli.clocks.saved import analysis_for
 
-    analysis = None if reanalyze else latest_analysis(store, sweep)
-    if analysis is None:
-        analysis = analyze_sweep(store, sweep).to_json()
-        analysis["analysis_id"] = save_analysis(store, sweep, analysis)
+    analysis, how = analysis_for(store, sweep, {} if reanalyze else None)
     out = make_schedule(analysis, budget=budget, safety=safety)
     out["analysis_id"] = analysis.get("analysis_id")
+    out["analysis_source"] = how
     out["analysis_options"] = analysis["options"]
     return out
 

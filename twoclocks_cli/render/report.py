@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -46,7 +46,9 @@ class ReportOptions:
     out: Path
     safety: float = 0.8  # schedule: switch at this fraction of the small batch's failure clock
     budget: float | None = None  # schedule: total samples (None: the longest run's)
-    analysis: dict = field(default_factory=dict)  # AnalysisOptions fields to override
+    # AnalysisOptions fields for a fresh analysis ({} = defaults); None reuses the sweep's latest
+    # stored analysis while it is current (see clocks.saved.analysis_for)
+    analysis: dict | None = None
 
 
 @dataclass
@@ -93,22 +95,17 @@ def gather(store, opts: ReportOptions) -> ReportData:
     runs = store.list_runs(opts.sweep)
     if not runs:
         raise AnalysisError(f"sweep {opts.sweep!r} has no runs yet: nothing to report")
+    from twoclocks_cli.clocks.options import AnalysisOptions
+    from twoclocks_cli.clocks.saved import analysis_for
+
     analysis = schedule = toml = None
-    a_err = s_err = None
-    used_options: dict = dict(opts.analysis)
+    a_err = s_err = source = None
+    asked = AnalysisOptions(**(opts.analysis or {}))  # ConfigError on a bad value: stop here
     try:
-        from twoclocks_cli.clocks.analysis import analyze_sweep
-        from twoclocks_cli.clocks.options import AnalysisOptions
-    except ImportError:  # the clocks library is not installed in this build
-        analyze_sweep = None
-        a_err = "the clocks library (twoclocks_cli.clocks) is not available in this install"
-    if analyze_sweep is not None:
-        a_opts = AnalysisOptions(**opts.analysis)  # ConfigError on a bad value: stop here
-        used_options = a_opts.to_json()
-        try:
-            analysis = analyze_sweep(store, opts.sweep, a_opts).to_json()
-        except AnalysisError as exc:  # the data cannot answer yet: the page says why
-            a_err = str(exc)
+        analysis, source = analysis_for(store, opts.sweep, opts.analysis)
+    except AnalysisError as exc:  # the data cannot answer yet: the page says why
+        a_err = str(exc)
+    used_options = (analysis or {}).get("options") or asked.to_json()
     if analysis is not None:
         try:
             from twoclocks_cli.clocks.schedule import make_schedule, to_toml
@@ -121,14 +118,15 @@ def gather(store, opts: ReportOptions) -> ReportData:
         s_err = "no analysis, so no schedule"
     ids = [r.id for r in runs]
     keys = set(store.metric_keys(ids))
-    metric = (analysis or {}).get("metric") or opts.analysis.get("metric") or next(
+    metric = (analysis or {}).get("metric") or asked.metric or next(
         (k for k in PROGRESS_KEYS if k in keys), None)
     wanted = [metric] if metric in keys else []
     wanted += [k for k in SIDE_KEYS if k in keys and k != metric][:6]
     curves = {k: store.load_metric(ids, k) for k in wanted}
     options = {"report": {"sweep": opts.sweep, "out": str(opts.out), "safety": opts.safety,
                           "budget": opts.budget},
-               "analysis": used_options}
+               "analysis": used_options,
+               "analysis_source": {"id": (analysis or {}).get("analysis_id"), "how": source}}
     return ReportData(opts.sweep, runs, analysis, a_err, schedule, s_err, toml, metric, curves,
                       options)
 
@@ -423,7 +421,6 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
 
 def write_report(store, opts: ReportOptions) -> Path:
     """Gather, draw and write `index.html`, the PNGs and `analysis.json` into `opts.out`."""
-    data = gather(store, opts)
     out = Path(opts.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -431,6 +428,7 @@ def write_report(store, opts: ReportOptions) -> Path:
         from twoclocks_cli.errors import ConfigError
 
         raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    data = gather(store, opts)
     images = {}
     for name, draw in (("curves", plot_curves), ("clocks", plot_clocks), ("side", plot_side)):
         file = f"{name}.png"
