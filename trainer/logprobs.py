@@ -17,41 +17,57 @@ import torch
 from trainer import metrics as M
 
 
+def _signature(model) -> dict:
+    """What this model's forward calls the KV cache (`cache` in transformers 5, `past_key_values`
+    before; None: nothing is shared) and the keep-only-the-last-logits option, if any."""
+    sig = getattr(model, "_twoclocks_forward_sig", None)
+    if sig is None:
+        params = inspect.signature(model.forward).parameters
+        sig = {
+            "cache": next((n for n in ("cache", "past_key_values") if n in params), None),
+            "keep": next(
+                (n for n in ("logits_to_keep", "num_logits_to_keep") if n in params), None
+            ),
+        }
+        try:
+            model._twoclocks_forward_sig = sig
+        except AttributeError:  # pragma: no cover — a model object that refuses attributes
+            pass
+    return sig
+
+
 def cache_kwarg(model) -> str | None:
-    """The forward's name for the KV cache (`cache` in transformers 5, `past_key_values` before),
-    or None when the model takes neither (then nothing is shared)."""
-    name = getattr(model, "_twoclockscache_kwarg", False)
-    if name is not False:
-        return name
-    params = inspect.signature(model.forward).parameters
-    name = next((n for n in ("cache", "past_key_values") if n in params), None)
-    try:
-        model._twoclockscache_kwarg = name
-    except AttributeError:  # pragma: no cover — a model object that refuses attributes
-        pass
-    return name
+    """The forward's (and `generate`'s) keyword for a KV cache, or None."""
+    return _signature(model)["cache"]
 
 
-def _shared_prompt_logits(model, ids, mask, pos, p: int, kwarg: str):
+def prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor):
+    """(last position's logits [n, V], KV cache) of one forward over left-padded `ids`, or None
+    when the model has no cache that can be re-indexed by row (then nothing is shared)."""
+    sig = _signature(model)
+    if sig["cache"] is None:
+        return None
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    keep = {sig["keep"]: 1} if sig["keep"] else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return None
+    return out.logits[:, -1], cache
+
+
+def _shared_prompt_logits(model, ids, mask, pos, p: int):
     """Logits [n, C, V] for the completion tokens, prompt keys/values computed once per distinct
     prompt; None when no prompt repeats or the model's cache cannot be re-indexed."""
     prompts = torch.cat([ids[:, :p], mask[:, :p]], dim=1)
     unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
     if len(unique) == len(ids):
         return None
-    u_ids, u_mask = unique[:, :p], unique[:, p:]
-    u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
-    head = model(
-        input_ids=u_ids,
-        attention_mask=u_mask,
-        position_ids=u_pos,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = getattr(head, "cache", None) or getattr(head, "past_key_values", None)
-    if cache is None or not hasattr(cache, "batch_select_indices"):
+    head = prefix_cache(model, unique[:, :p], unique[:, p:])
+    if head is None:
         return None
-    first = head.logits[:, -1][inverse].unsqueeze(1)  # predicts each row's first completion token
+    last, cache = head
+    first = last[inverse].unsqueeze(1)  # predicts each row's first completion token
     if ids.shape[1] - p == 1:
         return first
     cache.batch_select_indices(inverse.to(ids.device))  # differentiable gather of every layer
@@ -60,7 +76,7 @@ def _shared_prompt_logits(model, ids, mask, pos, p: int, kwarg: str):
         attention_mask=mask[:, :-1],
         position_ids=pos[:, p:-1],
         use_cache=True,
-        **{kwarg: cache},
+        **{cache_kwarg(model): cache},
     ).logits
     return torch.cat([first, tail], dim=1)
 
@@ -71,9 +87,8 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, p: int) -> t
     Position ids follow the attention mask, as in generation with left padding.
     """
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    kwarg = cache_kwarg(model)
-    if kwarg is not None and ids.shape[1] > p:
-        logits = _shared_prompt_logits(model, ids, mask, pos, p, kwarg)
+    if cache_kwarg(model) is not None and ids.shape[1] > p:
+        logits = _shared_prompt_logits(model, ids, mask, pos, p)
         if logits is not None:
             return logits
     return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, p - 1 : -1]

@@ -68,21 +68,14 @@ class HFEngine:
     def _prefill(self, u_ids, u_mask, inverse) -> dict:
         """`generate` kwargs carrying the distinct prompts' cache (all but their last token)
         re-indexed to every row; empty when no prompt repeats or the model has no usable cache."""
-        from trainer.logprobs import cache_kwarg
+        from trainer.logprobs import cache_kwarg, prefix_cache
 
         kwarg = cache_kwarg(self.model)
         if kwarg is None or len(u_ids) == len(inverse) or u_ids.shape[1] < 2:
             return {}
-        pos = (u_mask[:, :-1].cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=u_ids[:, :-1],
-            attention_mask=u_mask[:, :-1],
-            position_ids=pos,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-        if cache is None or not hasattr(cache, "batch_select_indices"):
+        head = prefix_cache(self.model, u_ids[:, :-1], u_mask[:, :-1])
+        if head is None:
             return {}
+        cache = head[1]
         cache.batch_select_indices(inverse)
         return {kwarg: cache}
