@@ -76,8 +76,41 @@ def test_first_use_migration_race_exactly_one_migrates(db_url):
         for _ in range(8)
     ]
     outputs = [p.communicate(timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1] for o in outputs]
+    failed = [(p.returncode, *o) for p, o in zip(procs, outputs, strict=True) if p.returncode]
+    assert not failed, failed
     verdicts = sorted(o[0].strip() for o in outputs)
     assert verdicts == ["MIGRATED"] + ["SKIPPED"] * 7
     assert current_revision(make_engine(db_url)) == head_revision()
     Store.open(db_url).list_runs()
+
+
+def test_a_store_seen_mid_migration_waits_instead_of_calling_itself_out_of_date(db_url):
+    """Each revision commits on its own, so a process opening the store between two of them sees
+    an older revision: it must wait for the migrator's lock and find head, not ask for
+    `twoclocks db upgrade` (the race a first-use migration of 8 processes once hit in CI)."""
+    import threading
+
+    from alembic import command
+
+    from twoclocks_cli.store.migrate import _run, ensure_schema, migration_lock
+
+    first = sorted(known_revisions())[0]
+    engine = make_engine(db_url)
+    halfway, results = threading.Event(), []
+
+    def migrator():
+        with migration_lock(make_engine(db_url)):
+            _run(engine, command.upgrade, first)
+            halfway.set()
+            time.sleep(1.5)
+            _run(engine, command.upgrade, "head")
+
+    thread = threading.Thread(target=migrator)
+    thread.start()
+    assert halfway.wait(60)
+    assert current_revision(engine) == first  # what the second process sees on opening
+    try:
+        results.append(ensure_schema(make_engine(db_url)))
+    finally:
+        thread.join()
+    assert results == [False] and current_revision(engine) == head_revision()

@@ -154,6 +154,11 @@ def ensure_schema(engine: Engine) -> bool:
             _run(engine, command.upgrade, "head")
         return True
     if rev in known_revisions():
+        # an older revision may be one step of a migration in progress (each revision commits on
+        # its own): wait for the lock, then look again before calling the store out of date
+        with migration_lock(engine):
+            if current_revision(engine) == head:
+                return False
         raise StoreError(
             f"database {mask_url(engine.url)} is at revision {rev}, this twoclocks needs {head}: "
             "run `twoclocks db upgrade`"
