@@ -8,7 +8,15 @@ TRL is not a dependency: it runs in a subprocess when `trl` (and `datasets`) imp
 environment or from `--trl-path DIR` (e.g. `pip install --target DIR --no-deps trl datasets
 pandas pyarrow dill multiprocess xxhash`). Target: ours / TRL >= 1.5.
 
+`--few-shot` puts the same two worked examples in front of every question for both trainers
+(prompts of ~50 tokens instead of 6, as chat templates and few-shot prompts make them): the
+share of the work a prompt has, which this trainer runs once per group, grows with its length.
+The tiny model was never trained on such prompts and answers none of them right, so every group
+has zero advantage; this trainer's skipping of such samples is switched off in this mode, so the
+ratio shows the prompt sharing alone (both trainers do the full forward/backward).
+
     python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2] [--repeats 3]
+                                       [--few-shot]
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ import time
 from pathlib import Path
 
 P, G, NEW_TOKENS, LR = 16, 8, 12, 1e-4
+FEW_SHOT = "Answer in \\boxed{{}}.\n12+30=\\boxed{{42}}\n75-9=\\boxed{{66}}\n{question}="
 
 
-def ours(model: str, samples: int, threads: int, all_metrics: bool) -> float:
+def ours(model: str, samples: int, threads: int, all_metrics: bool, template: str | None) -> float:
     """samples/s of trainer.loop.train (steps 2..N)."""
     from trainer.config import TrainConfig
     from trainer.loop import train
@@ -42,6 +51,8 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool) -> float:
         kl_init_every=1 if all_metrics else 0,
         threads=threads,
         seed=0,
+        prompt_template=template,
+        skip_zero_advantage=template is None,  # see --few-shot in the docstring
     )
     marks: list[tuple[float, int]] = []
     with tempfile.TemporaryDirectory() as work:
@@ -63,14 +74,16 @@ from trainer.data import ArithmeticTask, render_prompt
 from trainer.rewards import MathVerifyReward
 from trainer.data import Problem
 
-path, samples, threads, P, G, NEW, LR = sys.argv[1:8]
+path, samples, threads, P, G, NEW, LR, out, template = sys.argv[1:10]
 samples, threads, P, G, NEW, LR = int(samples), int(threads), int(P), int(G), int(NEW), float(LR)
 torch.set_num_threads(threads)
 tok = AutoTokenizer.from_pretrained(path, padding_side="left")
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 problems = ArithmeticTask().sample(np.random.default_rng(0), samples // G)
 import pyarrow as pa
-rows = [{"prompt": render_prompt(p, tok), "answer": p.answer} for p in problems]
+def prompt(p):
+    return template.format(question=p.question) if template else render_prompt(p, tok)
+rows = [{"prompt": prompt(p), "answer": p.answer} for p in problems]
 # an explicit fingerprint: datasets 5.2 cannot hash a pyarrow 26 table
 ds = Dataset(pa.Table.from_pylist(rows), fingerprint="bench")
 reward = MathVerifyReward()
@@ -84,7 +97,7 @@ class Clock(TrainerCallback):
         marks.append((time.perf_counter(), state.global_step))
 
 args = GRPOConfig(
-    output_dir=sys.argv[8], per_device_train_batch_size=P * G, gradient_accumulation_steps=1,
+    output_dir=out, per_device_train_batch_size=P * G, gradient_accumulation_steps=1,
     num_generations=G, steps_per_generation=1, num_iterations=1, max_completion_length=NEW,
     temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant",
     warmup_steps=0, beta=0.0, loss_type="dapo", scale_rewards="group", bf16=False, fp16=False,
@@ -100,7 +113,9 @@ print("RESULT " + json.dumps({"samples_per_s": (s1 - s0) * P * G / (t1 - t0)}))
 """
 
 
-def trl(model_dir: str, samples: int, threads: int, trl_path: str | None) -> float | None:
+def trl(
+    model_dir: str, samples: int, threads: int, trl_path: str | None, template: str | None
+) -> float | None:
     """samples/s of TRL's GRPOTrainer in a subprocess, or None when trl does not import."""
     env = dict(os.environ)
     if trl_path:
@@ -124,6 +139,7 @@ def trl(model_dir: str, samples: int, threads: int, trl_path: str | None) -> flo
                 str(NEW_TOKENS),
                 str(LR),
                 out,
+                template or "",
             ],
             env=env,
             capture_output=True,
@@ -143,6 +159,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="Alternating runs of each trainer.")
     ap.add_argument("--trl-path", default=None, help="Directory holding trl and datasets.")
     ap.add_argument("--model", default="builtin:tiny-arith", help="Model id or directory.")
+    ap.add_argument("--few-shot", action="store_true", help="Two worked examples per prompt.")
     a = ap.parse_args()
     import statistics
 
@@ -152,14 +169,17 @@ def main() -> None:
     from trainer.tiny import TINY_MODEL_ID, ensure_tiny_model
 
     model_dir = str(ensure_tiny_model(progress=True) if a.model == TINY_MODEL_ID else a.model)
+    template = FEW_SHOT if a.few_shot else None
+    if template:
+        print(f"prompts: few-shot template {template!r}")
     # alternate the two trainers, so a change in machine load hits both alike; report medians
     mine, theirs = [], []
     for _ in range(a.repeats):
-        mine.append(ours(model_dir, a.samples, a.threads, all_metrics=False))
-        t = trl(model_dir, a.samples, a.threads, a.trl_path)
+        mine.append(ours(model_dir, a.samples, a.threads, False, template))
+        t = trl(model_dir, a.samples, a.threads, a.trl_path, template)
         if t is not None:
             theirs.append(t)
-    full = ours(model_dir, a.samples, a.threads, all_metrics=True)
+    full = ours(model_dir, a.samples, a.threads, True, template)
     m = statistics.median(mine)
     print(f"twoclocks GRPO (TRL's work: no KL-to-init metric): {m:8.1f} samples/s  runs {mine}")
     print(f"twoclocks GRPO (every metric, kl_init each step):  {full:8.1f} samples/s")
