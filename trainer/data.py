@@ -37,9 +37,11 @@ class Problem:
 def _mix(a: np.ndarray, b: np.ndarray, op: np.ndarray) -> np.ndarray:
     """A fixed integer hash of (a, op, b) (splitmix64 finaliser); decides the held-out split."""
     with np.errstate(over="ignore"):
-        x = (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
-            b.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
-        ) ^ (op.astype(np.uint64) * np.uint64(0x165667B19E3779F9))
+        x = (
+            (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+            ^ (b.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+            ^ (op.astype(np.uint64) * np.uint64(0x165667B19E3779F9))
+        )
         x ^= x >> np.uint64(30)
         x *= np.uint64(0xBF58476D1CE4E5B9)
         x ^= x >> np.uint64(27)
@@ -148,7 +150,7 @@ class ArithmeticTask:
         return self._problems(a, b, op)
 
 
-def _cell(value, path: Path, where: str, key: str) -> str:
+def _cell(value, path: Path | str, where: str, key: str) -> str:
     """A question/answer cell as a non-empty string, or a ConfigError naming file and row."""
     if value is None or (isinstance(value, float) and value != value):
         raise ConfigError(f"{path}: {where}: column {key!r} is empty")
@@ -194,9 +196,7 @@ def _csv_rows(path: Path, qk: str, ak: str):
         for row in reader:
             where = f"line {reader.line_num}"
             if None in row or any(v is None for v in row.values()):
-                raise ConfigError(
-                    f"{path}: {where}: expected {len(header)} fields like the header"
-                )
+                raise ConfigError(f"{path}: {where}: expected {len(header)} fields like the header")
             yield where, row[qk], row[ak]
 
 
@@ -260,3 +260,35 @@ def render_prompt(problem: Problem, tokenizer) -> str:
         messages = [{"role": "user", "content": CHAT_INSTRUCTION.format(question=problem.question)}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return PLAIN_TEMPLATE.format(question=problem.question)
+
+
+def load_hf_problems(
+    spec: str, split: str = "train", question_key: str = "question", answer_key: str = "answer"
+) -> list[Problem]:
+    """Problems of an `hf:ID` dataset — a hub id, or a local folder `datasets` can load — from
+    one split; needs the `datasets` package (the `hf` extra). Every failure is a ConfigError."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            f"dataset {spec!r} needs the `datasets` package (pip install 'twoclocks[hf]')"
+        ) from None
+    try:
+        table = datasets.load_dataset(spec[3:], split=split)
+    except Exception as err:  # the hub and the loaders raise many types; one line for the user
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"dataset {spec!r}: cannot load ({type(err).__name__}: {first})"
+        ) from None
+    for key in (question_key, answer_key):
+        if key not in table.column_names:
+            raise ConfigError(
+                f"dataset {spec!r}: missing column {key!r} (has {table.column_names})"
+            )
+    problems = [
+        Problem(_cell(q, spec, f"row {i}", question_key), _cell(a, spec, f"row {i}", answer_key))
+        for i, (q, a) in enumerate(zip(table[question_key], table[answer_key], strict=True), 1)
+    ]
+    if not problems:
+        raise ConfigError(f"dataset {spec!r}: no problems in split {split!r}")
+    return problems

@@ -21,7 +21,13 @@ import torch
 from trainer import checkpoint, grpo
 from trainer import metrics as M
 from trainer.config import TrainConfig
-from trainer.data import ArithmeticTask, Problem, load_problems, render_prompt
+from trainer.data import (
+    ArithmeticTask,
+    Problem,
+    load_hf_problems,
+    load_problems,
+    render_prompt,
+)
 from trainer.logprobs import completion_logprobs
 from twoclocks_cli.errors import ConfigError
 
@@ -133,17 +139,7 @@ class TaskSource:
 def _read(spec: str, cfg: TrainConfig) -> list[Problem]:
     """Problems of a file or `hf:` dataset spec."""
     if spec.startswith("hf:"):
-        try:
-            import datasets
-        except ImportError:
-            raise ConfigError(f"dataset {spec!r} needs the `datasets` package") from None
-        try:
-            rows = datasets.load_dataset(spec[3:], split=cfg.dataset_split)
-        except Exception as err:  # the hub raises many types; one line for the user
-            raise ConfigError(
-                f"dataset {spec!r}: cannot load ({type(err).__name__}: {err})"
-            ) from None
-        return [Problem(str(r[cfg.question_key]), str(r[cfg.answer_key])) for r in rows]
+        return load_hf_problems(spec, cfg.dataset_split, cfg.question_key, cfg.answer_key)
     return load_problems(spec, cfg.question_key, cfg.answer_key)
 
 
