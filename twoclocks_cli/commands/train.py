@@ -151,15 +151,23 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool) -> str:
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        ProgressColumn,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.text import Text
 
     from trainer.loop import train
 
     if not show:
         return train(cfg, writer, workdir)
+
+    class Rate(ProgressColumn):
+        """Samples per second over rich's recent window ('-' until there are two updates)."""
+
+        def render(self, task) -> Text:
+            return Text("-" if task.speed is None else f"{task.speed:,.0f} samples/s")
     columns = (
         TextColumn(f"run {run_id}"),
         BarColumn(),
@@ -168,6 +176,7 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool) -> str:
             "samples  reward {task.fields[reward]}  acc {task.fields[acc]}  "
             "eval {task.fields[eval]}"
         ),
+        Rate(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
