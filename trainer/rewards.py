@@ -177,17 +177,17 @@ class MathVerifyReward:
         for i, (c, p) in enumerate(zip(completions, problems, strict=True)):
             if isinstance(c, str) and self.pattern.fullmatch(c):
                 unique.setdefault((c, p.answer), []).append(i)
-        keys = [k for k in unique if k not in self._memo]
-        if len(self._memo) + len(keys) > _MEMO_SIZE:
+        known = {k: self._memo[k] for k in unique if k in self._memo}
+        fresh = [k for k in unique if k not in known]
+        scores = dict(zip(fresh, self._score(fresh), strict=True))
+        if len(self._memo) + len(fresh) > _MEMO_SIZE:
             self._memo.clear()
-        for key, score in zip(keys, self._score(keys), strict=True):
-            if score is not None:  # a timeout or a crash may not repeat: never remembered
-                self._memo[key] = score
-            for i in unique[key]:
-                rewards[i] = score or 0.0
-        for key in unique.keys() - set(keys):
-            for i in unique[key]:
-                rewards[i] = self._memo[key]
+        # a timeout or a crash (None) may not repeat: scored 0, never remembered
+        self._memo.update((k, v) for k, v in scores.items() if v is not None)
+        for key, rows in unique.items():
+            score = known[key] if key in known else scores[key] or 0.0
+            for i in rows:
+                rewards[i] = score
         return rewards
 
     def _score(self, items: list[tuple[str, str]]) -> list[float | None]:

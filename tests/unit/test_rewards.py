@@ -167,3 +167,15 @@ def test_a_dead_worker_is_replaced_without_losing_items():
         probs = [Problem(f"{k}+1", str(k + 1)) for k in range(40)]
         comps = [f"\\boxed{{{k + 1 if k % 2 else k}}}" for k in range(40)]
         assert r(comps, probs) == [float(k % 2) for k in range(40)]
+
+
+def test_a_full_memo_is_refilled_without_losing_this_batchs_verdicts(monkeypatch):
+    """When the memo overflows it is dropped — after the verdicts it already held for this batch
+    were read, so remembered and fresh pairs in one batch are both scored."""
+    import trainer.rewards as rewards_mod
+
+    monkeypatch.setattr(rewards_mod, "_MEMO_SIZE", 2)
+    with MathVerifyReward(workers=0) as r:
+        assert r(["\\boxed{64}", "\\boxed{63}"], [P, P]) == [1.0, 0.0]  # memo now full
+        assert r(["\\boxed{64}", "\\boxed{65}", "\\boxed{63}"], [P] * 3) == [1.0, 0.0, 0.0]
+        assert set(r._memo) == {("\\boxed{65}", "64")}  # dropped, then refilled
