@@ -87,7 +87,7 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, p: int) -> t
     Position ids follow the attention mask, as in generation with left padding.
     """
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    if cache_kwarg(model) is not None and ids.shape[1] > p:
+    if ids.shape[1] > p:
         logits = _shared_prompt_logits(model, ids, mask, pos, p)
         if logits is not None:
             return logits

@@ -484,9 +484,8 @@ def train(
                 rest = (adv == 0).nonzero().flatten()  # the rows the update leaves out
                 if not skips_zero_advantage(cfg):
                     rest = rest[:0]
-                rest_logp, rest_entropy = (
-                    no_grad_logprobs(model, roll.select(rest), cfg, True) if len(rest) else (0, 0)
-                )
+                if len(rest):
+                    rest_logp, rest_entropy = no_grad_logprobs(model, roll.select(rest), cfg, True)
             if ref is not None and (kl_due or cfg.kl_coef > 0):
                 ref_logp, _ = no_grad_logprobs(ref, roll, cfg, with_entropy=False)
 
@@ -494,7 +493,8 @@ def train(
             st = update(model, opt, roll, adv, old_logp, ref_logp, cfg, phase, dist)
             if lean:
                 entropy, old_logp = st.entropy, st.logp
-                entropy[rest], old_logp[rest] = rest_entropy, rest_logp
+                if len(rest):
+                    entropy[rest], old_logp[rest] = rest_entropy, rest_logp
             engine.sync(model)
             t_update = time.perf_counter() - t1
             samples += local_prompts * g * dist.world

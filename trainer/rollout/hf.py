@@ -70,12 +70,11 @@ class HFEngine:
         re-indexed to every row; empty when no prompt repeats or the model has no usable cache."""
         from trainer.logprobs import cache_kwarg, prefix_cache
 
-        kwarg = cache_kwarg(self.model)
-        if kwarg is None or len(u_ids) == len(inverse) or u_ids.shape[1] < 2:
+        if len(u_ids) == len(inverse) or u_ids.shape[1] < 2:
             return {}
         head = prefix_cache(self.model, u_ids[:, :-1], u_mask[:, :-1])
         if head is None:
             return {}
         cache = head[1]
         cache.batch_select_indices(inverse)
-        return {kwarg: cache}
+        return {cache_kwarg(self.model): cache}
