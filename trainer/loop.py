@@ -438,7 +438,8 @@ def train(
 
     try:
         if step == 0 and cfg.eval_every_samples > 0 and dist.rank == 0:
-            log(0, 0, {"eval_accuracy": evaluate(engine, reward_fn, held, cfg, tok, 0)})
+            log(0, 0, {"eval_accuracy": evaluate(engine, reward_fn, held, cfg, tok, 0),
+                       "eval_n": len(held)})
         while samples < cfg.sample_budget:
             phase_index, phase = cfg.phase_at(samples)
             for group in opt.param_groups:
@@ -566,6 +567,7 @@ def train(
                 eval_acc = values["eval_accuracy"] = evaluate(
                     engine, reward_fn, held, cfg, tok, step
                 )
+                values["eval_n"] = len(held)
             log(step, samples, values)
             if writer is not None and dist.rank == 0:
                 writer.flush()

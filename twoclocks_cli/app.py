@@ -57,6 +57,7 @@ _COMMANDS = [
     ("train", "train", "train"),
     ("analyze", "analyze", "analyze"),
     ("schedule", "schedule", "schedule"),
+    ("suggest", "suggest", "suggest"),
     ("theory", "theory", "theory"),
     ("schedule-config", "compare", "schedule_config"),
     ("compare", "compare", "compare"),

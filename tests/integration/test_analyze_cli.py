@@ -104,7 +104,12 @@ def test_analyze_json_csv_plot_and_stored(sim_db, tmp_path):
     assert [b["batch_samples"] for b in data["batches"]] == [8, 16, 32]
     for b in data["batches"]:
         assert set(b["progress"]) >= {"median", "low", "high", "n", "n_censored", "note"}
-    assert set(data["critical_batch"]) == {"mccandlish", "noise_scale", "theory"}
+    assert set(data["critical_batch"]) == {
+        "empirical", "power", "mccandlish", "noise_scale", "sign_noise_scale", "theory",
+        "recommended", "disagreements",
+    }
+    rec = data["critical_batch"]["recommended"]
+    assert set(rec) >= {"b_crit", "low", "high", "bound", "source", "why"}
     assert data["critical_batch"]["theory"]["b_crit"] > 0
     assert data["critical_batch"]["noise_scale"]["b_simple"] > 0
     run = data["runs"][0]

@@ -140,7 +140,7 @@ def test_main_job_end_to_end(tmp_path):
 
 def test_train_config_toml_round_trips():
     """What schedule-config writes is read back by tomllib unchanged (floats, lists, phases)."""
-    from twoclocks_cli.compare import to_toml
+    from twoclocks_cli.clocks.compare import to_toml
 
     cfg = {"model": 'a "quoted" \\ path', "lr": 1.5e-05, "threads": 1, "skip_zero_advantage": True,
            "arith_ops": ["+", "-"], "phases": [
@@ -151,7 +151,7 @@ def test_train_config_toml_round_trips():
 
 def test_phase_summary_reads_the_recorded_phases(sqlite_url):
     """Phases come back from the per-step metrics: boundaries, prompts, lr, step counts."""
-    from twoclocks_cli.compare import phase_summary
+    from twoclocks_cli.clocks.compare import phase_summary
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.models import Run
 

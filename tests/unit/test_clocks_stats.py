@@ -67,7 +67,8 @@ def _analysis(batches, prog, fail, b_crit):
     ]
 
     def agg(v):
-        return {"median": v, "low": None if v is None else 0.9 * v, "high": None, "n": 3}
+        return {"median": v, "low": None if v is None else 0.9 * v, "high": None, "n": 3,
+                "n_censored": 3 if v is None else 0, "n_failed": 0 if v is None else 3}
 
     return {
         "sweep": "s",
@@ -78,6 +79,7 @@ def _analysis(batches, prog, fail, b_crit):
         ],
         "critical_batch": {
             "mccandlish": {"b_crit": b_crit, "note": ""},
+            "recommended": {"b_crit": b_crit, "bound": None, "source": "empirical", "why": "t"},
             "theory": None,
             "noise_scale": {"b_simple": None},
         },

@@ -7,6 +7,13 @@ and the `sim` table (twoclocks_cli.theory.ModelConfig fields). Progress metric: 
 mean of B Bernoulli draws with success probability p = 1 - L/L0 (decaying after collapse);
 eval_accuracy the same with `sim.eval_samples` draws at eval points. The state is checkpointed in
 `workdir/sim_state.npz` every `sim.checkpoint_every` steps; a rerun resumes from it.
+
+Gradient-noise metrics, per logged step, from the batch's first micro-batch (b =
+`grad_micro_size` samples, gradient g_b) and the whole batch (B = `grad_full_size`, g_B):
+`grad_sq_micro`/`grad_sq_full` = |g_b|^2, |g_B|^2 (B_simple, twoclocks_cli.clocks.stats);
+`grad_l1_micro`/`grad_l1_full` = ||g_b||_1, ||g_B||_1, `grad_sign_dot` = <g_B, sign(g_b)> and
+`grad_l1_diff` = ||g_b - g_B||_1 (the sign-descent and l1 noise scales,
+twoclocks_cli.clocks.noise).
 """
 
 from __future__ import annotations
@@ -138,11 +145,16 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
                 "grad_sq_full": float(info.grad_sq_full[0]),
                 "grad_micro_size": float(info.micro_size[0]),
                 "grad_full_size": ph.batch,
+                "grad_l1_micro": float(info.grad_l1_micro[0]),
+                "grad_l1_full": float(info.grad_l1_full[0]),
+                "grad_sign_dot": float(info.grad_sign_dot[0]),
+                "grad_l1_diff": float(info.grad_l1_diff[0]),
                 "nonfinite": 1.0 if bad else 0.0,
             }
             if logged % cfg.eval_every == 0:
                 p_now = _progress(state, float(info.loss[0]))
                 values["eval_accuracy"] = obs.binomial(cfg.eval_samples, p_now) / cfg.eval_samples
+                values["eval_n"] = cfg.eval_samples
             logged += 1
             writer.log(step, int(state.samples[0]), values)
         if bad:

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from twoclocks_cli.clocks import collapse
-from twoclocks_cli.clocks.curves import clean, first_crossing, smooth
-from twoclocks_cli.clocks.options import AnalysisOptions, parse_target
-from twoclocks_cli.clocks.stats import aggregate, mccandlish, noise_scale, slope_test
-from twoclocks_cli.errors import AnalysisError, NotFoundError
+import math
 
-GRAD_KEYS = ("grad_sq_micro", "grad_sq_full", "grad_micro_size", "grad_full_size")
-TIME_KEYS = ("time_gen_s", "time_reward_s", "time_update_s")  # summed: wall-clock per step
+from twoclocks_cli.clocks import critical
+from twoclocks_cli.clocks.curves import smooth_curve
+from twoclocks_cli.clocks.options import AnalysisOptions, parse_target
+from twoclocks_cli.clocks.runclock import Clock, RunClocks, load_signals, prepare, run_clocks
+from twoclocks_cli.clocks.stats import aggregate, slope_test
+from twoclocks_cli.errors import AnalysisError, NotFoundError
 
 
 @dataclass
@@ -53,37 +53,6 @@ def _clean_json(obj):
     return obj
 
 
-def _load(store, run_ids, key):
-    return store.load_metric(run_ids, key) if key else {}
-
-
-def _run_curve(series, opts: AnalysisOptions):
-    if series is None:
-        return None
-    c = clean(series.steps, series.samples, series.values)
-    if c.empty:
-        return None
-    return c, smooth(c.values, opts.smoothing, opts.window, opts.ema_alpha)
-
-
-def _interp_steps(curve, samples):
-    if samples is None:
-        return None
-    return float(np.interp(samples, curve.samples, curve.steps))
-
-
-def _seconds_at(times: list, samples):
-    """Training seconds spent up to `samples` (cumulated time_* metrics), None if not logged."""
-    if samples is None or not times:
-        return None
-    total = 0.0
-    for s in times:
-        ok = np.isfinite(s.values)
-        if ok.any():
-            total += float(np.interp(samples, s.samples[ok], np.cumsum(s.values[ok])))
-    return total
-
-
 def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> AnalysisResult:
     """Analyse every run of `sweep` (partial runs included and marked)."""
     opts = options or AnalysisOptions()
@@ -92,39 +61,111 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     if not runs:
         raise AnalysisError(f"sweep {sweep!r} has no runs yet: nothing to analyse")
     ids = [r.id for r in runs]
-    metric = opts.metric
-    curves = {}
-    if metric is None:
-        for candidate in ("eval_accuracy", "reward_mean"):
-            curves = _load(store, ids, candidate)
-            if curves:
-                metric = candidate
-                break
-    else:
-        curves = _load(store, ids, metric)
-    if not curves:
-        keys = store.metric_keys(ids)
-        wanted = metric or "eval_accuracy or reward_mean"
-        known = ", ".join(keys) if keys else "none: no run has logged anything yet"
-        raise NotFoundError(
-            f"metric {wanted!r} not logged by any run of {sweep!r}; metrics: {known}"
-        )
+    metric = _pick_metric(store, sweep, ids, opts.metric)
+    signals = load_signals(store, ids, metric, opts)
     warnings: list[str] = []
-    prepared = {rid: _run_curve(curves.get(rid), opts) for rid in ids}
-    usable = {rid: p for rid, p in prepared.items() if p is not None}
+    curves = {rid: prepare(sig.metric) for rid, sig in signals.items()}
+    usable = {rid: c for rid, c in curves.items() if c is not None}
     if not usable:
         raise AnalysisError(f"metric {metric!r} of sweep {sweep!r} has no finite values")
-    nan_runs = [rid for rid in ids if rid in curves and np.isnan(curves[rid].values).any()]
+    _data_warnings(signals, metric, opts, warnings)
+    smoothed = {rid: smooth_curve(c, opts) for rid, c in usable.items()}
+    tau, target = _target(opts, metric, smoothed, warnings)
+    family, others = _families(runs)
+    if others:
+        warnings.append(others)
+    _refuse_mixed_settings([r for r in runs if r.id in family])
+    run_rows = []
+    for r in runs:
+        clocks = run_clocks(r.id, signals[r.id], tau, opts, r.group_size)
+        run_rows.append(_run_row(r, clocks, r.id in family))
+    missing = [r.id for r in runs if r.id not in usable]
+    if missing:
+        warnings.append(f"run(s) {missing} have no finite {metric} values yet: left out")
+    partial = [row["run_id"] for row in run_rows if row["partial"]]
+    if partial:
+        warnings.append(f"run(s) {partial} still in progress: analysed as partial (censored)")
+    above = [row["run_id"] for row in run_rows if row.get("started_above")]
+    if above:
+        warnings.append(
+            f"run(s) {above} started at or above the target {tau:.4g}: no progress clock "
+            "(left out of E(B); give a higher --target)"
+        )
+    warnings += _eval_resolution(signals, run_rows, target, metric)
+    rng = np.random.default_rng(opts.seed)
+    rows_in = [row for row in run_rows if row["analysed"] and row["in_family"]]
+    batches = _per_batch(rows_in, rng, opts)
+    per_batch_prog = {
+        b["batch_samples"]: [
+            r["progress"]["samples"]
+            for r in rows_in
+            if r["batch_samples"] == b["batch_samples"] and not r.get("started_above")
+        ]
+        for b in batches
+    }
+    per_batch_prog = {b: v for b, v in per_batch_prog.items() if v}
+    critical = _critical(per_batch_prog, rows_in, runs, tau, metric, opts, warnings, rng)
+    invariance = _invariance(rows_in, opts)
+    if all(row["progress"]["censored"] for row in rows_in):
+        warnings.append(f"every run is censored: none reached the target {tau:.4g}")
+    data = {
+        "sweep": sweep,
+        "options": opts.to_json(),
+        "metric": metric,
+        "target": target,
+        "units": "samples (one sampled completion); steps, prompts and seconds (cumulated "
+        "time_gen_s + time_reward_s + time_update_s, when logged) given beside",
+        "runs": run_rows,
+        "batches": [{k: v for k, v in b.items() if not k.startswith("_")} for b in batches],
+        "critical_batch": critical,
+        "failure_invariance": invariance,
+        "clipping": _clipping_table([r for r in run_rows if r["analysed"]]),
+        "warnings": warnings,
+    }
+    for row in data["runs"]:
+        row.pop("analysed", None)
+    return AnalysisResult(_clean_json(data))
+
+
+def _pick_metric(store, sweep, ids, wanted) -> str:
+    """The progress metric: the one asked for, else eval_accuracy when logged, else reward_mean."""
+    candidates = [wanted] if wanted else ["eval_accuracy", "reward_mean"]
+    keys = store.metric_keys(ids)
+    for c in candidates:
+        if c in keys:
+            return c
+    shown = wanted or "eval_accuracy or reward_mean"
+    known = ", ".join(keys) if keys else "none: no run has logged anything yet"
+    raise NotFoundError(f"metric {shown!r} not logged by any run of {sweep!r}; metrics: {known}")
+
+
+def _data_warnings(signals, metric, opts, warnings) -> None:
+    nan_runs = [
+        rid for rid, s in signals.items() if s.metric is not None and np.isnan(s.metric.values).any()
+    ]
     if nan_runs:
         warnings.append(f"NaN values of {metric} ignored in run(s) {nan_runs}")
-    for rid in ids:
-        s = curves.get(rid)
+    for rid, sig in signals.items():
+        s = sig.metric
         if s is not None and (np.diff(s.steps) <= 0).any():
             warnings.append(f"run {rid}: duplicate or unsorted steps, last value per step kept")
+    checks = (
+        ("drift", opts.drift_key, opts.drift_threshold is not None, "drift"),
+        ("entropy", opts.entropy_key,
+         opts.entropy_low is not None or opts.entropy_high is not None, "entropy"),
+        ("length", "resp_len_mean", opts.length_max is not None, "length"),
+        ("length", "truncated_frac", opts.truncated_max is not None, "truncated"),
+    )
+    for rule, key, on, attr in checks:
+        if on and not any(getattr(s, attr) is not None for s in signals.values()):
+            warnings.append(f"{rule} rule is on but no run logged {key!r}: it cannot fire")
+
+
+def _target(opts, metric, smoothed, warnings) -> tuple[float, dict]:
     kind, x = parse_target(opts.target)
-    initial = float(np.median([sm[0] for _, sm in usable.values()]))
-    best = float(max(sm.max() for _, sm in usable.values()))
-    rose = max(float(sm.max() - sm[0]) for _, sm in usable.values())
+    initial = float(np.median([sm[0] for sm in smoothed.values()]))
+    best = float(max(sm.max() for sm in smoothed.values()))
+    rose = max(float(sm.max() - sm[0]) for sm in smoothed.values())
     tau = x if kind == "abs" else initial + x * (best - initial)
     if kind == "frac" and (best <= initial or rose <= 0):
         # no run ever improved: a relative target is undefined; put it just above the best
@@ -135,86 +176,68 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
             f"{opts.target} is undefined, every progress clock is censored (the progress metric "
             "must increase; give an absolute --target or another --metric)"
         )
-    extra = {
-        "drift": _load(store, ids, opts.drift_key) if opts.drift_threshold is not None else {},
-        "entropy": _load(store, ids, opts.entropy_key)
-        if opts.entropy_low is not None or opts.entropy_high is not None
-        else {},
-        "length": _load(store, ids, "resp_len_mean") if opts.length_max is not None else {},
-        "truncated": _load(store, ids, "truncated_frac") if opts.truncated_max is not None else {},
-        "nonfinite": _load(store, ids, "nonfinite"),
-    }
-    for rule, key, on in (
-        ("drift", opts.drift_key, opts.drift_threshold is not None),
-        (
-            "entropy",
-            opts.entropy_key,
-            opts.entropy_low is not None or opts.entropy_high is not None,
-        ),
-        ("length", "resp_len_mean", opts.length_max is not None),
-        ("length", "truncated_frac", opts.truncated_max is not None),
-    ):
-        if on and not extra[rule if key != "truncated_frac" else "truncated"]:
-            warnings.append(f"{rule} rule is on but no run logged {key!r}: it cannot fire")
-    grads = {k: _load(store, ids, k) for k in GRAD_KEYS}
-    extra["times"] = [_load(store, ids, k) for k in TIME_KEYS]
-    run_rows = [_analyse_run(r, usable.get(r.id), extra, grads, tau, opts) for r in runs]
-    missing = [r.id for r in runs if r.id not in usable]
-    if missing:
-        warnings.append(f"run(s) {missing} have no finite {metric} values yet: left out")
-    partial = [row["run_id"] for row in run_rows if row["partial"]]
-    if partial:
-        warnings.append(f"run(s) {partial} still in progress: analysed as partial (censored)")
-    rng = np.random.default_rng(opts.seed)
-    batches = _per_batch(run_rows, rng, opts)
-    per_batch_prog = {b["batch_samples"]: b["_prog"] for b in batches}
-    fit = mccandlish(per_batch_prog, rng, opts.bootstrap)
-    fail_pts = [
-        (row["batch_samples"], row["failure"]["samples"])
-        for row in run_rows
-        if row["analysed"] and row["failure"]["samples"] is not None
-    ]
-    invariance = (
-        slope_test([b for b, _ in fail_pts], [f for _, f in fail_pts])
-        if fail_pts
-        else {
-            "slope": None,
-            "low": None,
-            "high": None,
-            "n": 0,
-            "verdict": "no run failed: every failure clock is censored",
-        }
+    return tau, {"spec": opts.target, "value": tau, "initial": initial, "best": best}
+
+
+# keys of a cell config that vary between seeds or with the batch under a scaling rule
+_PER_SEED = {"seed", "sample_budget", "ingest"}  # ingest: provenance, not a setting
+_PER_BATCH = {"prompts_per_batch", "samples_per_batch", "lr", "adam_beta1", "adam_beta2",
+              "adam_epsilon"}
+_SIM_PER_BATCH = {"beta1", "beta2", "adam_eps"}
+
+
+def _setting(run) -> str:
+    """The run's setting apart from seed and batch (trainer overrides, clip, sim table...)."""
+    cfg = dict(run.config or {})
+    out = {k: v for k, v in cfg.items() if k not in _PER_SEED | _PER_BATCH}
+    if isinstance(out.get("sim"), dict):
+        out["sim"] = {k: v for k, v in out["sim"].items() if k not in _SIM_PER_BATCH}
+    out["clip"] = (run.clip_low, run.clip_high)
+    return json.dumps(out, sort_keys=True, default=str)
+
+
+def _families(runs) -> tuple[set[int], str | None]:
+    """Runs of the setting with the most runs (B_crit and the schedule read only those), and a
+    warning naming what the other settings differ in."""
+    groups: dict[str, list] = {}
+    for r in runs:
+        groups.setdefault(_setting(r), []).append(r)
+    if len(groups) == 1:
+        return {r.id for r in runs}, None
+    main = max(groups.values(), key=len)
+    ref = json.loads(_setting(main[0]))
+    diff = set()
+    for key, rs in groups.items():
+        other = json.loads(key)
+        diff |= {k for k in set(ref) | set(other) if ref.get(k) != other.get(k)}
+    left = sorted(r.id for rs in groups.values() if rs is not main for r in rs)
+    return {r.id for r in main}, (
+        f"the sweep mixes {len(groups)} settings (differing in {', '.join(sorted(diff))}): "
+        f"per-batch clocks, B_crit and the schedule use the {len(main)} run(s) of the largest "
+        f"one; run(s) {left} are analysed per run and in the clipping table only"
     )
-    n_cens_fail = sum(1 for row in run_rows if row["analysed"] and row["failure"]["censored"])
-    if fail_pts and n_cens_fail:
-        invariance["note"] = f"{n_cens_fail} censored run(s) left out of the slope"
-    if all(row["progress"]["censored"] for row in run_rows if row["analysed"]):
-        warnings.append(f"every run is censored: none reached the target {tau:.4g}")
-    data = {
-        "sweep": sweep,
-        "options": opts.to_json(),
-        "metric": metric,
-        "target": {"spec": opts.target, "value": tau, "initial": initial, "best": best},
-        "units": "samples (one sampled completion); steps, prompts and seconds (cumulated "
-        "time_gen_s + time_reward_s + time_update_s, when logged) given beside",
-        "runs": run_rows,
-        "batches": [{k: v for k, v in b.items() if not k.startswith("_")} for b in batches],
-        "critical_batch": {
-            "mccandlish": fit,
-            "noise_scale": _noise_summary(run_rows),
-            "theory": _theory(runs, tau, metric, opts, warnings),
-        },
-        "failure_invariance": invariance,
-        "clipping": _clipping_table(run_rows),
-        "warnings": warnings,
-    }
-    for row in data["runs"]:
-        row.pop("analysed", None)
-    return AnalysisResult(_clean_json(data))
 
 
-def _analyse_run(run, prepared, extra, grads, tau, opts) -> dict:
-    """Both clocks of one run: crossing or censoring, each collapse rule, the earliest."""
+def _refuse_mixed_settings(runs) -> None:
+    """Within one setting, a batch must have one lr: otherwise the sweep was re-run with another
+    reference lr (or rule), and pooling those runs as seeds would be wrong."""
+    lrs: dict[float, set] = {}
+    for r in runs:
+        if r.batch_samples is not None and r.lr is not None and not (r.config or {}).get("phases"):
+            lrs.setdefault(r.batch_samples, set()).add(float(f"{r.lr:.6g}"))
+    mixed = {b: sorted(v) for b, v in lrs.items() if len(v) > 1}
+    if mixed:
+        shown = "; ".join(f"B={b:g}: lr {', '.join(f'{x:.4g}' for x in v)}"
+                          for b, v in sorted(mixed.items()))
+        raise AnalysisError(
+            f"runs at the same batch size have different learning rates ({shown}): the sweep "
+            "mixes settings (re-run under the same name with another reference_lr or rule?); "
+            "they cannot be pooled as seeds; give each setting its own sweep name"
+        )
+
+
+def _run_row(run, clocks: RunClocks | None, in_family: bool) -> dict:
+    """The run's identity and status beside its clocks (the --json per-run document)."""
     from twoclocks_cli.store.models import RunStatus
 
     finished = (
@@ -232,99 +255,56 @@ def _analyse_run(run, prepared, extra, grads, tau, opts) -> dict:
         "seed": run.seed,
         "status": run.status,
         "partial": not finished,
-        "analysed": prepared is not None,
+        "analysed": clocks is not None,
+        "in_family": in_family,
     }
-    if prepared is None:
+    if clocks is None:
         row.update(
             points=0,
             last_samples=None,
-            progress={"samples": None, "censored": True, "censored_at": None},
-            failure={
-                "samples": None,
-                "rule": None,
-                "censored": True,
-                "censored_at": None,
-                "rules": {},
-            },
+            progress=Clock(None, True, reason="no finite values").__dict__,
+            failure=Clock(None, True, reason="no finite values").__dict__,
             noise_scale=None,
+            sign_noise_scale=None,
+            started_above=False,
         )
         return row
-    curve, sm = prepared
-    last = float(curve.samples[-1])
-    n_prog = first_crossing(curve.samples, sm, tau)
-    fired = {}
-    series = extra["nonfinite"].get(run.id)
-    fired["nonfinite"] = collapse.nonfinite_rule(series.samples, series.values) if series else None
-    if opts.drop:
-        fired["drop"] = collapse.drop_rule(
-            curve.samples, sm, float(sm[0]), opts.drop_rho, opts.drop_delta, opts.drop_k
-        )
-    if opts.drift_threshold is not None:
-        s = extra["drift"].get(run.id)
-        fired["drift"] = (
-            collapse.above_rule(s.samples, s.values, opts.drift_threshold) if s else None
-        )
-    if opts.entropy_low is not None or opts.entropy_high is not None:
-        s = extra["entropy"].get(run.id)
-        fired["entropy"] = (
-            collapse.band_rule(s.samples, s.values, opts.entropy_low, opts.entropy_high)
-            if s
-            else None
-        )
-    if opts.length_max is not None or opts.truncated_max is not None:
-        hits = []
-        for key, bound in (("length", opts.length_max), ("truncated", opts.truncated_max)):
-            s = extra[key].get(run.id)
-            if bound is not None and s:
-                hits.append(collapse.above_rule(s.samples, s.values, bound))
-        fired["length"] = min([h for h in hits if h is not None], default=None)
-    n_fail, rule = collapse.earliest(fired)
-    if n_prog is not None and n_fail is not None and n_fail < n_prog:
-        n_prog = None  # collapsed before reaching the target: progress is censored at collapse
-    g = [grads[k].get(run.id) for k in GRAD_KEYS]
-    b_simple = None
-    if all(s is not None for s in g) and len({s.values.size for s in g}) == 1:
-        series_b = noise_scale(*(s.values for s in g), ema_alpha=opts.noise_ema)
-        at = n_prog if n_prog is not None else last
-        idx = int(np.searchsorted(g[0].samples, at, side="left"))
-        idx = min(idx, series_b.size - 1)
-        b_simple = float(series_b[idx]) if np.isfinite(series_b[idx]) else None
-    group = run.group_size or 1
-    times = [t[run.id] for t in extra["times"] if run.id in t]
-    row.update(
-        points=int(curve.values.size),
-        last_samples=last,
-        progress={
-            "samples": n_prog,
-            "steps": _interp_steps(curve, n_prog),
-            "prompts": n_prog / group if n_prog is not None else None,
-            "seconds": _seconds_at(times, n_prog),
-            "censored": n_prog is None,
-            "censored_at": last if n_prog is None else None,
-        },
-        failure={
-            "samples": n_fail,
-            "steps": _interp_steps(curve, n_fail),
-            "prompts": n_fail / group if n_fail is not None else None,
-            "seconds": _seconds_at(times, n_fail),
-            "rule": rule,
-            "censored": n_fail is None,
-            "censored_at": last if n_fail is None else None,
-            "rules": fired,
-        },
-        noise_scale=b_simple,
-    )
+    data = clocks.to_json()
+    data.pop("run_id")
+    row.update(data)
     return row
 
 
 def _per_batch(run_rows, rng, opts) -> list[dict]:
     out = []
     for b in sorted({r["batch_samples"] for r in run_rows if r["batch_samples"] is not None}):
-        rows = [r for r in run_rows if r["batch_samples"] == b and r["analysed"]]
+        rows = [r for r in run_rows if r["batch_samples"] == b]
         if not rows:
             continue
-        prog = [r["progress"]["samples"] for r in rows]
+        prog_rows = [r for r in rows if not r.get("started_above")]
+        prog = [r["progress"]["samples"] for r in prog_rows]
         fail = [r["failure"]["samples"] for r in rows]
+        progress = aggregate(
+            prog,
+            [r["progress"]["censored_at"] for r in prog_rows if r["progress"]["censored"]],
+            rng,
+            opts.bootstrap,
+        ).to_json()
+        if len(prog_rows) < len(rows):
+            progress["note"] += f", {len(rows) - len(prog_rows)} started above the target"
+        collapsed = sum(1 for r in prog_rows if "collapsed" in (r["progress"]["reason"] or ""))
+        if collapsed:
+            progress["note"] += f", {collapsed} collapsed before the target"
+        failure = aggregate(
+            fail,
+            [r["failure"]["censored_at"] for r in rows if r["failure"]["censored"]],
+            rng,
+            opts.bootstrap,
+        ).to_json()
+        failure["n_failed"] = sum(1 for f in fail if f is not None)
+        early = sum(1 for r in rows if r["failure"].get("at_eval_resolution"))
+        if early:
+            failure["note"] += f", {early} at eval resolution (first or second logged point)"
         out.append(
             {
                 "batch_samples": b,
@@ -332,39 +312,128 @@ def _per_batch(run_rows, rng, opts) -> list[dict]:
                 "lr": sorted({r["lr"] for r in rows if r["lr"] is not None}),
                 "n_runs": len(rows),
                 "partial": any(r["partial"] for r in rows),
-                "progress": aggregate(
-                    prog,
-                    [r["progress"]["censored_at"] for r in rows if r["progress"]["censored"]],
-                    rng,
-                    opts.bootstrap,
-                ).to_json(),
-                "failure": aggregate(
-                    fail,
-                    [r["failure"]["censored_at"] for r in rows if r["failure"]["censored"]],
-                    rng,
-                    opts.bootstrap,
-                ).to_json(),
-                "_prog": prog,
+                "progress": progress,
+                "failure": failure,
             }
         )
     return out
 
 
-def _noise_summary(run_rows) -> dict:
-    vals = [r["noise_scale"] for r in run_rows if r.get("noise_scale") is not None]
+def _critical(per_batch_prog, rows, runs, tau, metric, opts, warnings, rng) -> dict:
+    """Every B_crit estimate side by side, the recommended one and where they disagree."""
+    ests = {
+        "empirical": critical.empirical(per_batch_prog, rng, opts.bootstrap),
+        "power": critical.power(per_batch_prog, rng, opts.bootstrap),
+        "mccandlish": critical.linear(per_batch_prog, rng, opts.bootstrap),
+    }
+    ests["mccandlish"].source = "mccandlish"
+    noise = _noise_summary(rows, "noise_scale", "B_simple = tr(S)/|G|^2 (counts the noise of "
+                           "every direction, also those that do not matter for progress)")
+    sign = _noise_summary(rows, "sign_noise_scale", "B_sign, the noise scale of sign descent "
+                          "(Adam's steps are sign-like past the noise scale)")
+    theory = _theory(runs, tau, metric, opts, warnings)
+    choice = dict(ests)
+    for name, summary in (("noise_scale", noise), ("sign_noise_scale", sign)):
+        if summary.get("value") is not None:
+            choice[name] = critical.Estimate(name, summary["value"], summary.get("low"),
+                                             summary.get("high"), note=summary["note"])
+    if theory and theory.get("b_crit"):
+        choice["theory"] = critical.Estimate("theory", theory["b_crit"], note="theory model")
+    rec, why = critical.recommend(choice)
+    disagree = critical.disagreement(choice, rec)
+    if disagree:
+        why += "; estimates disagree by more than 2x, the measured clocks are followed: " + (
+            "; ".join(disagree)
+        )
+    out = {name: e.to_json() for name, e in ests.items()}
+    out["noise_scale"] = {**noise, "b_simple": noise.get("value")}
+    out["sign_noise_scale"] = sign
+    out["theory"] = theory
+    out["recommended"] = (
+        {"b_crit": None, "low": None, "high": None, "bound": None, "source": None,
+         "placement": None, "why": why}
+        if rec is None
+        else {"b_crit": rec.b_crit, "low": rec.low, "high": rec.high, "bound": rec.bound,
+              "source": rec.source, "placement": rec.placement, "e_min": rec.e_min,
+              "seeds": rec.seeds, "why": why}
+    )
+    out["disagreements"] = disagree
+    return out
+
+
+def _noise_summary(rows, key: str, what: str) -> dict:
+    vals = [r[key] for r in rows if r.get(key) is not None]
     if not vals:
-        return {
-            "b_simple": None,
-            "n_runs": 0,
-            "note": "no gradient-noise terms logged (grad_sq_micro/full, sizes)",
-        }
+        return {"value": None, "n_runs": 0, "note": f"{what}: not available (no run logged its "
+                "gradient terms, or none could be formed)"}
+    crossed = sum(1 for r in rows if r.get(key) is not None and not r["progress"]["censored"]
+                  and r["progress"]["samples"] is not None)
+    where = (
+        "at each run's progress crossing"
+        if crossed == len(vals)
+        else "at each run's last point (no run crossed)"
+        if crossed == 0
+        else f"at the progress crossing ({crossed} runs) or the last point ({len(vals) - crossed})"
+    )
     return {
-        "b_simple": float(np.median(vals)),
+        "value": float(np.median(vals)),
         "low": float(np.min(vals)),
         "high": float(np.max(vals)),
         "n_runs": len(vals),
-        "note": "median over runs of B_simple at each run's progress crossing (range: min-max)",
+        "note": f"{what}; median over {len(vals)} runs {where}, range "
+        f"{np.min(vals):.4g}-{np.max(vals):.4g}",
     }
+
+
+def _invariance(rows, opts) -> dict:
+    """Slope of log N_fail on log B with an equivalence margin (not "0 inside the interval")."""
+    fail_pts = [
+        (r["batch_samples"], r["failure"]["samples"])
+        for r in rows
+        if r["failure"]["samples"] is not None and r["batch_samples"]
+        and not r["failure"].get("at_eval_resolution")
+    ]
+    early = sum(1 for r in rows if r["failure"].get("at_eval_resolution"))
+    if not fail_pts:
+        out = {"slope": None, "low": None, "high": None, "n": 0,
+               "verdict": "no run failed: every failure clock is censored"
+               if not early else "inconclusive: every failure is at eval resolution"}
+    else:
+        out = slope_test([b for b, _ in fail_pts], [f for _, f in fail_pts], opts.invariance_margin)
+    notes = []
+    cens = sum(1 for r in rows if r["failure"]["censored"])
+    if fail_pts and cens:
+        notes.append(f"{cens} censored run(s) left out of the slope")
+    if early:
+        notes.append(f"{early} failure(s) at eval resolution left out")
+    if notes:
+        out["note"] = "; ".join(notes)
+    out["margin"] = opts.invariance_margin
+    return out
+
+
+def _eval_resolution(signals, rows, target, metric) -> list[str]:
+    """Warn when the eval set is too small to resolve the target gap (binomial SE)."""
+    if metric != "eval_accuracy":
+        return []
+    sizes = []
+    for s in signals.values():
+        n = getattr(s, "eval_n", None)
+        if n is not None:
+            sizes.append(n)
+    if not sizes:
+        return []
+    n = min(sizes)
+    p = min(max(target["value"], 0.0), 1.0)
+    se = math.sqrt(max(p * (1 - p), 1e-12) / n)
+    gap = target["value"] - target["initial"]
+    if gap < 3 * se:
+        return [
+            f"eval set of {n:g} problems: standard error {se:.3g} per eval against a target gap "
+            f"of {gap:.3g} (target {target['value']:.4g} - initial {target['initial']:.4g}); "
+            "crossings are at the eval noise level: use a larger eval set"
+        ]
+    return []
 
 
 def _theory(runs, tau, metric, opts, warnings) -> dict | None:

@@ -63,3 +63,24 @@ def first_crossing(samples: np.ndarray, smoothed: np.ndarray, target: float) -> 
     x0, x1 = samples[i - 1], samples[i]
     frac = (target - y0) / (y1 - y0) if y1 != y0 else 1.0
     return float(x0 + frac * (x1 - x0))
+
+
+def smooth_span(samples: np.ndarray, values: np.ndarray, span: float) -> np.ndarray:
+    """Centred moving average over the points within +-span/2 samples of each point.
+
+    A window in logged points spans more samples at larger batches; a span in samples smooths
+    every batch size over the same stretch of training.
+    """
+    samples = np.asarray(samples, float)
+    values = np.asarray(values, float)
+    csum = np.concatenate([[0.0], np.cumsum(values)])
+    lo = np.searchsorted(samples, samples - span / 2, side="left")
+    hi = np.searchsorted(samples, samples + span / 2, side="right")
+    return (csum[hi] - csum[lo]) / np.maximum(hi - lo, 1)
+
+
+def smooth_curve(curve: Curve, opts) -> np.ndarray:
+    """The curve smoothed as `opts` (AnalysisOptions) says: a span in samples when given."""
+    if getattr(opts, "span_samples", None):
+        return smooth_span(curve.samples, curve.values, opts.span_samples)
+    return smooth(curve.values, opts.smoothing, opts.window, opts.ema_alpha)

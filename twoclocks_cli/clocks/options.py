@@ -17,6 +17,7 @@ class AnalysisOptions:
     target: str = "frac:0.5"  # a value, or frac:X of the way from initial to the sweep's best
     smoothing: str = "ma"  # ma (centred moving average), ema, none
     window: int = 5  # moving-average window in logged points
+    span_samples: float | None = None  # moving average over this many samples instead (None: off)
     ema_alpha: float = 0.3  # EMA weight of the newest point
     drop: bool = True  # the drop collapse rule
     drop_rho: float = 0.3  # drop: fraction of the gain made so far that may be lost
@@ -33,6 +34,7 @@ class AnalysisOptions:
     bootstrap: int = 1000  # bootstrap replicates for every interval
     seed: int = 0  # bootstrap RNG seed (results are reproducible)
     theory: bool = True  # compute the theory B_crit for sim sweeps (a short simulation)
+    invariance_margin: float = 0.25  # slope equivalence margin: |slope - 0| or |slope - 1| within
 
     def __post_init__(self):
         if self.smoothing not in SMOOTHING:
@@ -41,6 +43,10 @@ class AnalysisOptions:
             raise ConfigError(f"--window {self.window}: must be >= 1")
         if not 0 < self.ema_alpha <= 1:
             raise ConfigError(f"--ema-alpha {self.ema_alpha}: must be in (0, 1]")
+        if self.span_samples is not None and not (0 < self.span_samples < float("inf")):
+            raise ConfigError(f"--span-samples {self.span_samples}: must be a positive number")
+        if not 0 < self.invariance_margin < 0.5:
+            raise ConfigError(f"--invariance-margin {self.invariance_margin}: must be in (0, 0.5)")
         if self.drop_k < 1:
             raise ConfigError(f"--drop-k {self.drop_k}: must be >= 1")
         if self.bootstrap < 1:

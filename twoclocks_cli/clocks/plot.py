@@ -80,11 +80,28 @@ def plot_analysis(store, result: dict, path: str) -> None:
             yerr = np.clip([np.subtract(y, lo), np.subtract(hi, y)], 0, None)
             ax2.errorbar(x, y, yerr=yerr, fmt=marker, capsize=3, label=label)
         _plot_censored(ax2, result["batches"], key, marker[0], f"{label}: censored (>=)")
-    fit = result["critical_batch"]["mccandlish"]
-    if fit["b_crit"] is not None and bs:
+    crit = result["critical_batch"]
+    lin, pw = crit.get("mccandlish") or {}, crit.get("power") or {}
+    if bs and lin.get("b_crit") and lin.get("e_min") is not None and not lin.get("bound"):
         grid = np.geomspace(min(bs), max(bs), 50)
-        ax2.plot(grid, fit["e_min"] + fit["s_min"] * grid, "k--", lw=1, label="fit E_min + S_min B")
-        ax2.axvline(fit["b_crit"], color="r", lw=1, label=f"B_crit = {fit['b_crit']:.3g}")
+        s_min = lin["e_min"] / lin["b_crit"]
+        ax2.plot(grid, lin["e_min"] + s_min * grid, "k--", lw=1, label="linear fit E_min + S_min B")
+    if bs and pw.get("b_crit") and pw.get("exponent") and pw.get("e_min"):
+        grid = np.geomspace(min(bs), max(bs), 50)
+        # E0 (1 + (B/B_k)^a) with E(1) = e_min and E(b_crit) = 2 e_min (the estimate's own terms)
+        a = pw["exponent"]
+        bk = _power_bk(pw["b_crit"], a)
+        e0 = pw["e_min"] / (1 + (1 / bk) ** a)
+        ax2.plot(grid, e0 * (1 + (grid / bk) ** a), "c-.", lw=1,
+                 label=f"power fit (a = {a:.2f})")
+    rec = crit.get("recommended") or {}
+    if rec.get("b_crit"):
+        bound = {"lower": ">= ", "upper": "<= "}.get(rec.get("bound") or "", "")
+        ax2.axvline(rec["b_crit"], color="r", lw=1,
+                    label=f"B_crit {bound}{rec['b_crit']:.3g} ({rec.get('source')})")
+        if rec.get("low") is not None and not rec.get("bound"):
+            ax2.axvspan(rec["low"], rec.get("high") or max(bs or [rec["b_crit"]]), color="r",
+                        alpha=0.08)
     theory = result["critical_batch"].get("theory") or {}
     if theory.get("b_crit"):
         ax2.axvline(
@@ -127,3 +144,17 @@ def _plot_censored(ax, batches: list[dict], key: str, marker: str, label: str) -
     for xi, yi in points:
         ax.annotate("", xy=(xi, yi * 1.35), xytext=(xi, yi),
                     arrowprops={"arrowstyle": "->", "color": "grey"})
+
+
+def _power_bk(b_crit: float, a: float) -> float:
+    """B_k of E0 (1 + (B/B_k)^a) whose value doubles from B = 1 to b_crit (solved numerically)."""
+    from scipy.optimize import brentq
+
+    def gap(log_bk):
+        bk = np.exp(log_bk)
+        return (1 + (b_crit / bk) ** a) - 2 * (1 + (1 / bk) ** a)
+
+    try:
+        return float(np.exp(brentq(gap, -20, np.log(b_crit) + 20)))
+    except ValueError:
+        return b_crit

@@ -1,36 +1,79 @@
-"""The schedule rule of the two-clocks note: small batch first, switch before the failure clock.
+"""The schedule rule, evidence first: small batch first, switch before the failure clock.
 
-B_small = the largest grid batch not above the B_crit estimate; N_switch = s * (lower bound of
-N_fail(B_small)); B_large = the grid batch with the latest failure clock among the batches
-larger than B_small whose progress clock is uncensored and whose failure clock is later than
-B_small's (the note's "switch to a larger batch"; when there is none, one phase that stops at
-N_switch). Output: a phase list the trainer runs as-is, with its rationale.
+- B_small: the largest grid batch whose progress clock is uncensored and not above the
+  recommended B_crit. A lower bound ("E(B) does not grow with B up to B_max") means the largest
+  batch that reached the target was the most sample-efficient: it is B_small. A censored batch
+  is never picked.
+- N_switch = s x the lower confidence bound of N_fail(B_small), which needs >= 2 seeds that
+  failed; with one failed seed the switch rests on that seed and the stricter s^2 applies.
+- B_large: the larger batch with uncensored progress whose failure clock is latest, and later
+  than B_small's; none: one phase (stop before N_switch when B_small fails).
+Every predicted number is a number or "unknown" with the reason.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass, field
 
 from twoclocks_cli.errors import AnalysisError
 
 
-def _pick_b_crit(analysis: dict) -> tuple[float, str]:
-    crit = analysis["critical_batch"]
-    for name in ("mccandlish", "theory", "noise_scale"):
-        est = crit.get(name) or {}
-        value = est.get("b_crit") if name != "noise_scale" else est.get("b_simple")
-        if value is not None and math.isfinite(value):
-            return float(value), name
-    raise AnalysisError(
-        f"sweep {analysis['sweep']!r}: no critical batch estimate ("
-        + (crit["mccandlish"].get("note") or "fit failed")
-        + "): cannot schedule"
-    )
+@dataclass
+class Predicted:
+    """A predicted clock: a number, or None with the reason it is unknown."""
+
+    samples: float | None
+    why: str
+
+    def text(self) -> str:
+        return f"{self.samples:,.0f} samples ({self.why})" if self.samples is not None else (
+            f"unknown: {self.why}"
+        )
+
+
+@dataclass
+class Schedule:
+    """The recommended phases and how they follow from the analysis."""
+
+    sweep: str
+    b_crit: float | None
+    b_crit_text: str
+    b_crit_source: str | None
+    b_small: float
+    b_large: float
+    n_switch: float | None
+    stop_before_samples: float | None
+    safety: float
+    budget: float
+    phases: list[dict]
+    predicted: dict
+    rationale: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _rec_text(rec: dict) -> str:
+    b = rec.get("b_crit")
+    if b is None:
+        return "unknown"
+    if rec.get("bound") == "lower":
+        return f">= {b:.4g}"
+    if rec.get("bound") == "upper":
+        return f"<= {b:.4g}"
+    lo, hi = rec.get("low"), rec.get("high")
+    if lo is not None:
+        return f"{b:.4g} [{lo:.4g}, {'open' if hi is None else f'{hi:.4g}'}]"
+    return f"{b:.4g}"
 
 
 def _setting(analysis: dict, batch: float) -> dict:
-    """lr, prompts and clip of the runs at `batch` (the first run's when they differ)."""
-    rows = [r for r in analysis["runs"] if r["batch_samples"] == batch]
+    """lr, prompts and clip of the analysed runs at `batch`."""
+    rows = [
+        r for r in analysis["runs"]
+        if r["batch_samples"] == batch and r.get("in_family", True)
+    ]
     r = rows[0]
     return {
         "prompts_per_batch": r["batch_prompts"],
@@ -41,115 +84,190 @@ def _setting(analysis: dict, batch: float) -> dict:
     }
 
 
+def _pick_small(rec: dict, reached: list[float]) -> tuple[float, str]:
+    """B_small from the recommended estimate among the batches that reached the target."""
+    b, bound = rec.get("b_crit"), rec.get("bound")
+    if b is None:
+        return min(reached), "no B_crit estimate: the smallest batch that reached the target"
+    if bound == "lower":
+        pick = max(reached)
+        return pick, (
+            f"B_crit {_rec_text(rec)}: E(B) does not double up to the largest batch, so the "
+            "largest batch that reached the target is the most sample-efficient choice"
+        )
+    below = [x for x in reached if x <= b]
+    if below:
+        return max(below), (
+            f"the largest batch that reached the target and is not above B_crit {_rec_text(rec)}"
+        )
+    return min(reached), (
+        f"no batch that reached the target is at or below B_crit {_rec_text(rec)}: the "
+        "smallest that did"
+    )
+
+
 def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0.8) -> dict:
-    """The recommended phases of an analysed sweep (dict: phases, predicted clocks, rationale)."""
+    """The recommended phases of an analysed sweep (its JSON document; see `Schedule`)."""
     if not 0 < safety <= 1:
         raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
     batches = [b for b in analysis["batches"] if b["n_runs"] > 0]
     if not batches:
         raise AnalysisError(f"sweep {analysis['sweep']!r}: no analysed batch sizes")
-    b_crit, source = _pick_b_crit(analysis)
-    grid = sorted(b["batch_samples"] for b in batches)
     by = {b["batch_samples"]: b for b in batches}
-    below = [b for b in grid if b <= b_crit]
-    b_small = max(below) if below else grid[0]
+    grid = sorted(by)
+    if len(grid) < 2:
+        raise AnalysisError(
+            f"sweep {analysis['sweep']!r}: one batch size (B={grid[0]:g}): no fit possible, "
+            "E(B) cannot be compared across batches: cannot schedule"
+        )
+    reached = [b for b in grid if by[b]["progress"]["median"] is not None]
+    if not reached:
+        raise AnalysisError(
+            f"sweep {analysis['sweep']!r}: no batch size reached the target (every progress "
+            "clock is censored): nothing to schedule; `twoclocks suggest` proposes the cells "
+            "that would answer (a longer budget or other batches)"
+        )
+    crit = analysis["critical_batch"]
+    rec = crit.get("recommended") or {}
+    b_small, why_small = _pick_small(rec, reached)
     if budget is None:
         budget = max((r.get("last_samples") or 0) for r in analysis["runs"])
-    ok = [b for b in grid if by[b]["progress"]["median"] is not None]
+    rationale = [
+        f"B_crit {_rec_text(rec)} samples ({rec.get('source') or 'none'}: {rec.get('why', '')})",
+        f"grid = {[f'{b:g}' for b in grid]}; reached the target: {[f'{b:g}' for b in reached]}",
+        f"B_small = {b_small:g}: {why_small}",
+    ]
+    for line in crit.get("disagreements") or []:
+        rationale.append(f"disagreement: {line}")
+    fail_small = by[b_small]["failure"]
+    lower, one_seed = _failure_lower_bound(fail_small)
+    s = safety * safety if one_seed else safety
+    n_switch = s * lower if lower is not None else None
 
     def fail_key(b):
         f = by[b]["failure"]
         return math.inf if f["median"] is None else f["median"]
 
-    # a larger batch that reached the target and fails later than B_small (else: no switch)
-    later = [b for b in ok if b > b_small and fail_key(b) > fail_key(b_small)]
+    later = [b for b in reached if b > b_small and fail_key(b) > fail_key(b_small)]
     b_large = max(later, key=lambda b: (fail_key(b), b)) if later else b_small
-    fail_small = by[b_small]["failure"]
-    lower = fail_small["low"] if fail_small["low"] is not None else fail_small["median"]
-    rationale = [
-        f"B_crit = {b_crit:.4g} samples ({source} estimate); grid = {grid}",
-        f"B_small = {b_small:g}: the largest grid batch not above B_crit"
-        + ("" if below else " (none was: the smallest batch)"),
-    ]
-    phases = []
     small = _setting(analysis, b_small)
-    if lower is None:
-        rationale.append(f"no run at B={b_small:g} failed within the budget: one phase, no switch")
-        phases.append({"until_samples": budget, **_phase_keys(small)})
-        n_switch = None
-    elif b_large == b_small:
+    phases = []
+    if n_switch is None:
         rationale.append(
-            f"no larger batch that reached the target fails later than B={b_small:g}: "
-            "switching would not delay failure; one phase, stop (or keep the checkpoint) before "
-            f"{safety:g} x {lower:.4g} = {safety * lower:.4g} samples"
+            f"no run at B={b_small:g} failed within the budget: one phase, no switch needed"
         )
-        n_switch = safety * lower
         phases.append({"until_samples": budget, **_phase_keys(small)})
     else:
-        n_switch = safety * lower
-        rationale.append(
-            f"N_switch = {safety:g} x {lower:.4g} (lower bound of N_fail at B={b_small:g}) = "
-            f"{n_switch:.4g} samples"
+        basis = (
+            f"the one failed seed's clock {lower:,.0f} (the switch point rests on one seed: "
+            f"stricter safety {safety:g}^2 = {s:.3g})"
+            if one_seed
+            else f"the {int(100 * 0.9)}% lower bound {lower:,.0f} of N_fail at B={b_small:g} "
+            f"({fail_small.get('n_failed', '?')} seeds failed)"
         )
-        rationale.append(
-            f"B_large = {b_large:g}: latest failure clock ("
-            + (
-                "censored"
-                if by[b_large]["failure"]["median"] is None
-                else f"{by[b_large]['failure']['median']:.4g}"
+        if b_large == b_small:
+            rationale.append(
+                f"no larger batch that reached the target fails later than B={b_small:g}: one "
+                f"phase; stop (or keep the checkpoint) before {s:.3g} x {basis} = "
+                f"{n_switch:,.0f} samples"
             )
-            + " samples) among larger batches that reached the target"
-        )
-        phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
-        phases.append({"until_samples": budget, **_phase_keys(_setting(analysis, b_large))})
-    prog = by[b_small]["progress"]["median"]
-    pred_fail = _predicted_failure(by, b_small, b_large, n_switch)
-    return {
-        "sweep": analysis["sweep"],
-        "b_crit": b_crit,
-        "b_crit_source": source,
-        "b_small": b_small,
-        "b_large": b_large,
-        "n_switch": n_switch if len(phases) > 1 else None,
-        "stop_before_samples": n_switch if len(phases) == 1 else None,
-        "safety": safety,
-        "budget": budget,
-        "phases": phases,
-        "predicted": {"progress_samples": prog, "failure_samples": pred_fail},
-        "rationale": rationale,
-    }
+            phases.append({"until_samples": budget, **_phase_keys(small)})
+        else:
+            rationale.append(f"N_switch = {s:.3g} x {basis} = {n_switch:,.0f} samples")
+            fl = by[b_large]["failure"]["median"]
+            rationale.append(
+                f"B_large = {b_large:g}: the latest failure clock ("
+                + ("censored: no seed failed" if fl is None else f"{fl:,.0f} samples")
+                + ") among the larger batches that reached the target"
+            )
+            phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
+            phases.append({"until_samples": budget, **_phase_keys(_setting(analysis, b_large))})
+    prog = _predicted_progress(by, b_small, n_switch if len(phases) > 1 else None)
+    fail = _predicted_failure(by, b_small, b_large, n_switch, len(phases) > 1)
+    return Schedule(
+        sweep=analysis["sweep"],
+        b_crit=rec.get("b_crit"),
+        b_crit_text=_rec_text(rec),
+        b_crit_source=rec.get("source"),
+        b_small=b_small,
+        b_large=b_large,
+        n_switch=n_switch if len(phases) > 1 else None,
+        stop_before_samples=n_switch if len(phases) == 1 else None,
+        safety=s,
+        budget=budget,
+        phases=phases,
+        predicted={
+            "progress_samples": prog.samples,
+            "progress_why": prog.why,
+            "failure_samples": fail.samples,
+            "failure_why": fail.why,
+        },
+        rationale=rationale,
+    ).to_json()
+
+
+def _failure_lower_bound(fail: dict) -> tuple[float | None, bool]:
+    """(lower bound of N_fail, rests on one seed). None when no seed failed."""
+    n_failed = fail.get("n_failed")
+    if n_failed is None:  # an analysis stored before n_failed existed
+        n_failed = fail["n"] - fail.get("n_censored", 0)
+    if n_failed <= 0:
+        return None, False
+    if n_failed == 1 or fail.get("low") is None:
+        # one failed seed: its own clock (the median when it is the only seed; else the lower
+        # bound of the censored-aware median interval, which then is that seed)
+        value = fail["low"] if fail.get("low") is not None else fail.get("median")
+        if value is None:
+            value = fail.get("lower_bound")
+        return value, True
+    return fail["low"], False
 
 
 def _phase_keys(setting: dict) -> dict:
     return {k: setting[k] for k in ("prompts_per_batch", "lr", "clip_eps_low", "clip_eps_high")}
 
 
-def _predicted_failure(by, b_small, b_large, n_switch):
-    """Drift budget left at the switch, spent at the large batch's rate (None: beyond data)."""
+def _predicted_progress(by, b_small, n_switch) -> Predicted:
+    med = by[b_small]["progress"]["median"]
+    if med is None:
+        return Predicted(None, f"B={b_small:g} never reached the target (censored)")
+    if n_switch is not None and med > n_switch:
+        return Predicted(
+            None,
+            f"B={b_small:g} reaches the target at {med:,.0f} samples, after the switch at "
+            f"{n_switch:,.0f}: the large phase's progress rate decides, not measured",
+        )
+    return Predicted(med, f"the median progress clock of B={b_small:g}, reached in phase 0")
+
+
+def _predicted_failure(by, b_small, b_large, n_switch, switched) -> Predicted:
+    """Drift budget left at the switch, spent at the large batch's rate."""
     fs = by[b_small]["failure"]["median"]
     fl = by[b_large]["failure"]["median"]
-    if n_switch is None or fs is None:
-        return None
-    if b_large == b_small:
-        return fs
+    if n_switch is None:
+        return Predicted(None, f"no run at B={b_small:g} failed within the budget")
+    if fs is None:
+        return Predicted(None, f"the median run at B={b_small:g} did not fail (censored)")
+    if not switched:
+        return Predicted(fs, f"the median failure clock of B={b_small:g} (no switch)")
     if fl is None:
-        return None
-    return n_switch + (1 - n_switch / fs) * fl
+        return Predicted(None, f"B={b_large:g} did not fail within the budget: later than the "
+                         "data reach")
+    return Predicted(
+        n_switch + (1 - n_switch / fs) * fl,
+        f"N_switch + the drift budget left at the switch spent at B={b_large:g}'s rate",
+    )
 
 
 def to_toml(schedule: dict) -> str:
     """The phase list as TOML ([[phases]] tables), with the rationale as comments."""
-    lines = [f"# twoclocks schedule for sweep {schedule['sweep']!r}"]
-    lines += [f"# {r}" for r in schedule["rationale"]]
+    from twoclocks_cli.tomlwrite import dumps
+
+    header = [f"twoclocks schedule for sweep {schedule['sweep']!r}"] + list(schedule["rationale"])
+    phases = []
     for ph in schedule["phases"]:
-        lines.append("")
-        lines.append("[[phases]]")
-        for key, value in ph.items():
-            if value is None:
-                continue
-            if isinstance(value, float) and key in ("until_samples",):
-                value = int(round(value))
-            lines.append(
-                f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"'
-            )
-    return "\n".join(lines) + "\n"
+        ph = {k: v for k, v in ph.items() if v is not None}
+        if isinstance(ph.get("until_samples"), float):
+            ph["until_samples"] = int(round(ph["until_samples"]))
+        phases.append(ph)
+    return dumps({"phases": phases}, header=header)

@@ -170,8 +170,9 @@ def ema(x: np.ndarray, alpha: float) -> np.ndarray:
     return y
 
 
-def slope_test(batches: list[float], clocks: list[float]) -> dict:
-    """OLS slope of log N_fail on log B, t interval; verdict vs 0 (per sample), 1 (per step)."""
+def slope_test(batches: list[float], clocks: list[float], margin: float = 0.25) -> dict:
+    """OLS slope of log N_fail on log B, t interval; equivalence verdict against 0 (invariant
+    per sample) and 1 (invariant per step): the whole interval within +-margin of one of them."""
     from scipy import stats
 
     x = np.log(np.asarray(batches, float))
@@ -196,18 +197,18 @@ def slope_test(batches: list[float], clocks: list[float]) -> dict:
         "low": _fin(lo),
         "high": _fin(hi),
         "n": int(x.size),
-        "verdict": _verdict(lo, hi),
+        "verdict": _verdict(lo, hi, margin),
     }
 
 
-def _verdict(lo, hi) -> str:
+def _verdict(lo, hi, margin: float = 0.25) -> str:
     if lo is None or hi is None:
-        return "too few points for an interval"
-    has0, has1 = lo <= 0 <= hi, lo <= 1 <= hi
-    if has0 and not has1:
-        return "invariant per sample (slope 0 inside the interval, 1 outside)"
-    if has1 and not has0:
-        return "invariant per step (slope 1 inside the interval, 0 outside)"
-    if has0 and has1:
-        return "inconclusive (interval contains 0 and 1)"
-    return "neither (interval excludes 0 and 1)"
+        return "inconclusive: too few points for an interval; more seeds or batches needed"
+    if -margin <= lo and hi <= margin:
+        return f"invariant per sample (slope interval inside 0 +- {margin:g})"
+    if 1 - margin <= lo and hi <= 1 + margin:
+        return f"invariant per step (slope interval inside 1 +- {margin:g})"
+    if hi < -margin or lo > 1 + margin or (margin < lo and hi < 1 - margin):
+        return f"neither: the slope interval [{lo:.2g}, {hi:.2g}] excludes 0 and 1 (+- {margin:g})"
+    return (f"inconclusive: the slope interval [{lo:.2g}, {hi:.2g}] is wider than the margin "
+            f"+- {margin:g}; more seeds or batches needed")

@@ -53,29 +53,7 @@ def render(result: dict) -> None:
             note,
         )
     con.print(table)
-    cb = result["critical_batch"]
-    m = cb["mccandlish"]
-    con.print(
-        f"B_crit (McCandlish fit E = E_min + S_min*B): {_fmt(m['b_crit'])} "
-        f"[{_fmt(m['low'])}, {_fmt(m['high'])}]  E_min={_fmt(m['e_min'])} "
-        f"S_min={_fmt(m['s_min'])}  ({m['note']})"
-    )
-    if m.get("rel_residuals"):
-        con.print(
-            "  fit residuals (median - fit)/median: "
-            + "  ".join(
-                f"B={b:g}: {r:+.0%}"
-                for b, r in zip(m["batches_used"], m["rel_residuals"], strict=True)
-            )
-        )
-    ns = cb["noise_scale"]
-    con.print(f"B_simple (gradient noise scale): {_fmt(ns['b_simple'])}  ({ns['note']})")
-    th = cb["theory"]
-    if th:
-        con.print(
-            f"B_crit (theory, {th.get('method', '')}): {_fmt(th.get('b_crit'))}  "
-            f"({th.get('mechanism', th.get('note', ''))})"
-        )
+    render_critical(con, result["critical_batch"])
     inv = result["failure_invariance"]
     con.print(
         f"failure clock vs batch: slope {_fmt(inv['slope'], 3)} "
@@ -107,6 +85,56 @@ def render(result: dict) -> None:
         con.print(ct)
     for w in result["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def _est(e: dict | None) -> str:
+    """'36 [30, 41]', '>= 512', '<= 8' or the reason there is none."""
+    if not e or e.get("b_crit") is None:
+        return "none"
+    b, bound = e["b_crit"], e.get("bound")
+    if bound == "lower":
+        return f">= {b:.4g}"
+    if bound == "upper":
+        return f"<= {b:.4g}"
+    if e.get("low") is not None:
+        hi = "open" if e.get("high") is None else f"{e['high']:.4g}"
+        return f"{b:.4g} [{e['low']:.4g}, {hi}]"
+    return f"{b:.4g}"
+
+
+def render_critical(con, cb: dict) -> None:
+    """Every B_crit estimate side by side, then the recommended one and why."""
+    from rich.table import Table
+
+    t = Table(title="critical batch size (samples): E(B_crit) = 2 E_min")
+    for col in ("estimate", "B_crit [90%]", "placement", "seeds", "note"):
+        t.add_column(col)
+    rows = [
+        ("empirical (model-free)", cb.get("empirical")),
+        ("power fit E0(1+(B/Bk)^a)", cb.get("power")),
+        ("linear fit (McCandlish)", cb.get("mccandlish")),
+    ]
+    for label, e in rows:
+        if not e:
+            continue
+        note = e.get("note") or ""
+        if e.get("rel_residuals"):
+            note += "; residuals " + " ".join(f"{r:+.0%}" for r in e["rel_residuals"])
+        t.add_row(label, _est(e), e.get("placement") or "-", str(e.get("seeds") or "-"), note)
+    for label, key in (("noise scale B_simple", "noise_scale"),
+                       ("sign noise scale B_sign", "sign_noise_scale")):
+        ns = cb.get(key) or {}
+        value = ns.get("value")
+        t.add_row(label, "none" if value is None else f"{value:.4g}", "proxy",
+                  str(ns.get("n_runs") or "-"), ns.get("note") or "")
+    th = cb.get("theory")
+    if th:
+        t.add_row("theory (dense simulation)", _est(th), th.get("method") or "-", "-",
+                  th.get("mechanism") or th.get("note") or "")
+    con.print(t)
+    rec = cb.get("recommended") or {}
+    con.print(f"[bold]recommended B_crit: {_est(rec)}[/bold] ({rec.get('source') or 'none'}): "
+              f"{rec.get('why', '')}")
 
 
 def write_csv(result: dict, path: str) -> None:
@@ -180,6 +208,10 @@ def analyze(
     ] = "frac:0.5",
     smoothing: Annotated[str, typer.Option(help="ma (centred moving average), ema, none.")] = "ma",
     window: Annotated[int, typer.Option(help="Moving-average window (logged points).")] = 5,
+    span_samples: Annotated[
+        float | None,
+        typer.Option(help="Moving average over this many samples instead of --window points."),
+    ] = None,
     ema_alpha: Annotated[float, typer.Option(help="EMA weight of the newest point.")] = 0.3,
     drop: Annotated[bool, typer.Option("--drop/--no-drop", help="The drop collapse rule.")] = True,
     drop_rho: Annotated[
@@ -201,6 +233,9 @@ def analyze(
     truncated_max: Annotated[
         float | None, typer.Option(help="length rule: truncated_frac bound.")
     ] = None,
+    invariance_margin: Annotated[
+        float, typer.Option(help="Equivalence margin on the failure-clock slope (0: per sample).")
+    ] = 0.25,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap RNG seed.")] = 0,
     theory: Annotated[
@@ -226,6 +261,8 @@ def analyze(
         target=target,
         smoothing=smoothing,
         window=window,
+        span_samples=span_samples,
+        invariance_margin=invariance_margin,
         ema_alpha=ema_alpha,
         drop=drop,
         drop_rho=drop_rho,

@@ -27,7 +27,7 @@ def schedule_config(
     """Write a training config that runs a schedule with the sweep's own trainer settings."""
     import os
 
-    from twoclocks_cli.compare import read_phases, schedule_train_config, to_toml
+    from twoclocks_cli.clocks.compare import read_phases, schedule_train_config, to_toml
     from twoclocks_cli.errors import ConfigError
     from twoclocks_cli.store import Store
 
@@ -56,7 +56,7 @@ def compare(
 ) -> None:
     """Both clocks of a schedule run beside the sweep's constant-batch clocks (same options)."""
     from twoclocks_cli.clocks.saved import latest_analysis
-    from twoclocks_cli.compare import compare_schedule
+    from twoclocks_cli.clocks.compare import compare_schedule
     from twoclocks_cli.errors import AnalysisError
     from twoclocks_cli.store import Store
 

@@ -72,10 +72,9 @@ def schedule(
             f"clip [{ph['clip_eps_low']}, {ph['clip_eps_high']}]"
         )
     pred = result["predicted"]
-    typer.echo(
-        f"predicted progress clock: {_f(pred['progress_samples'])} samples; "
-        f"failure clock: {_f(pred['failure_samples'])} samples"
-    )
+    typer.echo(f"B_crit: {result['b_crit_text']} samples ({result['b_crit_source'] or 'none'})")
+    typer.echo(f"predicted progress clock: {_f(pred['progress_samples'], pred['progress_why'])}")
+    typer.echo(f"predicted failure clock: {_f(pred['failure_samples'], pred['failure_why'])}")
     typer.echo("rationale:")
     for line in result["rationale"]:
         typer.echo(f"  - {line}")
@@ -83,5 +82,5 @@ def schedule(
         typer.echo(f"wrote {out}")
 
 
-def _f(v) -> str:
-    return "beyond the data" if v is None else f"{v:.4g}"
+def _f(v, why: str) -> str:
+    return f"unknown: {why}" if v is None else f"{v:,.0f} samples ({why})"

@@ -55,7 +55,7 @@ STORE_KEYS = (
     "grad_full_size", "lr", "batch_samples", "prompts", "phase", "clip_frac", "clip_frac_low",
     "clip_frac_high", "approx_kl", "zero_std_frac", "resp_len_mean", "resp_len_max",
     "truncated_frac", "time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s", "loss",
-    "nonfinite",
+    "nonfinite", "eval_n", "grad_l1_micro", "grad_l1_full", "grad_sign_dot", "grad_l1_diff",
 )
 
 # Columns a table may use for its x axes (besides what --map names).

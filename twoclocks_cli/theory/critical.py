@@ -54,7 +54,7 @@ def predict_critical_batch(
             stop_at_target=True,
         )
 
-    e_min = _clock(sweep([1.0], seeds, MAX_SMALL_SAMPLES))
+    e_min = _clock(sweep([1.0], 4 * seeds, MAX_SMALL_SAMPLES))  # the yardstick: most seeds
     out = {"b_crit": None, "e_min": e_min, "s_min": None}
     if e_min is None:
         return {
@@ -92,13 +92,35 @@ def predict_critical_batch(
                 "method": "dense grid",
             }
         if med[i] >= 2 * e_min:
-            lo, hi = np.log(med[i - 1]), np.log(med[i])
-            frac = (np.log(2 * e_min) - lo) / max(hi - lo, 1e-12)
-            b = np.exp(np.log(batches[i - 1]) + frac * np.log(batches[i] / batches[i - 1]))
+            b = _refine(sweep, batches[i - 1], batches[i], e_min, seeds)
             return {
                 **out,
                 "b_crit": float(b),
-                "mechanism": "gradient noise scale (Adam)",
+                "mechanism": "gradient noise scale (sign-like Adam steps)"
+                if cfg.optimizer == "adam"
+                else f"gradient noise ({cfg.optimizer}: progress per sample falls with B)",
                 "method": "E(B)=2E_min, dense grid",
             }
     return {**out, "mechanism": "no doubling up to B=4096", "method": "dense grid"}
+
+
+def _refine(sweep, b_lo: float, b_hi: float, e_min: float, seeds: int) -> float:
+    """B where E(B) = 2 E_min inside [b_lo, b_hi], from 6 batches between them at `seeds` seeds
+    each (log-log interpolation between the two that bracket it: the coarse grid's straight
+    line would misplace it on a convex E(B))."""
+    fine = np.geomspace(b_lo, b_hi, 6)
+    res = sweep(fine, seeds, WALL_FACTOR * e_min)
+    bs, med = res.median_by_batch("n_prog")
+    med = np.maximum.accumulate(np.where(np.isnan(med), np.inf, med))
+    goal = 2 * e_min
+    hit = np.flatnonzero(med >= goal)
+    if hit.size == 0:
+        return float(bs[-1])
+    i = int(hit[0])
+    if i == 0:
+        return float(bs[0])
+    if not np.isfinite(med[i]):
+        return float(bs[i - 1])
+    lo, hi = np.log(med[i - 1]), np.log(med[i])
+    frac = (np.log(goal) - lo) / max(hi - lo, 1e-12)
+    return float(np.exp(np.log(bs[i - 1]) + frac * np.log(bs[i] / bs[i - 1])))

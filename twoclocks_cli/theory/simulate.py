@@ -16,7 +16,14 @@ from twoclocks_cli.theory.model import ModelConfig
 
 @dataclass
 class StepInfo:
-    """What one step measured, per row (arrays of length rows)."""
+    """What one step measured, per row (arrays of length rows).
+
+    The gradient terms (nan when the step ran with grad_terms=False) come from the micro-batch
+    gradient g_b (the first `micro_size` samples of the batch) and the full-batch gradient g_B:
+    grad_sq_* are squared L2 norms (McCandlish's B_simple), grad_l1_* the L1 norms,
+    grad_sign_dot = <g_B, sign(g_b)> and grad_l1_diff = ||g_b - g_B||_1 (the sign-descent and
+    l1 noise scales of twoclocks_cli.clocks.noise).
+    """
 
     loss: np.ndarray
     drift: np.ndarray
@@ -25,6 +32,10 @@ class StepInfo:
     micro_size: np.ndarray
     nonfinite: np.ndarray
     step_norm: np.ndarray
+    grad_l1_micro: np.ndarray | None = None
+    grad_l1_full: np.ndarray | None = None
+    grad_sign_dot: np.ndarray | None = None
+    grad_l1_diff: np.ndarray | None = None
 
 
 @dataclass
@@ -66,7 +77,8 @@ class SimState:
     def step(self, batch, lr, cap=None, active=None, grad_terms=True) -> StepInfo:
         """Advance every active row by one optimizer step on a fresh batch of its size.
 
-        `grad_terms=False` skips the micro-batch split (grad_sq_* come back as nan): one draw.
+        `grad_terms=False` skips the micro-batch split (the gradient terms come back as nan): one
+        draw.
         """
         cfg = self.cfg
         rows, width = self.theta.shape
@@ -94,10 +106,16 @@ class SimState:
         g = mean_grad + xi
         with np.errstate(over="ignore", invalid="ignore"):
             if grad_terms:
-                g_micro_sq = np.sum((mean_grad + z_micro) ** 2, axis=1)
+                g_micro = mean_grad + z_micro
+                g_micro_sq = np.sum(g_micro**2, axis=1)
                 g_full_sq = np.sum(g**2, axis=1)
+                l1_micro = np.sum(np.abs(g_micro), axis=1)
+                l1_full = np.sum(np.abs(g), axis=1)
+                sign_dot = np.sum(g * np.sign(g_micro), axis=1)
+                l1_diff = np.sum(np.abs(g_micro - g), axis=1)
             else:
                 g_micro_sq = g_full_sq = np.full(rows, np.nan)
+                l1_micro, l1_full, sign_dot, l1_diff = (np.full(rows, np.nan) for _ in range(4))
             delta = self._update(g, lr, batch, active)
             norm = np.sqrt(np.sum(delta**2, axis=1))
             if cap is not None:
@@ -115,7 +133,19 @@ class SimState:
         newly = active & np.isnan(self.collapsed_at) & (drift >= cfg.drift_threshold)
         self.collapsed_at[newly] = self.samples[newly]
         nonfinite = ~np.isfinite(loss) | (grad_terms & ~np.isfinite(g_full_sq))
-        return StepInfo(loss, drift, g_micro_sq, g_full_sq, micro, nonfinite, norm)
+        return StepInfo(
+            loss,
+            drift,
+            g_micro_sq,
+            g_full_sq,
+            micro,
+            nonfinite,
+            norm,
+            grad_l1_micro=l1_micro,
+            grad_l1_full=l1_full,
+            grad_sign_dot=sign_dot,
+            grad_l1_diff=l1_diff,
+        )
 
     def _update(self, g, lr, batch, active) -> np.ndarray:
         """The optimizer's displacement for gradient estimate g (rows not active: unchanged)."""

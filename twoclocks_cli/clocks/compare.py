@@ -8,16 +8,16 @@ sweep's stored analysis (the functions of `twoclocks_cli.clocks`), so the number
 
 from __future__ import annotations
 
-import math
+import json
 import tomllib
 from pathlib import Path
 
 import numpy as np
 
-from twoclocks_cli.clocks import collapse
-from twoclocks_cli.clocks.curves import clean, first_crossing, smooth
 from twoclocks_cli.clocks.options import AnalysisOptions
+from twoclocks_cli.clocks.runclock import load_signals, run_clocks
 from twoclocks_cli.errors import AnalysisError, ConfigError, NotFoundError
+from twoclocks_cli.tomlwrite import value as _toml_value
 
 # Keys the schedule's phases replace: a single-phase batch/lr would only confuse a reader.
 _PHASE_KEYS = ("prompts_per_batch", "samples_per_batch", "lr", "phases")
@@ -77,22 +77,6 @@ def schedule_train_config(store, sweep: str, phases: list[dict], budget: int | N
     return cfg
 
 
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ConfigError(f"cannot write the non-finite value {value} to TOML")
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise ConfigError(f"cannot write a {type(value).__name__} to TOML")
-
-
 def to_toml(cfg: dict, header: list[str] = ()) -> str:
     """A flat training config with `[[phases]]` tables as TOML (tomllib reads it back)."""
     lines = [f"# {h}" for h in header]
@@ -106,47 +90,13 @@ def to_toml(cfg: dict, header: list[str] = ()) -> str:
 
 
 def _run_clocks(store, run_id: int, metric: str, tau: float, opts: AnalysisOptions) -> dict:
-    """Progress and failure clocks of one run under the analysis's options (as `analyze`)."""
-    series = store.load_metric([run_id], metric).get(run_id)
-    curve = clean(series.steps, series.samples, series.values) if series is not None else None
-    if curve is None or curve.empty:
+    """Progress and failure clocks of one run: the very function `analyze` uses."""
+    sig = load_signals(store, [run_id], metric, opts)[run_id]
+    run = store.get_run(run_id)
+    clocks = run_clocks(run_id, sig, tau, opts, run.group_size)
+    if clocks is None:
         raise AnalysisError(f"run {run_id} has no finite {metric!r} values: nothing to compare")
-    sm = smooth(curve.values, opts.smoothing, opts.window, opts.ema_alpha)
-    last = float(curve.samples[-1])
-    fired = {}
-    nf = store.load_metric([run_id], "nonfinite").get(run_id)
-    fired["nonfinite"] = collapse.nonfinite_rule(nf.samples, nf.values) if nf else None
-    if opts.drop:
-        fired["drop"] = collapse.drop_rule(curve.samples, sm, float(sm[0]), opts.drop_rho,
-                                           opts.drop_delta, opts.drop_k)
-    if opts.drift_threshold is not None:
-        s = store.load_metric([run_id], opts.drift_key).get(run_id)
-        fired["drift"] = (collapse.above_rule(s.samples, s.values, opts.drift_threshold)
-                          if s else None)
-    if opts.entropy_low is not None or opts.entropy_high is not None:
-        s = store.load_metric([run_id], opts.entropy_key).get(run_id)
-        fired["entropy"] = (collapse.band_rule(s.samples, s.values, opts.entropy_low,
-                                               opts.entropy_high) if s else None)
-    hits = []
-    for key, bound in (("resp_len_mean", opts.length_max), ("truncated_frac", opts.truncated_max)):
-        s = store.load_metric([run_id], key).get(run_id) if bound is not None else None
-        if s:
-            hits.append(collapse.above_rule(s.samples, s.values, bound))
-    if opts.length_max is not None or opts.truncated_max is not None:
-        fired["length"] = min([h for h in hits if h is not None], default=None)
-    n_fail, rule = collapse.earliest(fired)
-    n_prog = first_crossing(curve.samples, sm, tau)
-    if n_prog is not None and n_fail is not None and n_fail < n_prog:
-        n_prog = None  # collapsed before the target, as in `analyze`
-    return {
-        "progress": {"samples": n_prog, "censored": n_prog is None,
-                     "censored_at": last if n_prog is None else None},
-        "failure": {"samples": n_fail, "rule": rule, "censored": n_fail is None,
-                    "censored_at": last if n_fail is None else None},
-        "last_samples": last,
-        "final": float(sm[-1]),
-        "best": float(sm.max()),
-    }
+    return clocks.to_json()
 
 
 def phase_summary(store, run_id: int) -> list[dict]:
@@ -246,10 +196,39 @@ def _verdict(constant: list[dict], sched: dict) -> list[str]:
     return lines
 
 
+def check_schedule_run(store, sweep: str, run) -> None:
+    """Refuse a run that is not a schedule (phases) or adaptive run of the sweep's setting."""
+    from twoclocks_cli.clocks.analysis import _setting
+
+    cfg = run.config or {}
+    if not cfg.get("phases") and cfg.get("batch_schedule") != "adaptive":
+        raise AnalysisError(
+            f"run {run.id} ({run.name}) is a constant-batch run, not a schedule: give the id of "
+            "a run trained from `twoclocks schedule-config` (it has [[phases]])"
+        )
+    cells = [r for r in store.list_runs(sweep) if not (r.config or {}).get("phases")]
+    if not cells:
+        return
+    want = json.loads(_setting(cells[0]))
+    have = json.loads(_setting(run))
+    skip = {"clip", "sim", "phases", "batch_schedule"}
+    differ = sorted(k for k in want if k not in skip and k in have and have[k] != want[k])
+    if isinstance(want.get("sim"), dict) and isinstance(have.get("sim"), dict):
+        differ += [f"sim.{k}" for k, v in want["sim"].items()
+                   if k in have["sim"] and have["sim"][k] != v]
+    if differ:
+        shown = ", ".join(f"{k} = {have.get(k)!r} (sweep: {want.get(k)!r})" for k in differ[:5])
+        raise AnalysisError(
+            f"run {run.id} ({run.name}) was not trained with sweep {sweep!r}'s setting: {shown}"
+        )
+
+
 def compare_schedule(store, sweep: str, run_id: int, analysis: dict) -> dict:
     """The schedule run's clocks and phases beside the sweep's per-batch clocks (a JSON dict)."""
     run = store.get_run(run_id)
-    opts = AnalysisOptions(**analysis["options"])
+    check_schedule_run(store, sweep, run)
+    known = AnalysisOptions.__dataclass_fields__
+    opts = AnalysisOptions(**{k: v for k, v in analysis["options"].items() if k in known})
     tau = float(analysis["target"]["value"])
     clocks = _run_clocks(store, run_id, analysis["metric"], tau, opts)
     constant = _constant_rows(store, analysis, tau, opts)

@@ -1,0 +1,248 @@
+"""The one per-run clock function: a metric curve (+ collapse signals) -> typed `RunClocks`.
+
+`analyze`, `schedule`, `compare` and `report` all get their per-run numbers from `run_clocks`, so
+a rule added here reaches every command. Honest by construction: a run that starts at or above
+the target is flagged (not a crossing at its first point), a crossing is never placed before the
+first logged point that itself reaches the target, progress cut short by a collapse says so, and
+a failure at the first or second eval point is flagged "at eval resolution".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from twoclocks_cli.clocks import collapse
+from twoclocks_cli.clocks.curves import Curve, clean, first_crossing, smooth_curve
+from twoclocks_cli.clocks.options import AnalysisOptions
+
+GRAD_KEYS = ("grad_sq_micro", "grad_sq_full", "grad_micro_size", "grad_full_size")
+SIGN_KEYS = ("grad_l1_micro", "grad_l1_full", "grad_sign_dot", "grad_micro_size", "grad_full_size")
+TIME_KEYS = ("time_gen_s", "time_reward_s", "time_update_s")  # summed: wall-clock per step
+
+
+@dataclass
+class Clock:
+    """One clock of one run, in samples (and steps, prompts, seconds beside)."""
+
+    samples: float | None  # the crossing / collapse; None when censored or flagged
+    censored: bool  # True: not reached by `censored_at`
+    censored_at: float | None = None
+    steps: float | None = None
+    prompts: float | None = None
+    seconds: float | None = None
+    reason: str | None = None  # why there is no number, in words (or a flag on a number)
+    rule: str | None = None  # failure clock: the rule that fired first
+    rules: dict = field(default_factory=dict)  # failure clock: every rule's firing time
+    at_eval_resolution: bool = False  # failure at the first or second logged point
+
+    @property
+    def value(self) -> float:
+        """The clock for ordering: +inf when censored or unknown."""
+        return math.inf if self.samples is None else self.samples
+
+
+@dataclass
+class RunClocks:
+    """Both clocks of one run under one set of options."""
+
+    run_id: int
+    points: int
+    first_samples: float | None
+    last_samples: float | None
+    initial: float | None  # smoothed metric at the first point
+    final: float | None  # smoothed metric at the last point
+    best: float | None
+    progress: Clock
+    failure: Clock
+    started_above: bool = False  # the run began at or above the target: no progress clock
+    noise_scale: float | None = None  # B_simple where the progress clock is (else last point)
+    sign_noise_scale: float | None = None
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        return out
+
+
+@dataclass
+class RunSignals:
+    """The series `run_clocks` reads for one run (None where not logged)."""
+
+    metric: object | None
+    nonfinite: object | None = None
+    drift: object | None = None
+    entropy: object | None = None
+    length: object | None = None
+    truncated: object | None = None
+    grads: dict = field(default_factory=dict)
+    sign: dict = field(default_factory=dict)
+    times: list = field(default_factory=list)
+    eval_n: float | None = None  # held-out set size behind each eval_accuracy point (logged)
+
+
+def load_signals(store, run_ids: list[int], metric: str, opts: AnalysisOptions) -> dict:
+    """Every series the clocks need for `run_ids`, one query per key: {run_id: RunSignals}."""
+    def load(key, on=True):
+        return store.load_metric(run_ids, key) if key and on else {}
+
+    m = load(metric)
+    drift = load(opts.drift_key, opts.drift_threshold is not None)
+    ent = load(opts.entropy_key, opts.entropy_low is not None or opts.entropy_high is not None)
+    length = load("resp_len_mean", opts.length_max is not None)
+    trunc = load("truncated_frac", opts.truncated_max is not None)
+    nonf = load("nonfinite")
+    grads = {k: load(k) for k in GRAD_KEYS}
+    sign = {k: load(k) for k in SIGN_KEYS}
+    times = [load(k) for k in TIME_KEYS]
+    eval_n = load("eval_n")
+    return {
+        rid: RunSignals(
+            metric=m.get(rid),
+            nonfinite=nonf.get(rid),
+            drift=drift.get(rid),
+            entropy=ent.get(rid),
+            length=length.get(rid),
+            truncated=trunc.get(rid),
+            grads={k: v.get(rid) for k, v in grads.items()},
+            sign={k: v.get(rid) for k, v in sign.items()},
+            times=[t[rid] for t in times if rid in t],
+            eval_n=float(np.nanmin(eval_n[rid].values)) if rid in eval_n else None,
+        )
+        for rid in run_ids
+    }
+
+
+def prepare(series) -> Curve | None:
+    """The cleaned curve of a metric series (None when absent or without finite values)."""
+    if series is None:
+        return None
+    c = clean(series.steps, series.samples, series.values)
+    return None if c.empty else c
+
+
+def _interp_steps(curve: Curve, samples):
+    return None if samples is None else float(np.interp(samples, curve.samples, curve.steps))
+
+
+def _seconds_at(times: list, samples):
+    """Training seconds spent up to `samples` (cumulated time_* metrics), None if not logged."""
+    if samples is None or not times:
+        return None
+    total = 0.0
+    for s in times:
+        ok = np.isfinite(s.values)
+        if ok.any():
+            total += float(np.interp(samples, s.samples[ok], np.cumsum(s.values[ok])))
+    return total
+
+
+def _fired(curve: Curve, sm: np.ndarray, sig: RunSignals, opts: AnalysisOptions) -> dict:
+    """Every collapse rule's firing time (None: did not fire, or its signal is not logged)."""
+    fired = {}
+    s = sig.nonfinite
+    fired["nonfinite"] = collapse.nonfinite_rule(s.samples, s.values) if s else None
+    if opts.drop:
+        fired["drop"] = collapse.drop_rule(
+            curve.samples, sm, float(sm[0]), opts.drop_rho, opts.drop_delta, opts.drop_k
+        )
+    if opts.drift_threshold is not None:
+        s = sig.drift
+        fired["drift"] = collapse.above_rule(s.samples, s.values, opts.drift_threshold) if s else None
+    if opts.entropy_low is not None or opts.entropy_high is not None:
+        s = sig.entropy
+        fired["entropy"] = (
+            collapse.band_rule(s.samples, s.values, opts.entropy_low, opts.entropy_high)
+            if s
+            else None
+        )
+    if opts.length_max is not None or opts.truncated_max is not None:
+        hits = []
+        for s, bound in ((sig.length, opts.length_max), (sig.truncated, opts.truncated_max)):
+            if bound is not None and s:
+                hits.append(collapse.above_rule(s.samples, s.values, bound))
+        fired["length"] = min([h for h in hits if h is not None], default=None)
+    return fired
+
+
+def _noise_at(series: dict, keys, fn, at, opts) -> float | None:
+    g = [series.get(k) for k in keys]
+    if not all(s is not None for s in g) or len({s.values.size for s in g}) != 1:
+        return None
+    values = fn(*(s.values for s in g), ema_alpha=opts.noise_ema)
+    if values.size == 0:
+        return None
+    idx = min(int(np.searchsorted(g[0].samples, at, side="left")), values.size - 1)
+    return float(values[idx]) if np.isfinite(values[idx]) else None
+
+
+def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
+               group_size: int | None = None) -> RunClocks | None:
+    """Both clocks of one run; None when its metric has no finite values."""
+    from twoclocks_cli.clocks.noise import sign_noise_scale
+    from twoclocks_cli.clocks.stats import noise_scale
+
+    curve = prepare(sig.metric)
+    if curve is None:
+        return None
+    sm = smooth_curve(curve, opts)
+    first, last = float(curve.samples[0]), float(curve.samples[-1])
+    started_above = bool(sm[0] >= tau)
+    fired = _fired(curve, sm, sig, opts)
+    n_fail, rule = collapse.earliest(fired)
+    n_prog, reason = None, None
+    if started_above:
+        reason = f"started at or above the target ({curve.values[0]:.4g} >= {tau:.4g})"
+    else:
+        n_prog = first_crossing(curve.samples, sm, tau)
+        raw_hit = np.flatnonzero(curve.values >= tau)
+        if n_prog is not None and raw_hit.size:
+            # smoothing may locate the crossing, never invent it before an observed point
+            n_prog = max(n_prog, float(curve.samples[raw_hit[0]]))
+        if n_prog is not None and n_fail is not None and n_fail < n_prog:
+            reason = f"collapsed at {n_fail:,.0f} samples ({rule}) before the target"
+            n_prog = None
+        elif n_prog is None:
+            reason = f"never reached the target {tau:.4g} by {last:,.0f} samples"
+    group = group_size or 1
+    prog_censored = n_prog is None and not started_above
+    prog_at = (n_fail if n_fail is not None and reason and "collapsed" in reason else last)
+    progress = Clock(
+        samples=n_prog,
+        censored=prog_censored,
+        censored_at=prog_at if prog_censored else None,
+        steps=_interp_steps(curve, n_prog),
+        prompts=n_prog / group if n_prog is not None else None,
+        seconds=_seconds_at(sig.times, n_prog),
+        reason=reason,
+    )
+    early = n_fail is not None and curve.samples.size >= 2 and n_fail <= float(curve.samples[1])
+    failure = Clock(
+        samples=n_fail,
+        censored=n_fail is None,
+        censored_at=last if n_fail is None else None,
+        steps=_interp_steps(curve, n_fail),
+        prompts=n_fail / group if n_fail is not None else None,
+        seconds=_seconds_at(sig.times, n_fail),
+        reason=(f"at eval resolution: fired at the first or second logged point ({n_fail:,.0f} "
+                "samples); it measures the eval spacing, not the run") if early else None,
+        rule=rule,
+        rules=fired,
+        at_eval_resolution=early,
+    )
+    at = n_prog if n_prog is not None else last
+    return RunClocks(
+        run_id=run_id,
+        points=int(curve.values.size),
+        first_samples=first,
+        last_samples=last,
+        initial=float(sm[0]),
+        final=float(sm[-1]),
+        best=float(sm.max()),
+        progress=progress,
+        failure=failure,
+        started_above=started_above,
+        noise_scale=_noise_at(sig.grads, GRAD_KEYS, noise_scale, at, opts),
+        sign_noise_scale=_noise_at(sig.sign, SIGN_KEYS, sign_noise_scale, at, opts),
+    )

@@ -1,0 +1,213 @@
+"""`twoclocks suggest SWEEP`: the next cells that would most reduce the schedule's uncertainty.
+
+`--out FILE` writes them as a sweep config of the same sweep; `twoclocks sweep FILE` adds them
+as new cells (cells already in the store are skipped) and the next `analyze` pools them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from twoclocks_cli.options import DbOption, JsonOption
+
+
+def _check_budget(budget: float | None) -> int | None:
+    from twoclocks_cli.errors import ConfigError
+
+    if budget is None:
+        return None
+    if not math.isfinite(budget) or budget <= 0 or budget != int(budget):
+        raise ConfigError(f"--budget {budget:g}: must be a whole, finite number of samples > 0")
+    return int(budget)
+
+
+def _check_out(out: Path | None) -> None:
+    """Refuse an --out that cannot be written before any work is done (nothing is created)."""
+    from twoclocks_cli.errors import ConfigError
+
+    if out is None:
+        return
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a directory; give a file name")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out}: no such directory {str(parent)!r}")
+    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ConfigError(f"--out {out}: not writable")
+
+
+def _write(out: Path, text: str) -> None:
+    """Write atomically: a temporary file beside `out`, renamed over it (no partial file)."""
+    from twoclocks_cli.errors import ConfigError
+
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or exc}") from None
+
+
+def _store_url(db: str | None) -> str | None:
+    """The store URL to write into the config (None when it holds a password)."""
+    from sqlalchemy.engine import make_url
+
+    from twoclocks_cli.launch.sweeps import absolute_db_url
+    from twoclocks_cli.store.engine import resolve_url
+
+    url = absolute_db_url(resolve_url(db))
+    try:
+        return None if make_url(url).password else url
+    except Exception:  # noqa: BLE001 - an odd URL: leave the store out of the file
+        return None
+
+
+def suggest_for(store, name: str, budget: int | None) -> tuple[dict, dict, list]:
+    """(the suggestion document, the analysis used, the sweep's runs)."""
+    from twoclocks_cli.clocks.saved import analysis_for
+    from twoclocks_cli.suggest import plan_suggestions
+
+    sweep = store.get_sweep(name)  # NotFoundError names the known sweeps
+    analysis, how = analysis_for(store, name)
+    if "recommended" not in (analysis.get("critical_batch") or {}):
+        # stored by an older version: the same options, analysed again
+        analysis, how = analysis_for(store, name, analysis.get("options") or {})
+        how = "refreshed"
+    runs = store.list_runs(name)
+    family = {r["run_id"] for r in analysis.get("runs", []) if r.get("in_family", True)}
+    budgets = [int(r.config["sample_budget"]) for r in runs
+               if r.id in family and isinstance(r.config, dict)
+               and isinstance(r.config.get("sample_budget"), int | float)]
+    sweep_budget = max(budgets, default=0) or int((sweep.config or {}).get("sample_budget") or 0)
+    if not sweep_budget:
+        sweep_budget = int(max((r.get("last_samples") or 0) for r in analysis["runs"]))
+    used: dict[float, set[int]] = {}
+    for r in runs:
+        if r.batch_samples is not None and r.seed is not None:
+            used.setdefault(float(r.batch_samples), set()).add(int(r.seed))
+    doc = plan_suggestions(analysis, sweep_budget=sweep_budget, budget=budget, used_seeds=used)
+    doc["analysis_source"] = how
+    return doc, analysis, runs
+
+
+def _reference_run(analysis: dict, runs: list):
+    """An analysed run of the analysed setting (completed first, then the largest batch)."""
+    family = [r["run_id"] for r in analysis.get("runs", []) if r.get("in_family", True)]
+    by_id = {r.id: r for r in runs}
+    cands = [by_id[i] for i in family if i in by_id and by_id[i].config]
+    cands.sort(key=lambda r: (r.status != "completed", -(r.batch_samples or 0), r.id))
+    return cands[0] if cands else None
+
+
+def suggest(
+    sweep_name: Annotated[str, typer.Argument(metavar="SWEEP", help="The sweep to extend.")],
+    budget: Annotated[float | None, typer.Option(
+        "--budget", metavar="SAMPLES",
+        help="Sample budget of every suggested cell (default: the sweep's; twice that when "
+             "every failure is censored).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", metavar="MORE.toml",
+        help="Write the suggested cells as a config of the same sweep (`twoclocks sweep "
+             "MORE.toml` adds them).")] = None,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """The next cells that would most narrow the schedule decision, with their cost in samples.
+
+    Brackets B_crit when it is a bound or extrapolated, adds seeds where the progress-clock
+    interval is widest (or seeds are censored), and a longer budget when no run failed.
+    Cost = seeds x budget per cell.
+    """
+    from twoclocks_cli.store import Store
+
+    budget_n = _check_budget(budget)
+    _check_out(out)
+    store = Store.open(db)
+    doc, analysis, runs = suggest_for(store, sweep_name, budget_n)
+    doc["out"] = None
+    if out is not None:
+        if doc["suggestions"]:
+            text, cells = _config_text(store, sweep_name, doc, analysis, runs, db)
+            _write(out, text)
+            doc["out"] = str(out)
+            doc["out_cells"] = len(cells)
+        else:
+            doc["notes"].append(f"nothing to suggest: {out} not written")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    _render(doc)
+
+
+def _config_text(store, name, doc, analysis, runs, db) -> tuple[str, list]:
+    import tomllib
+
+    from twoclocks_cli.config import parse_config
+    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.suggest import estimate_text, suggested_config
+    from twoclocks_cli.tomlwrite import dumps
+
+    sweep = store.get_sweep(name)
+    url = _store_url(db)
+    data, cells = suggested_config(name, sweep.config, _reference_run(analysis, runs),
+                                   doc["suggestions"], doc["budget"], url)
+    have = {r.cell_id for r in runs}
+    old = [c for c in cells if c.cell_id in have]
+    if old:
+        doc["notes"].append(f"{len(old)} of the {len(cells)} cells are already in the store "
+                            "(registered, not yet run?): `twoclocks sweep` skips them")
+    header = [
+        f"twoclocks suggest for sweep {name!r} (analysis {doc.get('analysis_id')}): "
+        f"{len(cells)} cells, {doc['cost_samples']} samples at most",
+        f"B_crit {estimate_text(doc['recommended'])} samples "
+        f"({(doc['recommended'] or {}).get('source') or 'no estimate'})",
+        "add them to the same sweep with: twoclocks sweep THIS_FILE"
+        + ("" if url else " --db URL (the store URL holds a password: not written here)"),
+    ] + [f"{s['kind']} B={s['batch_samples']} seeds {s['seeds']}: {s['why']}"
+         for s in doc["suggestions"]]
+    text = dumps(data, header=header)
+    back = parse_config(tomllib.loads(text), "--out")
+    if back != parse_config(data, "--out"):  # the writer must round-trip exactly
+        raise ConfigError("--out: the written TOML does not read back as the same config; "
+                          "not written")
+    return text, cells
+
+
+def _render(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from twoclocks_cli.suggest import estimate_text
+
+    con = Console()
+    rec = doc["recommended"] or {}
+    con.print(f"sweep {doc['sweep']}: B_crit {estimate_text(rec)} samples "
+              f"({rec.get('source') or 'no estimate'}, {rec.get('placement') or '-'}); "
+              f"analysis {doc.get('analysis_id')} ({doc.get('analysis_source')})")
+    table = Table(title=f"suggested cells: {doc['cells']} cells, {doc['cost_samples']} samples "
+                        "(cost = seeds x budget)")
+    for col in ("#", "kind", "batch", "prompts x G", "seeds", "budget", "cost"):
+        table.add_column(col, justify="left" if col in ("kind", "seeds") else "right")
+    for i, s in enumerate(doc["suggestions"], start=1):
+        table.add_row(str(i), s["kind"], str(s["batch_samples"]),
+                      f"{s['batch_prompts']} x {s['group_size']}",
+                      ", ".join(map(str, s["seeds"])), str(s["budget"]), str(s["cost_samples"]))
+    if doc["suggestions"]:
+        con.print(table)
+        for i, s in enumerate(doc["suggestions"], start=1):
+            con.print(f"{i}. {s['why']}", highlight=False)
+    else:
+        con.print("nothing to suggest")
+    for note in doc["notes"]:
+        con.print(f"note: {note}", highlight=False)
+    if doc.get("out"):
+        con.print(f"wrote {doc['out']} ({doc['out_cells']} cells): add them with "
+                  f"`twoclocks sweep {doc['out']} --wait`, then `twoclocks analyze "
+                  f"{doc['sweep']}`")
