@@ -214,8 +214,15 @@ def check_schedule_run(store, sweep: str, run) -> None:
     skip = {"clip", "sim", "phases", "batch_schedule"}
     differ = sorted(k for k in want if k not in skip and k in have and have[k] != want[k])
     if isinstance(want.get("sim"), dict) and isinstance(have.get("sim"), dict):
-        differ += [f"sim.{k}" for k, v in want["sim"].items()
-                   if k in have["sim"] and have["sim"][k] != v]
+        from twoclocks_cli.clocks.analysis import _SIM_PER_BATCH
+        from twoclocks_cli.theory import ModelConfig
+
+        # a key left out means the model's default: compare the full models
+        w, h = (ModelConfig.from_dict(x).to_dict() for x in (want["sim"], have["sim"]))
+        quiet = _SIM_PER_BATCH | {"log_every", "checkpoint_every"}  # bookkeeping only
+        differ += [f"sim.{k}" for k in w if k not in quiet and w[k] != h[k]]
+        have.update({f"sim.{k}": h[k] for k in w})
+        want.update({f"sim.{k}": w[k] for k in w})
     if differ:
         shown = ", ".join(f"{k} = {have.get(k)!r} (sweep: {want.get(k)!r})" for k in differ[:5])
         raise AnalysisError(

@@ -84,8 +84,15 @@ class RunSignals:
 
 def load_signals(store, run_ids: list[int], metric: str, opts: AnalysisOptions) -> dict:
     """Every series the clocks need for `run_ids`, one query per key: {run_id: RunSignals}."""
+    cache: dict[str, dict] = {}
+
     def load(key, on=True):
-        return store.load_metric(run_ids, key) if key and on else {}
+        """One query per distinct key (the gradient sizes serve both noise scales)."""
+        if not key or not on:
+            return {}
+        if key not in cache:
+            cache[key] = store.load_metric(run_ids, key)
+        return cache[key]
 
     m = load(metric)
     drift = load(opts.drift_key, opts.drift_threshold is not None)
