@@ -114,3 +114,16 @@ def test_schedule_beats_largest_batch_and_fails_no_earlier_than_smallest(sweeps)
         phases[0]["prompts_per_batch"] * G,
         phases[1]["prompts_per_batch"] * G,
     }
+
+
+def test_recommended_b_crit_of_the_free_sweep_matches_the_theory(sweeps):
+    """Without a cap (Adam, sign-like past the noise scale) E(B) is not linear in B: the
+    recommended model-free estimate, read off the stored noisy eval curves, is within 25% of
+    the dense simulation's E(B_crit) = 2 E_min; the linear McCandlish fit is reported beside."""
+    store, _ = sweeps
+    result = analyze_sweep(store, "free", AnalysisOptions(**OPTS)).to_json()
+    rec = result["critical_batch"]["recommended"]
+    truth = predict_critical_batch(ModelConfig(), LR0, B0, TARGET, 0.5, None, seeds=64)
+    assert rec["source"] == "empirical" and rec["bound"] is None, rec
+    assert abs(rec["b_crit"] / truth["b_crit"] - 1) <= 0.25, (rec, truth["b_crit"])
+    assert rec["low"] <= truth["b_crit"] <= (rec["high"] or float("inf")), (rec, truth)
