@@ -308,18 +308,28 @@ def _run_clock(row: dict, clock: str) -> str:
     return "—"
 
 
+def _bound(est: dict) -> str:
+    """'>= 512', '<= 8' or the value of a B_crit estimate."""
+    prefix = {"lower": ">= ", "upper": "<= "}.get(est.get("bound") or "", "")
+    return prefix + _fmt(est.get("b_crit"))
+
+
 def _summary(data: ReportData) -> str:
     a = data.analysis
     if a is None:
         return f'<p class="warn">No analysis: {html.escape(data.analysis_error or "")}</p>'
     crit = a.get("critical_batch") or {}
     mc, ns, th = (crit.get("mccandlish") or {}), (crit.get("noise_scale") or {}), crit.get("theory")
+    rec = crit.get("recommended") or {}
     inv = a.get("failure_invariance") or {}
     target = a.get("target") or {}
     cards = [
         ("progress metric", f"{a.get('metric')} → {_fmt(target.get('value'))}",
          f"target {target.get('spec')}"),
-        ("B_crit (fit)", _fmt(mc.get("b_crit")),
+        ("B_crit (recommended)", _bound(rec),
+         f"[{_fmt(rec.get('low'))}, {_fmt(rec.get('high'))}] {rec.get('source') or ''}: "
+         f"{rec.get('why') or ''}"),
+        ("B_crit (linear fit)", _bound(mc),
          f"[{_fmt(mc.get('low'))}, {_fmt(mc.get('high'))}] {mc.get('note') or ''}"),
         ("B_simple (noise)", _fmt(ns.get("b_simple")), ns.get("note") or ""),
         ("B_crit (theory)", _fmt((th or {}).get("b_crit")),
