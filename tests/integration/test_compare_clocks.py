@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.simsweep import G, LR0, make_sweep
+from tests.integration.simsweep import LR0, G, make_sweep
 from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
 from twoclocks_cli.clocks.compare import compare_schedule
 from twoclocks_cli.errors import AnalysisError

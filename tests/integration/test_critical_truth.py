@@ -61,7 +61,9 @@ def _recommended(per_batch, k):
     return rec, ests
 
 
-@pytest.mark.parametrize(("optimizer", "lr0", "grid"), CASES, ids=[f"{o}-{lr}" for o, lr, _ in CASES])
+@pytest.mark.parametrize(
+    ("optimizer", "lr0", "grid"), CASES, ids=[f"{o}-{lr}" for o, lr, _ in CASES]
+)
 def test_recommended_b_crit_matches_dense_simulation(optimizer, lr0, grid):
     cfg = ModelConfig(optimizer=optimizer, flat_dims=0)
     truth = predict_critical_batch(cfg, lr0, B0, TARGET, 0.5, None, seeds=64)

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from twoclocks_cli.clocks.stats import aggregate, mccandlish, noise_scale, slope_test
+from twoclocks_cli.clocks.critical import linear
+from twoclocks_cli.clocks.stats import aggregate, noise_scale, slope_test
 
 
 def test_aggregate_censoring_and_one_seed():
@@ -20,11 +21,11 @@ def test_mccandlish_recovers_exact_line_and_refuses_one_batch():
     rng = np.random.default_rng(0)
     e_min, s_min = 2000.0, 40.0
     data = {b: [e_min + s_min * b * f for f in (0.97, 1.0, 1.03)] for b in (8, 16, 32, 64, 128)}
-    fit = mccandlish(data, rng, reps=200)
-    assert abs(fit["b_crit"] - e_min / s_min) / (e_min / s_min) < 0.05
-    assert fit["low"] <= fit["b_crit"] <= fit["high"]
-    one = mccandlish({16: [1.0, 2.0]}, rng)
-    assert one["b_crit"] is None and "no fit possible" in one["note"]
+    fit = linear(data, rng, reps=200)
+    assert abs(fit.b_crit - e_min / s_min) / (e_min / s_min) < 0.05
+    assert fit.low <= fit.b_crit <= fit.high
+    one = linear({16: [1.0, 2.0]}, rng)
+    assert one.b_crit is None and "no fit possible" in one.note
 
 
 def test_noise_scale_estimator_is_unbiased_on_a_known_gradient():
@@ -111,7 +112,31 @@ def test_schedule_switches_only_to_a_larger_batch_that_fails_later():
 def test_mccandlish_reports_residuals_and_extrapolation():
     rng = np.random.default_rng(0)
     concave = {b: [1000 * np.sqrt(1 + b / 8)] * 2 for b in (8, 16, 32, 64, 128)}
-    fit = mccandlish(concave, rng, reps=50)
-    assert max(abs(r) for r in fit["rel_residuals"]) > 0.1  # sqrt-like, not a straight line
+    fit = linear(concave, rng, reps=50)
+    assert max(abs(r) for r in fit.rel_residuals) > 0.1  # sqrt-like, not a straight line
     flat = {b: [1000 + b * 0.5] * 2 for b in (8, 16, 32)}  # B_crit = 2000: far above the grid
-    assert "extrapolated" in mccandlish(flat, rng, reps=50)["note"]
+    # a 1.2% rise over the grid is no growth: a lower bound at the largest batch, not 2000
+    nogrowth = linear(flat, rng, reps=50)
+    assert nogrowth.bound == "lower" and nogrowth.b_crit == 32
+    mild = {b: [1000 + b * 5.0] * 2 for b in (8, 16, 32)}  # B_crit = 200, fitted from 8..32
+    assert linear(mild, rng, reps=50).placement == "extrapolated"
+
+
+def test_empirical_b_crit_on_a_known_curve_wall_and_falling_clocks():
+    """Hand truth: E(B) = 1000 (1 + (B/40)^0.6) doubles from E(1) = 1110 at B = 40 * ((2220 /
+    1000 - 1))^(1/0.6) = 55.7; a censored batch after finite ones is a wall bracket."""
+    from twoclocks_cli.clocks.critical import empirical
+
+    rng = np.random.default_rng(0)
+    e = lambda b: 1000 * (1 + (b / 40) ** 0.6)  # noqa: E731
+    curve = {b: [e(b) * f for f in (0.99, 1.0, 1.01)] for b in (1, 2, 4, 8, 16, 32, 64, 128)}
+    truth = 40 * ((2 * e(1) / 1000) - 1) ** (1 / 0.6)
+    est = empirical(curve, rng, 200)
+    assert est.placement == "interpolated" and abs(est.b_crit / truth - 1) < 0.03, (est, truth)
+    assert est.covers(truth)
+    wall = {1: [100.0] * 3, 2: [101.0] * 3, 4: [103.0] * 3, 8: [None] * 3}
+    w = empirical(wall, rng, 50)
+    assert w.placement == "bracketed" and (w.low, w.high) == (4.0, 8.0)
+    falling = {8: [None] * 3, 16: [900.0, 950.0, 1000.0], 32: [700.0, 720.0, 740.0]}
+    f = empirical(falling, rng, 50)
+    assert f.bound == "lower" and f.b_crit == 32

@@ -7,11 +7,10 @@ JSON-ready dict (with every option used) wrapped in `AnalysisResult`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
-
-import math
 
 from twoclocks_cli.clocks import critical
 from twoclocks_cli.clocks.curves import smooth_curve
@@ -141,7 +140,9 @@ def _pick_metric(store, sweep, ids, wanted) -> str:
 
 def _data_warnings(signals, metric, opts, warnings) -> None:
     nan_runs = [
-        rid for rid, s in signals.items() if s.metric is not None and np.isnan(s.metric.values).any()
+        rid
+        for rid, s in signals.items()
+        if s.metric is not None and np.isnan(s.metric.values).any()
     ]
     if nan_runs:
         warnings.append(f"NaN values of {metric} ignored in run(s) {nan_runs}")
@@ -207,7 +208,7 @@ def _families(runs) -> tuple[set[int], str | None]:
     main = max(groups.values(), key=len)
     ref = json.loads(_setting(main[0]))
     diff = set()
-    for key, rs in groups.items():
+    for key in groups:
         other = json.loads(key)
         diff |= {k for k in set(ref) | set(other) if ref.get(k) != other.get(k)}
     left = sorted(r.id for rs in groups.values() if rs is not main for r in rs)

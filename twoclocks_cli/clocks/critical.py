@@ -118,7 +118,8 @@ def fit_power(bs: np.ndarray, meds: np.ndarray, start=None) -> tuple[float, floa
         starts = [[le[0] - 0.1, k0, 0.5] for k0 in np.linspace(lb[0] - 1, lb[-1] + 1, 5)]
     for p0 in starts:
         try:
-            r = least_squares(resid, p0, bounds=([-np.inf, lb[0] - 8, 0.05], [np.inf, lb[-1] + 8, 3]))
+            bounds = ([-np.inf, lb[0] - 8, 0.05], [np.inf, lb[-1] + 8, 3])
+            r = least_squares(resid, p0, bounds=bounds)
         except ValueError:
             continue
         if best is None or r.cost < best.cost:
@@ -280,7 +281,8 @@ def _bootstrap(bs, vals, fn, rng, reps) -> list[float]:
             if fin.size == 0 or sd == 0:
                 res.append(v[rng.integers(0, v.size, v.size)])
                 continue
-            draw = np.exp(np.log(np.median(fin)) + np.clip(sd * rng.standard_normal(v.size), -30, 30))
+            shift = np.clip(sd * rng.standard_normal(v.size), -30, 30)
+            draw = np.exp(np.log(np.median(fin)) + shift)
             cens = rng.random(v.size) < (v.size - fin.size) / v.size
             res.append(np.where(cens, np.inf, draw))
         x = fn(bs, res)

@@ -156,7 +156,9 @@ def _fired(curve: Curve, sm: np.ndarray, sig: RunSignals, opts: AnalysisOptions)
         )
     if opts.drift_threshold is not None:
         s = sig.drift
-        fired["drift"] = collapse.above_rule(s.samples, s.values, opts.drift_threshold) if s else None
+        fired["drift"] = (
+            collapse.above_rule(s.samples, s.values, opts.drift_threshold) if s else None
+        )
     if opts.entropy_low is not None or opts.entropy_high is not None:
         s = sig.entropy
         fired["entropy"] = (

@@ -1,4 +1,4 @@
-"""Aggregation over seeds and the fits: median + bootstrap, McCandlish B_crit, noise scale, slope.
+"""Aggregation over seeds, the noise-scale estimator, the slope test (B_crit: `critical`).
 
 Censored clocks enter as +inf: a median that lands on a censored seed is reported as censored
 (a lower bound), never averaged as if it were a crossing.
@@ -54,89 +54,6 @@ def aggregate(values: list[float | None], censor_at: list[float], rng, reps=1000
 
 def _fin(v) -> float | None:
     return float(v) if v is not None and np.isfinite(v) else None
-
-
-def fit_line_nonneg(b: np.ndarray, e: np.ndarray) -> tuple[float, float] | None:
-    """Least squares E = E_min + S_min*B with both coefficients >= 0 (scipy nnls)."""
-    from scipy.optimize import nnls
-
-    if np.unique(b).size < 2:
-        return None
-    a = np.column_stack([np.ones_like(b), b])
-    coef, _ = nnls(a, e)
-    return float(coef[0]), float(coef[1])
-
-
-def mccandlish(per_batch: dict[float, list[float | None]], rng, reps=1000) -> dict:
-    """Fit E(B) = E_min + S_min*B to per-batch median progress clocks; B_crit = E_min/S_min.
-
-    Only batches whose median is uncensored enter. The interval resamples seeds within each
-    batch (bootstrap), refits, and takes quantiles of B_crit.
-    """
-    usable = {
-        b: np.array([np.inf if v is None else v for v in vs], float)
-        for b, vs in per_batch.items()
-        if vs
-    }
-    usable = {b: x for b, x in usable.items() if np.isfinite(np.median(x))}
-    if len(usable) < 2:
-        why = (
-            "one batch size: no fit possible"
-            if len(per_batch) < 2
-            else (f"{len(usable)} batch size(s) with an uncensored median: no fit possible")
-        )
-        return {
-            "b_crit": None,
-            "e_min": None,
-            "s_min": None,
-            "low": None,
-            "high": None,
-            "batches_used": sorted(usable),
-            "note": why,
-        }
-    bs = np.array(sorted(usable))
-    meds = np.array([np.median(usable[b]) for b in bs])
-    fit = fit_line_nonneg(bs, meds)
-    e_min, s_min = fit
-    b_crit = e_min / s_min if s_min > 0 else None
-    samples = []
-    for _ in range(reps):
-        m = np.array(
-            [np.median(usable[b][rng.integers(0, usable[b].size, usable[b].size)]) for b in bs]
-        )
-        ok = np.isfinite(m)
-        if ok.sum() < 2:
-            continue
-        f = fit_line_nonneg(bs[ok], m[ok])
-        if f and f[1] > 0:
-            samples.append(f[0] / f[1])
-        else:
-            samples.append(np.inf)  # flat: B_crit beyond any measured batch
-    lo = hi = None
-    if samples:
-        lo, hi = np.quantile(np.array(samples), [(1 - CONF) / 2, (1 + CONF) / 2], method="lower")
-    single = all(usable[b].size == 1 for b in bs)
-    note = (
-        "fit on medians; one seed per batch: the interval is degenerate"
-        if single
-        else (f"fit on {bs.size} batch medians, bootstrap over seeds ({reps} reps)")
-    )
-    if b_crit is None:
-        note = "E(B) does not grow with B on this grid: B_crit above the largest batch"
-    elif not bs[0] <= b_crit <= bs[-1]:
-        note += f"; B_crit lies outside the grid [{bs[0]:g}, {bs[-1]:g}]: extrapolated"
-    resid = (meds - (e_min + s_min * bs)) / meds
-    return {
-        "b_crit": b_crit,
-        "e_min": e_min,
-        "s_min": s_min,
-        "low": _fin(lo),
-        "high": _fin(hi),
-        "batches_used": [float(b) for b in bs],
-        "medians": [float(m) for m in meds],
-        "rel_residuals": [float(r) for r in resid],  # (median - fit) / median per batch
-        "note": note,
-    }
 
 
 def noise_scale(micro_sq, full_sq, micro_size, full_size, ema_alpha=0.05) -> np.ndarray:

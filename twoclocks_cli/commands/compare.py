@@ -55,8 +55,8 @@ def compare(
     as_json: JsonOption = False,
 ) -> None:
     """Both clocks of a schedule run beside the sweep's constant-batch clocks (same options)."""
-    from twoclocks_cli.clocks.saved import latest_analysis
     from twoclocks_cli.clocks.compare import compare_schedule
+    from twoclocks_cli.clocks.saved import latest_analysis
     from twoclocks_cli.errors import AnalysisError
     from twoclocks_cli.store import Store
 
