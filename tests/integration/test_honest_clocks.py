@@ -149,3 +149,20 @@ def test_the_invariance_verdict_needs_the_interval_inside_the_margin(tmp_path, u
     inv = a["failure_invariance"]
     assert inv["low"] is not None and inv["high"] - inv["low"] > 0.5, inv
     assert inv["verdict"].startswith("inconclusive"), inv
+
+
+def test_an_eval_set_too_small_for_the_target_gap_is_said_so(tmp_path, url):
+    """eval_accuracy 0.30 -> 0.34 on 256 problems: SE ~0.029 against a gap of ~0.02."""
+    for b in (8, 16):
+        lines = ["step,samples,eval_accuracy,eval_n"]
+        for i in range(30):
+            lines.append(f"{i},{i * b},{0.30 + 0.04 * i / 29:.4f},256")
+        path = tmp_path / f"eval-{b}.csv"
+        path.write_text("\n".join(lines) + "\n")
+        proc = twoclocks("ingest", str(path), "-f", "csv", "--sweep", "evalnoise",
+                         "--batch-prompts", str(b // 4), "--group-size", "4", "--lr", "0.001",
+                         "--seed", "0", "--db", url)
+        assert proc.returncode == 0, proc.stderr
+    a = _analyze(url, "evalnoise")
+    assert any("eval set of 256 problems" in w and "eval noise level" in w
+               for w in a["warnings"]), a["warnings"]
