@@ -102,8 +102,23 @@ def test_main_job_end_to_end(tmp_path):
     assert (tmp_path / "clocks.png").stat().st_size > 0
 
     phases_file = tmp_path / "schedule.toml"
-    sched = json.loads(_ok(twoclocks("schedule", "mini", "--db", db, "--json",
-                                     "--out", str(phases_file))).stdout)
+    proc = twoclocks("schedule", "mini", "--db", db, "--json", "--out", str(phases_file))
+    if all(b["progress"]["median"] is None for b in analysis["batches"]):
+        # 1,536 samples rarely teach the tiny model anything: the honest answer is no schedule
+        # (never one that starts from a censored batch); the rest of the chain then runs a
+        # two-phase list written by hand from the sweep's own cells
+        assert_one_line_error(proc, "no batch size reached the target", "suggest")
+        assert not phases_file.exists()
+        lr = {r["batch_samples"]: r["lr"] for r in analysis["runs"]}
+        sched = {"phases": [
+            {"until_samples": 768, "prompts_per_batch": 2, "lr": lr[16]},
+            {"until_samples": 1536, "prompts_per_batch": 8, "lr": lr[64]},
+        ]}
+        from twoclocks_cli.tomlwrite import dumps
+
+        phases_file.write_text(dumps(sched))
+    else:
+        sched = json.loads(_ok(proc).stdout)
     assert sched["phases"] and tomllib.loads(phases_file.read_text())["phases"]
 
     train_cfg = tmp_path / "schedule-train.toml"

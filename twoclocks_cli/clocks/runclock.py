@@ -215,8 +215,10 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
         elif n_prog is None:
             reason = f"never reached the target {tau:.4g} by {last:,.0f} samples"
     group = group_size or 1
-    prog_censored = n_prog is None and not started_above
-    prog_at = (n_fail if n_fail is not None and reason and "collapsed" in reason else last)
+    # no number means censored (a flagged start included: its reason says why)
+    prog_censored = n_prog is None
+    prog_at = (n_fail if n_fail is not None and reason and "collapsed" in reason
+               else first if started_above else last)
     progress = Clock(
         samples=n_prog,
         censored=prog_censored,
