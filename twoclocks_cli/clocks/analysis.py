@@ -90,7 +90,7 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
             f"run(s) {above} started at or above the target {tau:.4g}: no progress clock "
             "(left out of E(B); give a higher --target)"
         )
-    warnings += _eval_resolution(signals, run_rows, target, metric)
+    warnings += _eval_resolution(signals, target, metric)
     rng = np.random.default_rng(opts.seed)
     rows_in = [row for row in run_rows if row["analysed"] and row["in_family"]]
     batches = _per_batch(rows_in, rng, opts)
@@ -283,26 +283,14 @@ def _per_batch(run_rows, rng, opts) -> list[dict]:
         if not rows:
             continue
         prog_rows = [r for r in rows if not r.get("started_above")]
-        prog = [r["progress"]["samples"] for r in prog_rows]
-        fail = [r["failure"]["samples"] for r in rows]
-        progress = aggregate(
-            prog,
-            [r["progress"]["censored_at"] for r in prog_rows if r["progress"]["censored"]],
-            rng,
-            opts.bootstrap,
-        ).to_json()
+        progress = _aggregate_clock(prog_rows, "progress", rng, opts)
         if len(prog_rows) < len(rows):
             progress["note"] += f", {len(rows) - len(prog_rows)} started above the target"
-        collapsed = sum(1 for r in prog_rows if "collapsed" in (r["progress"]["reason"] or ""))
+        collapsed = sum(1 for r in prog_rows if r["progress"].get("collapsed"))
         if collapsed:
             progress["note"] += f", {collapsed} collapsed before the target"
-        failure = aggregate(
-            fail,
-            [r["failure"]["censored_at"] for r in rows if r["failure"]["censored"]],
-            rng,
-            opts.bootstrap,
-        ).to_json()
-        failure["n_failed"] = sum(1 for f in fail if f is not None)
+        failure = _aggregate_clock(rows, "failure", rng, opts)
+        failure["n_failed"] = sum(1 for r in rows if r["failure"]["samples"] is not None)
         early = sum(1 for r in rows if r["failure"].get("at_eval_resolution"))
         if early:
             failure["note"] += f", {early} at eval resolution (first or second logged point)"
@@ -318,6 +306,13 @@ def _per_batch(run_rows, rng, opts) -> list[dict]:
             }
         )
     return out
+
+
+def _aggregate_clock(rows, clock: str, rng, opts) -> dict:
+    """Median and interval over seeds of one clock (censored seeds as lower bounds)."""
+    values = [r[clock]["samples"] for r in rows]
+    censored_at = [r[clock]["censored_at"] for r in rows if r[clock]["censored"]]
+    return aggregate(values, censored_at, rng, opts.bootstrap).to_json()
 
 
 def _critical(per_batch_prog, rows, runs, tau, metric, opts, warnings, rng) -> dict:
@@ -413,15 +408,11 @@ def _invariance(rows, opts) -> dict:
     return out
 
 
-def _eval_resolution(signals, rows, target, metric) -> list[str]:
+def _eval_resolution(signals, target, metric) -> list[str]:
     """Warn when the eval set is too small to resolve the target gap (binomial SE)."""
     if metric != "eval_accuracy":
         return []
-    sizes = []
-    for s in signals.values():
-        n = getattr(s, "eval_n", None)
-        if n is not None:
-            sizes.append(n)
+    sizes = [s.eval_n for s in signals.values() if s.eval_n is not None]
     if not sizes:
         return []
     n = min(sizes)

@@ -47,13 +47,6 @@ class Estimate:
     def to_json(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict | None) -> Estimate | None:
-        if not data:
-            return None
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
-
     def covers(self, value: float) -> bool:
         """Whether `value` is consistent with this estimate (interval, or the bound's side)."""
         if self.bound == "lower":

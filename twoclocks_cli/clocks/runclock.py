@@ -9,7 +9,6 @@ a failure at the first or second eval point is flagged "at eval resolution".
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -37,11 +36,7 @@ class Clock:
     rule: str | None = None  # failure clock: the rule that fired first
     rules: dict = field(default_factory=dict)  # failure clock: every rule's firing time
     at_eval_resolution: bool = False  # failure at the first or second logged point
-
-    @property
-    def value(self) -> float:
-        """The clock for ordering: +inf when censored or unknown."""
-        return math.inf if self.samples is None else self.samples
+    collapsed: bool = False  # progress clock: censored by a collapse before the target
 
 
 @dataclass
@@ -62,8 +57,7 @@ class RunClocks:
     sign_noise_scale: float | None = None
 
     def to_json(self) -> dict:
-        out = asdict(self)
-        return out
+        return asdict(self)
 
 
 @dataclass
@@ -200,7 +194,7 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
     started_above = bool(sm[0] >= tau)
     fired = _fired(curve, sm, sig, opts)
     n_fail, rule = collapse.earliest(fired)
-    n_prog, reason = None, None
+    n_prog, reason, collapsed = None, None, False
     if started_above:
         reason = f"started at or above the target ({curve.values[0]:.4g} >= {tau:.4g})"
     else:
@@ -211,14 +205,13 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
             n_prog = max(n_prog, float(curve.samples[raw_hit[0]]))
         if n_prog is not None and n_fail is not None and n_fail < n_prog:
             reason = f"collapsed at {n_fail:,.0f} samples ({rule}) before the target"
-            n_prog = None
+            n_prog, collapsed = None, True
         elif n_prog is None:
             reason = f"never reached the target {tau:.4g} by {last:,.0f} samples"
     group = group_size or 1
     # no number means censored (a flagged start included: its reason says why)
     prog_censored = n_prog is None
-    prog_at = (n_fail if n_fail is not None and reason and "collapsed" in reason
-               else first if started_above else last)
+    prog_at = n_fail if collapsed else first if started_above else last
     progress = Clock(
         samples=n_prog,
         censored=prog_censored,
@@ -227,6 +220,7 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
         prompts=n_prog / group if n_prog is not None else None,
         seconds=_seconds_at(sig.times, n_prog),
         reason=reason,
+        collapsed=collapsed,
     )
     early = n_fail is not None and curve.samples.size >= 2 and n_fail <= float(curve.samples[1])
     failure = Clock(
