@@ -65,9 +65,10 @@ _COMMANDS = [
     ("sweep", "sweep", "sweep"),
     ("status", "status", "status"),
     ("cancel", "sweep", "cancel"),
+    ("export", "export", "export"),
 ]
 # (group name, module, Typer attribute)
-_GROUPS = [("db", "db", "app"), ("runs", "runs", "app"), ("sweeps", "sweep", "sweeps_app")]
+_GROUPS = [("db", "db", "app"), ("runs", "runs", "app"), ("sweeps", "sweeps", "app")]
 
 
 def _register() -> None:

@@ -1,16 +1,13 @@
-"""`twoclocks sweep CONFIG`, `twoclocks cancel SWEEP`, `twoclocks sweeps list`."""
+"""`twoclocks sweep CONFIG`, `twoclocks cancel SWEEP` (`sweeps list` is in sweeps.py)."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from twoclocks_cli.commands.plan import ConfigArg
-from twoclocks_cli.options import DbOption, JsonOption
-
-sweeps_app = typer.Typer(help="Sweeps in the store.", no_args_is_help=True)
+from twoclocks_cli.options import DbOption
 
 ExecutorOption = Annotated[
     str | None,
@@ -83,37 +80,3 @@ def cancel(
     if problems:
         raise LaunchError("cells marked cancelled, but stopping their jobs failed: "
                           + "; ".join(problems))
-
-
-@sweeps_app.command("list")
-def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
-    """List sweeps with their cell counts by status."""
-    from sqlalchemy import select
-
-    from twoclocks_cli.commands.status import ORDER
-    from twoclocks_cli.launch import sweeps
-    from twoclocks_cli.store import Store, Sweep
-
-    store = Store.open(db)
-    counts = sweeps.counts(store)
-    with store.session() as s:
-        rows = list(s.scalars(select(Sweep).order_by(Sweep.id)))
-    records = [{"name": w.name, "backend": w.backend, "executor": w.executor,
-                "folder": w.folder, "created_at": w.created_at.isoformat(),
-                "cells": dict(counts.get(w.name, {}))} for w in rows]
-    if as_json:
-        typer.echo(json.dumps(records, indent=2))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"sweeps in {store.url}")
-    for col in ("sweep", "backend", "executor", "cells", "created"):
-        table.add_column(col)
-    for r in records:
-        cells = ", ".join(f"{r['cells'][s]} {s}" for s in ORDER if r["cells"].get(s))
-        table.add_row(r["name"], r["backend"], r["executor"] or "-", cells or "-",
-                      r["created_at"][:19])
-    Console().print(table)
-    if not records:
-        typer.echo("no sweeps yet")

@@ -7,14 +7,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, delete, func, or_, select
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from twoclocks_cli.errors import NotFoundError, StoreError
+from twoclocks_cli.errors import ConfigError, NotFoundError, StoreError
 from twoclocks_cli.store.engine import describe_db_error, make_engine, mask_url, resolve_url
 from twoclocks_cli.store.migrate import ensure_schema
 from twoclocks_cli.store.models import (
+    Analysis,
     Metric,
     Run,
     RunEvent,
@@ -93,14 +94,14 @@ class Store:
     def list_runs(self, sweep: str | None = None) -> list[Run]:
         """Runs, optionally of one sweep, in id order."""
         with self.session() as s:
-            query = select(Run).order_by(Run.id)
+            query = select(Run).options(selectinload(Run.sweep)).order_by(Run.id)
             if sweep is not None:
                 query = query.where(Run.sweep_id == self.get_sweep(sweep).id)
             return list(s.scalars(query).all())
 
     def get_run(self, run_id: int) -> Run:
         with self.session() as s:
-            run = s.get(Run, run_id)
+            run = s.get(Run, run_id, options=[selectinload(Run.sweep)])
             if run is None:
                 raise NotFoundError(f"no run with id {run_id}")
             return run
@@ -171,3 +172,155 @@ class Store:
             if run_id is not None:
                 q = q.where(Metric.run_id == run_id)
             return int(s.scalar(q))
+
+    # -- runs show, export, delete (issue 13) ---------------------------------------------
+
+    def find_run(self, ref: str) -> Run:
+        """A run named by the user: its id, or a run name that only one run has."""
+        ref = ref.strip()
+        if ref.isdigit():
+            return self.get_run(int(ref))
+        with self.session() as s:
+            q = select(Run).options(selectinload(Run.sweep)).where(Run.name == ref)
+            runs = list(s.scalars(q.order_by(Run.id)))
+        if len(runs) == 1:
+            return runs[0]
+        if not runs:
+            raise NotFoundError(f"no run with id or name {ref!r}")
+        ids = ", ".join(str(r.id) for r in runs[:10])
+        raise NotFoundError(f"{len(runs)} runs are named {ref!r} (ids {ids}); name one by id")
+
+    def sweep_runs(self, name: str) -> list[Run]:
+        """The runs of sweep `name` with their sweep loaded, in id order (NotFoundError)."""
+        sweep = self.get_sweep(name)
+        with self.session() as s:
+            q = select(Run).options(selectinload(Run.sweep)).where(Run.sweep_id == sweep.id)
+            return list(s.scalars(q.order_by(Run.id)))
+
+    def metric_summary(self, run_id: int, keys: list[str] | None = None) -> dict[str, dict]:
+        """Per key of one run: n points (n_nan of them NaN), first/last step and samples, and
+        min/max over the non-NaN values, last value (two queries, whatever the run's length)."""
+        agg = (
+            select(Metric.key, func.count().label("n"), func.count(Metric.value).label("n_val"),
+                   func.min(Metric.step).label("first"), func.max(Metric.step).label("last"),
+                   func.min(Metric.value).label("lo"), func.max(Metric.value).label("hi"))
+            .where(Metric.run_id == run_id)
+            .group_by(Metric.key)
+        )
+        if keys is not None:
+            agg = agg.where(Metric.key.in_(keys))
+        sub = agg.subquery()
+        ends = (
+            select(Metric.key, Metric.step, Metric.samples, Metric.value)
+            .join(sub, Metric.key == sub.c.key)
+            .where(Metric.run_id == run_id,
+                   or_(Metric.step == sub.c.first, Metric.step == sub.c.last))
+        )
+        with self.session() as s:
+            out = {r.key: {"n": r.n, "n_nan": r.n - r.n_val, "first_step": r.first,
+                           "last_step": r.last, "min": r.lo, "max": r.hi}
+                   for r in s.execute(agg.order_by(Metric.key))}
+            for key, step, samples, value in s.execute(ends):
+                row = out[key]
+                value = float("nan") if value is None else value
+                if step == row["first_step"]:
+                    row["first_samples"] = samples
+                if step == row["last_step"]:
+                    row["last_samples"], row["last"] = samples, value
+        return out
+
+    def iter_metrics(self, run_ids: list[int], keys: list[str] | None = None,
+                     chunk: int = 20_000) -> Iterator[tuple[int, int, int, str, float]]:
+        """(run_id, step, samples, key, value) of `run_ids`, ordered by run, step, key; NaN is
+        a float NaN. Streams the rows (a server-side cursor on PostgreSQL)."""
+        if not run_ids:
+            return
+        q = (
+            select(Metric.run_id, Metric.step, Metric.samples, Metric.key, Metric.value)
+            .where(Metric.run_id.in_(run_ids))
+            .order_by(Metric.run_id, Metric.step, Metric.key)
+        )
+        if keys is not None:
+            q = q.where(Metric.key.in_(keys))
+        nan = float("nan")
+        try:
+            with self.engine.connect() as conn:
+                result = conn.execution_options(stream_results=True, yield_per=chunk).execute(q)
+                for rid, step, samples, key, value in result:
+                    yield rid, step, samples, key, nan if value is None else value
+        except (OperationalError, DBAPIError) as exc:
+            raise StoreError(describe_db_error(exc, self.engine.url)) from None
+
+    def delete_runs(self, run_ids: list[int], refuse: Iterable[str] = ()) -> dict[str, int]:
+        """Delete runs with their metrics, events and the analyses that used them, in ONE
+        transaction; a run whose status is in `refuse` (checked under a row lock) aborts it all.
+
+        Returns the number of rows deleted per table."""
+        ids = sorted(set(run_ids))
+        with self.session() as s:
+            runs = list(s.scalars(select(Run).where(Run.id.in_(ids)).with_for_update()))
+            missing = sorted(set(ids) - {r.id for r in runs})
+            if missing:
+                raise NotFoundError(f"no run with id {missing[0]}")
+            _refuse_active(runs, set(refuse))
+            sweep_ids = {r.sweep_id for r in runs if r.sweep_id is not None}
+            used = [a.id for a in s.scalars(select(Analysis).where(
+                Analysis.sweep_id.in_(sweep_ids))) if _uses_runs(a.result, set(ids))]
+            return _delete_rows(s, ids, used)
+
+    def delete_sweep(self, name: str, refuse: Iterable[str] = ()) -> dict[str, int]:
+        """Delete sweep `name`, its runs (metrics, events) and analyses, in ONE transaction;
+        a run whose status is in `refuse` aborts it all. Returns rows deleted per table."""
+        with self.session() as s:
+            sweep = s.scalar(select(Sweep).where(Sweep.name == name).with_for_update())
+            if sweep is None:
+                names = s.scalars(select(Sweep.name).order_by(Sweep.name)).all()
+                raise NotFoundError(f"no sweep named {name!r} (sweeps: "
+                                    f"{', '.join(names) if names else 'none yet'})")
+            runs = list(s.scalars(select(Run).where(Run.sweep_id == sweep.id)
+                                  .with_for_update()))
+            _refuse_active(runs, set(refuse))
+            used = list(s.scalars(select(Analysis.id).where(Analysis.sweep_id == sweep.id)))
+            counts = _delete_rows(s, [r.id for r in runs], used)
+            s.execute(delete(Sweep).where(Sweep.id == sweep.id))
+            return {**counts, "sweeps": 1}
+
+    def count_metrics_of(self, run_ids: list[int]) -> int:
+        """Metric rows of all `run_ids` together (one query)."""
+        with self.session() as s:
+            q = select(func.count()).select_from(Metric).where(Metric.run_id.in_(run_ids))
+            return int(s.scalar(q))
+
+    def table_counts(self) -> dict[str, int]:
+        """Rows in every table of the store (what a delete must leave consistent)."""
+        with self.session() as s:
+            return {m.__tablename__: int(s.scalar(select(func.count()).select_from(m)))
+                    for m in (Sweep, Run, Metric, RunEvent, Analysis)}
+
+
+def _refuse_active(runs: list[Run], refuse: set[str]) -> None:
+    """Raise ConfigError naming the first run whose status is in `refuse`."""
+    busy = [r for r in runs if r.status in refuse]
+    if busy:
+        r = busy[0]
+        more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
+        raise ConfigError(f"run {r.id} ({r.name}) is {r.status}{more}: not deleted; "
+                          "pass --force to cancel it first")
+
+
+def _uses_runs(result: dict, ids: set[int]) -> bool:
+    """Whether a stored analysis result was computed from any of `ids`."""
+    return any(r.get("run_id") in ids for r in (result or {}).get("runs") or [])
+
+
+def _delete_rows(s: Session, run_ids: list[int], analysis_ids: list[int]) -> dict[str, int]:
+    """Delete metrics, events, analyses and runs explicitly (no reliance on FK cascades)."""
+    counts = {}
+    for name, stmt in (
+        ("metrics", delete(Metric).where(Metric.run_id.in_(run_ids))),
+        ("run_events", delete(RunEvent).where(RunEvent.run_id.in_(run_ids))),
+        ("analyses", delete(Analysis).where(Analysis.id.in_(analysis_ids))),
+        ("runs", delete(Run).where(Run.id.in_(run_ids))),
+    ):
+        counts[name] = s.execute(stmt).rowcount
+    return counts

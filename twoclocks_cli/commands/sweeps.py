@@ -1,0 +1,70 @@
+"""`twoclocks sweeps`: list sweeps with their cell counts; delete a sweep with everything in it."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from twoclocks_cli.commands.runs import ForceOption, YesOption
+from twoclocks_cli.options import DbOption, JsonOption
+
+app = typer.Typer(help="Sweeps in the store.", no_args_is_help=True)
+
+
+@app.command("list")
+def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
+    """List sweeps with their cell counts by status."""
+    from sqlalchemy import select
+
+    from twoclocks_cli.commands.status import ORDER
+    from twoclocks_cli.launch import sweeps
+    from twoclocks_cli.store import Store, Sweep
+
+    store = Store.open(db)
+    counts = sweeps.counts(store)
+    with store.session() as s:
+        rows = list(s.scalars(select(Sweep).order_by(Sweep.id)))
+    records = [{"id": w.id, "name": w.name, "backend": w.backend, "executor": w.executor,
+                "folder": w.folder, "created_at": w.created_at.isoformat(),
+                "cells": dict(counts.get(w.name, {}))} for w in rows]
+    if as_json:
+        typer.echo(json.dumps(records, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sweeps in {store.url}")
+    for col in ("id", "sweep", "backend", "executor", "cells", "created"):
+        table.add_column(col)
+    for r in records:
+        cells = ", ".join(f"{r['cells'][s]} {s}" for s in ORDER if r["cells"].get(s))
+        table.add_row(str(r["id"]), r["name"], r["backend"], r["executor"] or "-",
+                      cells or "-", r["created_at"][:19])
+    Console().print(table)
+    if not records:
+        typer.echo("no sweeps yet")
+
+
+@app.command("delete")
+def delete(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Sweep to delete.")],
+    yes: YesOption = False,
+    force: ForceOption = False,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete sweep NAME with its runs, their metrics and status history, and its stored
+    analyses, in one transaction. Submitted/running runs are refused unless --force."""
+    from twoclocks_cli.commands.runs import confirm, do_delete, prepare_delete, report_delete
+    from twoclocks_cli.store import Store
+
+    store = Store.open(db)
+    runs = store.sweep_runs(name)
+    busy = prepare_delete(store, runs, force)
+    metrics = store.count_metrics_of([r.id for r in runs])
+    what = f"sweep {name}"
+    confirm(what, {"runs": len(runs), "metric rows": metrics}, yes)
+    notes, counts = do_delete(store, busy, lambda refuse: store.delete_sweep(name, refuse))
+    report_delete(what, notes, counts, as_json)
