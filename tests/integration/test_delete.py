@@ -105,7 +105,7 @@ def test_delete_sweep_takes_its_runs_and_analyses_only(filled):
     r = cli("sweeps", "delete", "a", "--yes", "--db", url)
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == (f"deleted sweep a: {sum(map(n_metrics, a))} metric rows, "
-                                "3 status events, 2 analyses, 3 runs, 1 sweeps")
+                                "3 status events, 2 analyses, 3 runs, 1 sweep")
     after = rows(url)
     keep = {x[0] for x in before["runs"]} - {c.run_id for c in a}
     assert keep == {b[0].run_id}

@@ -39,6 +39,17 @@ def _select_runs(store, sweep: str | None, run_refs: list[str] | None) -> tuple[
     return runs, "run " + ", ".join(str(r.id) for r in runs)
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the exit-time flush into a closed pipe stays silent."""
+    import os
+    import sys
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (e.g. captured by a test runner)
+        pass
+
+
 def export(
     sweep: Annotated[str | None, typer.Argument(metavar="[SWEEP]", help="Sweep to export.")]
     = None,
@@ -74,7 +85,8 @@ def export(
     try:
         n = write(table(store, runs, keys_, layout), fmt, out)
     except BrokenPipeError:  # e.g. `| head`: the reader has what it wanted
-        raise typer.Exit(0) from None
+        _quiet_stdout()
+        return
     if out is not None:
         typer.echo(f"wrote {fmt_num(n)} rows ({len(runs)} run(s), {len(keys_)} key(s), "
                    f"{layout}) to {out}", err=True)

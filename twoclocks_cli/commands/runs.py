@@ -10,7 +10,10 @@ from twoclocks_cli.options import DbOption, JsonOption
 
 app = typer.Typer(help="Runs in the store.", no_args_is_help=True)
 
-ROWS = {"metrics": "metric rows", "run_events": "status events"}  # table → words in messages
+# table → (one, many) in messages
+ROWS = {"metrics": ("metric row", "metric rows"),
+        "run_events": ("status event", "status events"), "analyses": ("analysis", "analyses"),
+        "runs": ("run", "runs"), "sweeps": ("sweep", "sweeps")}
 BUSY = ("submitted", "running")  # statuses a delete refuses unless --force cancels them
 
 KeysOption = Annotated[str | None, typer.Option(
@@ -253,7 +256,7 @@ def confirm(what: str, counts: dict[str, int], yes: bool) -> None:
     """Ask before deleting (unless --yes); 'no' exits 1 with nothing changed."""
     if yes:
         return
-    rows = ", ".join(f"{fmt(n)} {t}" for t, n in counts.items() if n)
+    rows = ", ".join(f"{fmt(n)} {ROWS[t][n != 1]}" for t, n in counts.items() if n)
     if not typer.confirm(f"Delete {what} ({rows or 'no rows'})?", default=False, err=True):
         typer.echo("nothing deleted", err=True)
         raise typer.Exit(1)
@@ -274,7 +277,7 @@ def report_delete(what: str, notes: list[str], counts: dict[str, int], as_json: 
         return
     for note in notes:
         typer.echo(note)
-    typer.echo(f"deleted {what}: " + ", ".join(f"{fmt(n)} {ROWS.get(t, t)}"
+    typer.echo(f"deleted {what}: " + ", ".join(f"{fmt(n)} {ROWS[t][n != 1]}"
                                                for t, n in counts.items()))
 
 
@@ -295,8 +298,7 @@ def delete(
     runs = list({r.id: r for r in (store.find_run(ref) for ref in run_refs)}.values())
     busy = prepare_delete(store, runs, force)
     ids = [r.id for r in runs]
-    what = "run " + ", ".join(str(i) for i in ids) if len(ids) == 1 else \
-        f"{len(ids)} runs ({', '.join(str(i) for i in ids)})"
-    confirm(what, {"metric rows": store.count_metrics_of(ids)}, yes)
+    what = f"run {ids[0]}" if len(ids) == 1 else f"{len(ids)} runs ({', '.join(map(str, ids))})"
+    confirm(what, {"metrics": store.count_metrics_of(ids)}, yes)
     notes, counts = do_delete(store, busy, lambda refuse: store.delete_runs(ids, refuse))
     report_delete(what, notes, counts, as_json)

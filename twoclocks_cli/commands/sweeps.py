@@ -65,6 +65,6 @@ def delete(
     busy = prepare_delete(store, runs, force)
     metrics = store.count_metrics_of([r.id for r in runs])
     what = f"sweep {name}"
-    confirm(what, {"runs": len(runs), "metric rows": metrics}, yes)
+    confirm(what, {"runs": len(runs), "metrics": metrics}, yes)
     notes, counts = do_delete(store, busy, lambda refuse: store.delete_sweep(name, refuse))
     report_delete(what, notes, counts, as_json)
