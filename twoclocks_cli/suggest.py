@@ -22,9 +22,11 @@ already present are skipped) and the next `analyze` pools them with the old ones
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
+from twoclocks_cli.clocks.result import Analysis, BatchRow, Recommended
 from twoclocks_cli.errors import AnalysisError, ConfigError
 
 EXTRA_SEEDS = 2  # seeds added by a `seeds` or `budget` suggestion
@@ -33,8 +35,10 @@ MAX_SEED_BATCHES = 3  # at most this many `seeds` suggestions (partly censored b
 LONGER = 2  # the longer budget's factor over the sweep's
 
 
-def estimate_text(rec: dict | None) -> str:
-    """'>= 16', '<= 4', '41.1 [27.7, 50.8]' (samples), 'none'."""
+def estimate_text(rec) -> str:
+    """'>= 16', '<= 4', '41.1 [27.7, 50.8]' (samples), 'none' (an Estimate or its JSON)."""
+    if dataclasses.is_dataclass(rec):
+        rec = dataclasses.asdict(rec)
     if not rec or rec.get("b_crit") is None:
         return "none"
     b = rec["b_crit"]
@@ -47,16 +51,12 @@ def estimate_text(rec: dict | None) -> str:
     return f"{b:.4g}"
 
 
-def _family_rows(analysis: dict) -> list[dict]:
-    return [r for r in analysis.get("runs", []) if r.get("in_family", True)]
-
-
-def family_group_size(analysis: dict) -> int:
+def family_group_size(a: Analysis) -> int:
     """The group size G of the analysed runs (the most common one)."""
-    sizes = Counter(int(r["group_size"]) for r in _family_rows(analysis) if r.get("group_size"))
+    sizes = Counter(int(r.group_size) for r in a.runs if r.in_family and r.group_size)
     if not sizes:  # from the per-batch table: samples / prompts
-        sizes = Counter(int(round(b["batch_samples"] / b["batch_prompts"][0]))
-                        for b in analysis.get("batches", []) if b.get("batch_prompts"))
+        sizes = Counter(int(round(b.batch_samples / b.batch_prompts[0]))
+                        for b in a.batches if b.batch_prompts)
     return sizes.most_common(1)[0][0] if sizes else 1
 
 
@@ -86,7 +86,7 @@ def _item(kind: str, prompts: int, g: int, seeds: list[int], budget: int, why: s
             "cost_samples": len(seeds) * budget, "why": why}
 
 
-def plan_suggestions(analysis: dict, *, sweep_budget: int, budget: int | None = None,
+def plan_suggestions(analysis: Analysis | dict, *, sweep_budget: int, budget: int | None = None,
                      group_size: int | None = None,
                      used_seeds: dict[float, set[int]] | None = None) -> dict:
     """The suggestions for an analysis document (a JSON-ready dict; see the module doc).
@@ -96,28 +96,28 @@ def plan_suggestions(analysis: dict, *, sweep_budget: int, budget: int | None = 
     censored); `used_seeds`: seeds every run of the sweep has at each batch (new seeds avoid
     them).
     """
-    crit = analysis.get("critical_batch") or {}
-    if "recommended" not in crit:
-        raise AnalysisError(f"sweep {analysis.get('sweep')!r}: the analysis has no recommended "
+    a = Analysis.of(analysis)
+    rec_json = (a.raw.get("critical_batch") or {}).get("recommended")
+    if rec_json is None:
+        raise AnalysisError(f"sweep {a.sweep!r}: the analysis has no recommended "
                             "B_crit estimate (re-run `twoclocks analyze`)")
-    rec = crit["recommended"] or {}
-    batches = sorted((b for b in analysis.get("batches", []) if b.get("n_runs")),
-                     key=lambda b: b["batch_samples"])
+    rec = a.critical.recommended
+    batches = sorted((b for b in a.batches if b.n_runs), key=lambda b: b.batch_samples)
     if not batches:
-        raise AnalysisError(f"sweep {analysis.get('sweep')!r}: no analysed batch sizes: nothing "
+        raise AnalysisError(f"sweep {a.sweep!r}: no analysed batch sizes: nothing "
                             "to suggest from")
     if sweep_budget <= 0:
-        raise AnalysisError(f"sweep {analysis.get('sweep')!r}: no sample budget known (no run "
+        raise AnalysisError(f"sweep {a.sweep!r}: no sample budget known (no run "
                             "logged any samples): nothing to suggest from")
-    g = group_size or family_group_size(analysis)
+    g = group_size or family_group_size(a)
     seeds = _Seeds(used_seeds)
-    for r in analysis.get("runs", []):
-        if r.get("batch_samples") is not None and r.get("seed") is not None:
-            seeds.mark(r["batch_samples"], [int(r["seed"])])
+    for r in a.runs:
+        if r.batch_samples is not None and r.seed is not None:
+            seeds.mark(r.batch_samples, [int(r.seed)])
     notes: list[str] = []
 
-    all_fail = all(b["failure"]["n_censored"] >= b["failure"]["n"] for b in batches)
-    all_prog = all(b["progress"]["n_censored"] >= b["progress"]["n"] for b in batches)
+    all_fail = all(b.failure.n_censored >= b.failure.n for b in batches)
+    all_prog = all(b.progress.n_censored >= b.progress.n for b in batches)
     longer = all_fail or all_prog
     if budget is None:
         budget = LONGER * sweep_budget if longer else sweep_budget
@@ -128,16 +128,16 @@ def plan_suggestions(analysis: dict, *, sweep_budget: int, budget: int | None = 
                      + ("no run has failed yet, so new cells also look for the failure clock"
                         if all_fail else "no batch reached the target yet"))
 
-    out = _bracket(rec, batches, g, budget, seeds, analysis, notes)
+    out = _bracket(rec, batches, g, budget, seeds, a, notes)
     out += _more_seeds(batches, g, budget, seeds, notes)
     if longer:
         out += _longer(rec, batches, g, budget, sweep_budget, seeds, all_fail, notes)
     return {
-        "sweep": analysis.get("sweep"),
-        "analysis_id": analysis.get("analysis_id"),
-        "metric": analysis.get("metric"),
-        "target": (analysis.get("target") or {}).get("value"),
-        "recommended": rec,
+        "sweep": a.sweep,
+        "analysis_id": a.analysis_id,
+        "metric": a.metric,
+        "target": a.target.value,
+        "recommended": rec_json,
         "group_size": g,
         "sweep_budget": sweep_budget,
         "budget": budget,
@@ -148,46 +148,45 @@ def plan_suggestions(analysis: dict, *, sweep_budget: int, budget: int | None = 
     }
 
 
-def _prompts(batch: dict, g: int) -> int:
-    ps = batch.get("batch_prompts") or []
-    return int(ps[0]) if ps else max(1, int(round(batch["batch_samples"] / g)))
+def _prompts(batch: BatchRow, g: int) -> int:
+    ps = batch.batch_prompts
+    return int(ps[0]) if ps else max(1, int(round(batch.batch_samples / g)))
 
 
-def _edge_seeds(analysis: dict, batch: dict) -> list[int]:
+def _edge_seeds(a: Analysis, batch: BatchRow) -> list[int]:
     """The seeds of the family's runs at `batch` (the new batches get the same ones)."""
-    b = batch["batch_samples"]
-    have = sorted({int(r["seed"]) for r in _family_rows(analysis)
-                   if r.get("batch_samples") == b and r.get("seed") is not None})
-    return have or list(range(max(int(batch.get("n_runs") or 1), 1)))
+    have = sorted({int(r.seed) for r in a.runs_at(batch.batch_samples) if r.seed is not None})
+    return have or list(range(max(int(batch.n_runs or 1), 1)))
 
 
-def _bracket(rec, batches, g, budget, seeds, analysis, notes) -> list[dict]:
-    b, bound, where = rec.get("b_crit"), rec.get("bound"), rec.get("placement")
-    src = rec.get("source") or "recommended"
-    grid = [x["batch_samples"] for x in batches]
+def _bracket(rec: Recommended, batches: list[BatchRow], g, budget, seeds, a: Analysis,
+             notes) -> list[dict]:
+    b, bound, where = rec.b_crit, rec.bound, rec.placement
+    src = rec.source or "recommended"
+    grid = [x.batch_samples for x in batches]
     lo, hi = batches[0], batches[-1]
     if b is None:
-        notes.append("no B_crit estimate to bracket: " + (rec.get("why") or "none recommended"))
+        notes.append("no B_crit estimate to bracket: " + (rec.why or "none recommended"))
         return []
     cands: list[tuple[int, str]] = []  # (prompts, why)
     text = estimate_text(rec)
     if bound == "lower":
-        base = next((x for x in batches if x["batch_samples"] == b), hi)
+        base = next((x for x in batches if x.batch_samples == b), hi)
         p = _prompts(base, g)
         for k in (2, 4):
             cands.append((k * p, f"B_crit {text} samples ({src}: a lower bound, the grid stops "
-                                 f"below it): {k}x B={base['batch_samples']:g} brackets it"))
+                                 f"below it): {k}x B={base.batch_samples:g} brackets it"))
     elif bound == "upper":
-        base = next((x for x in batches if x["batch_samples"] == b), lo)
+        base = next((x for x in batches if x.batch_samples == b), lo)
         p = _prompts(base, g)
         for k in (2, 4):
             q = p // k
             exact = "" if q * k == p else ", rounded down to whole prompts"
             if q >= 1:
                 cands.append((q, f"B_crit {text} samples ({src}: an upper bound, the grid starts "
-                                 f"above it): B={base['batch_samples']:g}/{k}{exact}"))
+                                 f"above it): B={base.batch_samples:g}/{k}{exact}"))
         if not cands:
-            notes.append(f"B_crit {text}: B_min = {base['batch_samples']:g} samples is already "
+            notes.append(f"B_crit {text}: B_min = {base.batch_samples:g} samples is already "
                          f"one prompt's group (G={g}): a smaller batch needs a smaller "
                          "group_size (another sweep); no bracketing batch suggested")
     elif where == "extrapolated" and b > grid[-1]:
@@ -221,7 +220,7 @@ def _bracket(rec, batches, g, budget, seeds, analysis, notes) -> list[dict]:
                          "not suggested (raise --budget)")
             continue
         base = hi if samples > grid[-1] else lo
-        s = _edge_seeds(analysis, base)
+        s = _edge_seeds(a, base)
         seeds.mark(samples, s)
         out.append(_item("bracket", q, g, s, budget, why))
         have.add(samples)
@@ -232,22 +231,22 @@ def _more_seeds(batches, g, budget, seeds, notes) -> list[dict]:
     ranked = []  # (width, batch, why)
     hopeless = []
     for bt in batches:
-        pr = bt["progress"]
-        n, nc = int(pr.get("n") or 0), int(pr.get("n_censored") or 0)
+        pr = bt.progress
+        n, nc = int(pr.n or 0), int(pr.n_censored or 0)
         if n == 0:
             continue
         if nc >= n:
-            hopeless.append(bt["batch_samples"])
+            hopeless.append(bt.batch_samples)
         elif nc > 0:
             ranked.append((math.inf, nc / n, bt,
-                           f"{nc} of {n} seeds censored at B={bt['batch_samples']:g}: the "
+                           f"{nc} of {n} seeds censored at B={bt.batch_samples:g}: the "
                            "progress median is uncertain"))
-        elif pr.get("median") and pr.get("low") is not None and pr.get("high") is not None:
-            w = (pr["high"] - pr["low"]) / pr["median"]
+        elif pr.median and pr.low is not None and pr.high is not None:
+            w = (pr.high - pr.low) / pr.median
             ranked.append((w, 0.0, bt,
                            f"widest progress-clock interval: (high - low) / median = {w:.3g} at "
-                           f"B={bt['batch_samples']:g} ({n} seeds, "
-                           f"[{pr['low']:.4g}, {pr['high']:.4g}] around {pr['median']:.4g})"))
+                           f"B={bt.batch_samples:g} ({n} seeds, "
+                           f"[{pr.low:.4g}, {pr.high:.4g}] around {pr.median:.4g})"))
     if hopeless:
         notes.append(f"every seed censored at B={', '.join(f'{b:g}' for b in hopeless)}: more "
                      "seeds there would not reach the target either")
@@ -256,9 +255,9 @@ def _more_seeds(batches, g, budget, seeds, notes) -> list[dict]:
     chosen = partial[:MAX_SEED_BATCHES] if partial else [t for t in ranked[:1] if t[0] > 0]
     out = []
     for _, _, bt, why in chosen:
-        if bt["batch_samples"] > budget:
+        if bt.batch_samples > budget:
             continue
-        s = seeds.take(bt["batch_samples"], EXTRA_SEEDS)
+        s = seeds.take(bt.batch_samples, EXTRA_SEEDS)
         out.append(_item("seeds", _prompts(bt, g), g, s, budget, why))
     return out
 
@@ -269,8 +268,8 @@ def _longer(rec, batches, g, budget, sweep_budget, seeds, all_fail, notes) -> li
                      f"budget {budget} is not longer than the sweep's {sweep_budget}: no "
                      "longer-budget cells suggested")
         return []
-    grid = [b["batch_samples"] for b in batches]
-    b = rec.get("b_crit")
+    grid = [b.batch_samples for b in batches]
+    b = rec.b_crit
     below = [x for x in grid if b is not None and x <= b]
     b_small = max(below) if below else grid[0]
     what = ("no run failed within the sweep's budget" if all_fail
@@ -281,7 +280,7 @@ def _longer(rec, batches, g, budget, sweep_budget, seeds, all_fail, notes) -> li
     if grid[-1] != b_small:
         targets.append((grid[-1], f"{what} ({sweep_budget} samples): the largest batch "
                                   f"B={grid[-1]:g}, the candidate to switch to (latest failure)"))
-    by = {x["batch_samples"]: x for x in batches}
+    by = {x.batch_samples: x for x in batches}
     out = []
     for x, why in targets:
         if x > budget:

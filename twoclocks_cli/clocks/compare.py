@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from twoclocks_cli.clocks.options import AnalysisOptions
+from twoclocks_cli.clocks.result import Analysis
 from twoclocks_cli.clocks.runclock import load_signals, run_clocks
 from twoclocks_cli.errors import AnalysisError, ConfigError, NotFoundError
 from twoclocks_cli.tomlwrite import value as _toml_value
@@ -132,26 +133,26 @@ def _int(v):
     return None if v is None else int(round(v))
 
 
-def _constant_rows(store, analysis: dict, tau: float, opts: AnalysisOptions) -> list[dict]:
+def _constant_rows(store, a: Analysis, tau: float, opts: AnalysisOptions) -> list[dict]:
     """Per batch size: the analysis's clocks, plus the median final smoothed metric."""
     rows = []
-    for b in analysis["batches"]:
-        runs = [r for r in analysis["runs"] if r["batch_samples"] == b["batch_samples"]]
+    for b in a.batches:
+        runs = a.runs_at(b.batch_samples, family_only=False)
         finals = []
         for r in runs:
             try:
-                clocks = _run_clocks(store, r["run_id"], analysis["metric"], tau, opts)
-                finals.append(clocks["final"])
+                finals.append(_run_clocks(store, r.run_id, a.metric, tau, opts)["final"])
             except AnalysisError:
                 continue
         rows.append({
             "final": float(np.median(finals)) if finals else None,
-            "batch_samples": b["batch_samples"], "batch_prompts": b["batch_prompts"],
-            "lr": b["lr"], "n_runs": b["n_runs"],
-            "progress": b["progress"], "failure": b["failure"],
-            "failure_rules": sorted({r["failure"]["rule"] for r in runs if r["failure"]["rule"]}),
-            "reached": sum(1 for r in runs if not r["progress"]["censored"]),
-            "failed": sum(1 for r in runs if not r["failure"]["censored"]),
+            "batch_samples": b.batch_samples, "batch_prompts": b.batch_prompts,
+            "lr": b.lr, "n_runs": b.n_runs,
+            "progress": b.progress.to_json(),
+            "failure": {**b.failure.to_json(), "n_failed": b.n_failed},
+            "failure_rules": sorted({r.failure.rule for r in runs if r.failure.rule}),
+            "reached": sum(1 for r in runs if not r.progress.censored),
+            "failed": sum(1 for r in runs if not r.failure.censored),
         })
     return rows
 
@@ -230,23 +231,24 @@ def check_schedule_run(store, sweep: str, run) -> None:
         )
 
 
-def compare_schedule(store, sweep: str, run_id: int, analysis: dict) -> dict:
+def compare_schedule(store, sweep: str, run_id: int, analysis: Analysis | dict) -> dict:
     """The schedule run's clocks and phases beside the sweep's per-batch clocks (a JSON dict)."""
+    a = Analysis.of(analysis)
     run = store.get_run(run_id)
     check_schedule_run(store, sweep, run)
     known = AnalysisOptions.__dataclass_fields__
-    opts = AnalysisOptions(**{k: v for k, v in analysis["options"].items() if k in known})
-    tau = float(analysis["target"]["value"])
-    clocks = _run_clocks(store, run_id, analysis["metric"], tau, opts)
-    constant = _constant_rows(store, analysis, tau, opts)
+    opts = AnalysisOptions(**{k: v for k, v in a.options.items() if k in known})
+    tau = float(a.target.value)
+    clocks = _run_clocks(store, run_id, a.metric, tau, opts)
+    constant = _constant_rows(store, a, tau, opts)
     sched = {"run_id": run.id, "name": run.name, "status": run.status,
              "phases": phase_summary(store, run_id), **clocks}
     return {
         "sweep": sweep,
-        "analysis_id": analysis.get("analysis_id"),
-        "metric": analysis["metric"],
-        "target": analysis["target"],
-        "options": analysis["options"],
+        "analysis_id": a.analysis_id,
+        "metric": a.metric,
+        "target": a.raw.get("target"),
+        "options": a.options,
         "units": "samples (one sampled completion)",
         "constant": constant,
         "schedule": sched,

@@ -1,149 +1,146 @@
-"""The two-panel analysis figure: curves with both clock markers; clocks vs batch with the fit."""
+"""Every figure twoclocks draws: metric curves with both clock markers, both clocks against the
+batch size with the B_crit estimates, and small multiples of the other logged metrics.
+
+`analyze --plot` puts the first two side by side in one PNG; `report` writes each as its own PNG.
+All of them read the typed analysis (`clocks.result.Analysis`); curves come from
+`store.load_metric`. matplotlib is imported only when a figure is drawn.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from twoclocks_cli.clocks.curves import clean, smooth
+from twoclocks_cli.clocks.result import Analysis
 from twoclocks_cli.errors import ConfigError
 
+PROGRESS_COLOUR, FAILURE_COLOUR = "#2e86c1", "#c0392b"
 
-def plot_analysis(store, result: dict, path: str) -> None:
-    """Write a PNG: (1) metric vs samples per batch, clocks marked; (2) clocks vs B, log-log."""
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    opts = result["options"]
-    runs = result["runs"]
-    curves = store.load_metric([r["run_id"] for r in runs], result["metric"])
-    batches = sorted({r["batch_samples"] for r in runs if r["batch_samples"]})
-    cmap = plt.get_cmap("viridis")
-    color = {b: cmap(i / max(len(batches) - 1, 1)) for i, b in enumerate(batches)}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    seen = set()
-    for r in runs:
-        s = curves.get(r["run_id"])
-        if s is None:
-            continue
-        c = clean(s.steps, s.samples, s.values)
-        if c.empty:
-            continue
-        sm = smooth(c.values, opts["smoothing"], opts["window"], opts["ema_alpha"])
-        b = r["batch_samples"]
-        ax1.plot(
-            c.samples,
-            sm,
-            color=color.get(b, "grey"),
-            lw=1,
-            alpha=0.8,
-            label=f"B={b}" if b not in seen else None,
-        )
-        seen.add(b)
-        if r["progress"]["samples"] is not None:
-            ax1.plot(
-                r["progress"]["samples"],
-                result["target"]["value"],
-                "o",
-                color=color.get(b, "grey"),
-                ms=5,
-            )
-        if r["failure"]["samples"] is not None:
-            ax1.axvline(r["failure"]["samples"], color=color.get(b, "grey"), ls=":", lw=1)
-    ax1.axhline(result["target"]["value"], color="k", ls="--", lw=0.8, label="target")
-    ax1.set(
-        xlabel="samples",
-        ylabel=result["metric"],
-        title="progress (o = progress clock, dotted = failure clock)",
-    )
-    ax1.legend(fontsize=8)
-    bs = [b["batch_samples"] for b in result["batches"]]
-    for key, marker, label in (
-        ("progress", "o-", "progress clock"),
-        ("failure", "s-", "failure clock"),
-    ):
-        med = [b[key]["median"] for b in result["batches"]]
-        x = [b for b, m in zip(bs, med, strict=True) if m is not None]
-        y = [m for m in med if m is not None]
-        lo = [
-            b[key]["low"] if b[key]["low"] is not None else m
-            for b, m in zip(result["batches"], med, strict=True)
-            if m is not None
-        ]
-        hi = [
-            b[key]["high"] if b[key]["high"] is not None else m
-            for b, m in zip(result["batches"], med, strict=True)
-            if m is not None
-        ]
-        if x:
-            yerr = np.clip([np.subtract(y, lo), np.subtract(hi, y)], 0, None)
-            ax2.errorbar(x, y, yerr=yerr, fmt=marker, capsize=3, label=label)
-        _plot_censored(ax2, result["batches"], key, marker[0], f"{label}: censored (>=)")
-    crit = result["critical_batch"]
-    lin, pw = crit.get("mccandlish") or {}, crit.get("power") or {}
-    if bs and lin.get("b_crit") and lin.get("e_min") is not None and not lin.get("bound"):
-        grid = np.geomspace(min(bs), max(bs), 50)
-        s_min = lin["e_min"] / lin["b_crit"]
-        ax2.plot(grid, lin["e_min"] + s_min * grid, "k--", lw=1, label="linear fit E_min + S_min B")
-    if bs and pw.get("b_crit") and pw.get("exponent") and pw.get("e_min"):
-        grid = np.geomspace(min(bs), max(bs), 50)
-        # E0 (1 + (B/B_k)^a) with E(1) = e_min and E(b_crit) = 2 e_min (the estimate's own terms)
-        a = pw["exponent"]
-        bk = _power_bk(pw["b_crit"], a)
-        e0 = pw["e_min"] / (1 + (1 / bk) ** a)
-        ax2.plot(grid, e0 * (1 + (grid / bk) ** a), "c-.", lw=1,
-                 label=f"power fit (a = {a:.2f})")
-    rec = crit.get("recommended") or {}
-    if rec.get("b_crit"):
-        bound = {"lower": ">= ", "upper": "<= "}.get(rec.get("bound") or "", "")
-        ax2.axvline(rec["b_crit"], color="r", lw=1,
-                    label=f"B_crit {bound}{rec['b_crit']:.3g} ({rec.get('source')})")
-        if rec.get("low") is not None and not rec.get("bound"):
-            ax2.axvspan(rec["low"], rec.get("high") or max(bs or [rec["b_crit"]]), color="r",
-                        alpha=0.08)
-    theory = result["critical_batch"].get("theory") or {}
-    if theory.get("b_crit"):
-        ax2.axvline(
-            theory["b_crit"],
-            color="m",
-            ls=":",
-            lw=1,
-            label=f"theory B_crit = {theory['b_crit']:.3g}",
-        )
-    ax2.set(
-        xscale="log",
-        yscale="log",
-        xlabel="batch (samples)",
-        ylabel="samples",
-        title="clocks vs batch size (median, 90% interval)",
-    )
-    if bs:
-        from matplotlib.ticker import NullFormatter
+    return plt
 
-        ax2.set_xticks(bs, [f"{b:g}" for b in bs])
-        ax2.xaxis.set_minor_formatter(NullFormatter())
-    ax2.legend(fontsize=8)
+
+def batch_colours(batches) -> dict:
+    """One viridis colour per batch size, spaced in log B."""
+    import matplotlib as mpl
+
+    bs = sorted({b for b in batches if b})
+    cmap = mpl.colormaps["viridis"]
+    if len(bs) <= 1:
+        return {b: cmap(0.35) for b in bs}
+    lo, hi = math.log(bs[0]), math.log(bs[-1])
+    return {b: cmap(0.9 * (math.log(b) - lo) / (hi - lo)) for b in bs}
+
+
+def _save(fig, path, option: str) -> None:
+    plt = _pyplot()
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=110)
     except OSError as exc:
-        raise ConfigError(f"--plot {path}: {exc.strerror}") from None
+        raise ConfigError(f"{option} {path}: {exc.strerror}") from None
     finally:
         plt.close(fig)
 
 
-def _plot_censored(ax, batches: list[dict], key: str, marker: str, label: str) -> None:
-    """Batches whose median clock is censored: an open marker at the lower bound, arrow up."""
-    points = [(b["batch_samples"], b[key]["lower_bound"]) for b in batches
-              if b[key]["median"] is None and b[key].get("lower_bound")]
-    if not points:
-        return
-    x, y = zip(*points, strict=True)
-    ax.scatter(x, y, marker=marker, facecolors="none", edgecolors="grey", label=label)
-    for xi, yi in points:
-        ax.annotate("", xy=(xi, yi * 1.35), xytext=(xi, yi),
-                    arrowprops={"arrowstyle": "->", "color": "grey"})
+# -- panels ---------------------------------------------------------------------------------
+
+
+def draw_curves(ax, curves: dict, batch_of: dict, metric: str, a: Analysis | None) -> None:
+    """The metric against samples per run, coloured by batch; with an analysis, smoothed as it
+    was analysed, o at the progress clock, a dotted line at the failure clock, the target."""
+    colour = batch_colours(batch_of.values())
+    rows = {r.run_id: r for r in a.runs} if a else {}
+    opts = a.options if a else {}
+    seen = set()
+    for rid, s in curves.items():
+        c = clean(s.steps, s.samples, s.values)
+        if c.empty:
+            continue
+        b = batch_of.get(rid)
+        col = colour.get(b, "grey")
+        y = (smooth(c.values, opts["smoothing"], opts["window"], opts["ema_alpha"])
+             if opts.get("smoothing") else c.values)
+        ax.plot(c.samples, y, color=col, lw=1.2, alpha=0.85,
+                label=f"B={b:g}" if b is not None and b not in seen else None)
+        seen.add(b)
+        row = rows.get(rid)
+        if row is None:
+            continue
+        if row.progress.samples is not None and a.target.value is not None:
+            ax.plot(row.progress.samples, a.target.value, "o", color=col, mec="black", ms=6)
+        if row.failure.samples is not None:
+            ax.axvline(row.failure.samples, color=col, ls=":", lw=1)
+    if a and a.target.value is not None:
+        ax.axhline(a.target.value, color="k", ls="--", lw=0.8,
+                   label=f"target {a.target.value:.3g}")
+    ax.set(xlabel="samples (completions)", ylabel=metric,
+           title="progress (o = progress clock, dotted = failure clock)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+
+
+def draw_clocks(ax, a: Analysis) -> None:
+    """Both clocks per batch (median, 90% interval; censored as open markers with an arrow),
+    the linear and power fits, the recommended B_crit (and its interval), theory's B_crit."""
+    bs = [b.batch_samples for b in a.batches]
+    for clock, marker, colour, dx in (("progress", "o-", PROGRESS_COLOUR, 0.97),
+                                      ("failure", "s-", FAILURE_COLOUR, 1.03)):
+        pts = [(b.batch_samples * dx, getattr(b, clock)) for b in a.batches]
+        shown = [(x, g) for x, g in pts if g.median is not None]
+        if shown:
+            y = np.array([g.median for _, g in shown])
+            lo = np.array([g.low if g.low is not None else g.median for _, g in shown])
+            hi = np.array([g.high if g.high is not None else g.median for _, g in shown])
+            ax.errorbar([x for x, _ in shown], y, yerr=np.clip([y - lo, hi - y], 0, None),
+                        fmt=marker, color=colour, capsize=3, label=f"{clock} clock")
+        cens = [(x, g.lower_bound) for x, g in pts if g.median is None and g.lower_bound]
+        if cens:
+            ax.scatter(*zip(*cens, strict=True), marker=marker[0], facecolors="none",
+                       edgecolors=colour, label=f"{clock} clock censored (>=)")
+            for x, y in cens:
+                ax.annotate("", xy=(x, y * 1.35), xytext=(x, y),
+                            arrowprops={"arrowstyle": "->", "color": colour})
+    _draw_fits(ax, a, bs)
+    ax.set(xscale="log", yscale="log", xlabel="batch (samples)", ylabel="samples",
+           title="clocks vs batch size (median, 90% interval)")
+    if bs:
+        from matplotlib.ticker import NullFormatter
+
+        ax.set_xticks(bs, [f"{b:g}" for b in bs])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+
+
+def _draw_fits(ax, a: Analysis, bs: list[float]) -> None:
+    crit = a.critical
+    lin, pw, rec = crit.mccandlish, crit.power, crit.recommended
+    grid = np.geomspace(min(bs), max(bs), 50) if bs else None
+    if grid is not None and lin.b_crit and lin.e_min is not None and not lin.bound:
+        ax.plot(grid, lin.e_min + lin.e_min / lin.b_crit * grid, "k--", lw=1,
+                label="linear fit E_min + S_min B")
+    if grid is not None and pw.b_crit and pw.exponent and pw.e_min:
+        # E0 (1 + (B/B_k)^a) with E(1) = e_min and E(b_crit) = 2 e_min (the estimate's terms)
+        bk = _power_bk(pw.b_crit, pw.exponent)
+        e0 = pw.e_min / (1 + (1 / bk) ** pw.exponent)
+        ax.plot(grid, e0 * (1 + (grid / bk) ** pw.exponent), "c-.", lw=1,
+                label=f"power fit (a = {pw.exponent:.2f})")
+    if rec.b_crit:
+        ax.axvline(rec.b_crit, color="r", lw=1, label=f"B_crit {rec.text()} ({rec.source})")
+        if rec.low is not None and not rec.bound:
+            ax.axvspan(rec.low, rec.high or max(bs or [rec.b_crit]), color="r", alpha=0.08)
+    if crit.theory_b_crit:
+        ax.axvline(crit.theory_b_crit, color="m", ls=":", lw=1,
+                   label=f"theory B_crit = {crit.theory_b_crit:.3g}")
 
 
 def _power_bk(b_crit: float, a: float) -> float:
@@ -158,3 +155,63 @@ def _power_bk(b_crit: float, a: float) -> float:
         return float(np.exp(brentq(gap, -20, np.log(b_crit) + 20)))
     except ValueError:
         return b_crit
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+def plot_analysis(store, analysis: Analysis | dict, path: str) -> None:
+    """`analyze --plot`: (1) metric vs samples, clocks marked; (2) clocks vs B, log-log."""
+    a = Analysis.of(analysis)
+    curves = store.load_metric([r.run_id for r in a.runs], a.metric)
+    batch_of = {r.run_id: r.batch_samples for r in a.runs}
+    fig, (ax1, ax2) = _pyplot().subplots(1, 2, figsize=(13, 5))
+    draw_curves(ax1, curves, batch_of, a.metric, a)
+    draw_clocks(ax2, a)
+    _save(fig, path, "--plot")
+
+
+def plot_curves(path, curves: dict, batch_of: dict, metric: str, a: Analysis | None,
+                title: str) -> bool:
+    """The report's curves figure; False when there is nothing to draw."""
+    if not curves:
+        return False
+    fig, ax = _pyplot().subplots(figsize=(9, 5), dpi=100)
+    draw_curves(ax, curves, batch_of, metric, a)
+    ax.set_title(title)
+    _save(fig, path, "--out")
+    return True
+
+
+def plot_clocks(path, a: Analysis | None, title: str) -> bool:
+    """The report's clocks-by-batch figure; False without analysed batches."""
+    if a is None or not a.batches:
+        return False
+    fig, ax = _pyplot().subplots(figsize=(9, 5), dpi=100)
+    draw_clocks(ax, a)
+    ax.set_title(title)
+    _save(fig, path, "--out")
+    return True
+
+
+def plot_side(path, curves_by_key: dict, batch_of: dict) -> bool:
+    """Small multiples of the other logged metrics (entropy, KL, drift, length...)."""
+    keys = [k for k, v in curves_by_key.items() if v]
+    if not keys:
+        return False
+    colour = batch_colours(batch_of.values())
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = _pyplot().subplots(rows, cols, figsize=(4 * cols, 3 * rows), dpi=100,
+                                   squeeze=False)
+    for ax, key in zip(axes.flat, keys, strict=False):
+        for rid, s in curves_by_key[key].items():
+            ax.plot(s.samples, s.values, lw=1.2, color=colour.get(batch_of.get(rid), "#555555"))
+        ax.set_title(key, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.supxlabel("samples (completions)", fontsize=9)
+    _save(fig, path, "--out")
+    return True

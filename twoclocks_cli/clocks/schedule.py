@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from twoclocks_cli.clocks.result import Analysis, BatchRow, Recommended
 from twoclocks_cli.errors import AnalysisError
 
 
@@ -54,103 +55,89 @@ class Schedule:
         return asdict(self)
 
 
-def _rec_text(rec: dict) -> str:
-    b = rec.get("b_crit")
-    if b is None:
-        return "unknown"
-    if rec.get("bound") == "lower":
-        return f">= {b:.4g}"
-    if rec.get("bound") == "upper":
-        return f"<= {b:.4g}"
-    lo, hi = rec.get("low"), rec.get("high")
-    if lo is not None:
-        return f"{b:.4g} [{lo:.4g}, {'open' if hi is None else f'{hi:.4g}'}]"
-    return f"{b:.4g}"
-
-
-def _setting(analysis: dict, batch: float) -> dict:
+def _setting(analysis: Analysis, batch: float) -> dict:
     """lr, prompts and clip of the analysed runs at `batch`."""
-    rows = [
-        r for r in analysis["runs"]
-        if r["batch_samples"] == batch and r.get("in_family", True)
-    ]
-    r = rows[0]
+    r = analysis.runs_at(batch)[0]
     return {
-        "prompts_per_batch": r["batch_prompts"],
-        "lr": r["lr"],
-        "clip_eps_low": r["clip_low"],
-        "clip_eps_high": r["clip_high"],
-        "group_size": r["group_size"],
+        "prompts_per_batch": r.batch_prompts,
+        "lr": r.lr,
+        "clip_eps_low": r.clip_low,
+        "clip_eps_high": r.clip_high,
+        "group_size": r.group_size,
     }
 
 
-def _pick_small(rec: dict, reached: list[float]) -> tuple[float, str]:
+def _pick_small(rec: Recommended, reached: list[float]) -> tuple[float, str]:
     """B_small from the recommended estimate among the batches that reached the target."""
-    b, bound = rec.get("b_crit"), rec.get("bound")
-    if b is None:
+    if rec.b_crit is None:
         return min(reached), "no B_crit estimate: the smallest batch that reached the target"
-    if bound == "lower":
-        pick = max(reached)
-        return pick, (
-            f"B_crit {_rec_text(rec)}: E(B) does not double up to the largest batch, so the "
+    if rec.bound == "lower":
+        return max(reached), (
+            f"B_crit {rec.text()}: E(B) does not double up to the largest batch, so the "
             "largest batch that reached the target is the most sample-efficient choice"
         )
-    below = [x for x in reached if x <= b]
+    below = [x for x in reached if x <= rec.b_crit]
     if below:
         return max(below), (
-            f"the largest batch that reached the target and is not above B_crit {_rec_text(rec)}"
+            f"the largest batch that reached the target and is not above B_crit {rec.text()}"
         )
     return min(reached), (
-        f"no batch that reached the target is at or below B_crit {_rec_text(rec)}: the "
+        f"no batch that reached the target is at or below B_crit {rec.text()}: the "
         "smallest that did"
     )
 
 
-def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0.8) -> dict:
-    """The recommended phases of an analysed sweep (its JSON document; see `Schedule`)."""
-    if not 0 < safety <= 1:
-        raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
-    batches = [b for b in analysis["batches"] if b["n_runs"] > 0]
-    if not batches:
-        raise AnalysisError(f"sweep {analysis['sweep']!r}: no analysed batch sizes")
-    by = {b["batch_samples"]: b for b in batches}
+def _grid(a: Analysis) -> tuple[dict[float, BatchRow], list[float], list[float]]:
+    """(batches by size, the grid, the batches that reached the target); refuses what cannot
+    be scheduled: no batch, one batch, none reached the target."""
+    by = {b.batch_samples: b for b in a.batches if b.n_runs > 0}
+    if not by:
+        raise AnalysisError(f"sweep {a.sweep!r}: no analysed batch sizes")
     grid = sorted(by)
     if len(grid) < 2:
         raise AnalysisError(
-            f"sweep {analysis['sweep']!r}: one batch size (B={grid[0]:g}): no fit possible, "
+            f"sweep {a.sweep!r}: one batch size (B={grid[0]:g}): no fit possible, "
             "E(B) cannot be compared across batches: cannot schedule"
         )
-    reached = [b for b in grid if by[b]["progress"]["median"] is not None]
+    reached = [b for b in grid if by[b].progress.median is not None]
     if not reached:
         raise AnalysisError(
-            f"sweep {analysis['sweep']!r}: no batch size reached the target (every progress "
+            f"sweep {a.sweep!r}: no batch size reached the target (every progress "
             "clock is censored): nothing to schedule; `twoclocks suggest` proposes the cells "
             "that would answer (a longer budget or other batches)"
         )
-    crit = analysis["critical_batch"]
-    rec = crit.get("recommended") or {}
+    return by, grid, reached
+
+
+def make_schedule(analysis: Analysis | dict, budget: float | None = None,
+                  safety: float = 0.8) -> dict:
+    """The recommended phases of an analysed sweep (its JSON document; see `Schedule`)."""
+    if not 0 < safety <= 1:
+        raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
+    a = Analysis.of(analysis)
+    by, grid, reached = _grid(a)
+    rec = a.critical.recommended
     b_small, why_small = _pick_small(rec, reached)
     if budget is None:
-        budget = max((r.get("last_samples") or 0) for r in analysis["runs"])
+        budget = a.longest_run
     rationale = [
-        f"B_crit {_rec_text(rec)} samples ({rec.get('source') or 'none'}: {rec.get('why', '')})",
+        f"B_crit {rec.text()} samples ({rec.source or 'none'}: {rec.why})",
         f"grid = {[f'{b:g}' for b in grid]}; reached the target: {[f'{b:g}' for b in reached]}",
         f"B_small = {b_small:g}: {why_small}",
     ]
-    for line in crit.get("disagreements") or []:
+    for line in a.critical.disagreements:
         rationale.append(f"disagreement: {line}")
-    fail_small = by[b_small]["failure"]
-    lower, one_seed = _failure_lower_bound(fail_small)
+    lower, one_seed = _failure_lower_bound(by[b_small])
     s = safety * safety if one_seed else safety
     n_switch = s * lower if lower is not None else None
 
     def fail_key(b):
-        f = by[b]["failure"]
-        return math.inf if f["median"] is None else f["median"]
+        f = by[b].failure.median
+        return math.inf if f is None else f
 
     later = [b for b in reached if b > b_small and fail_key(b) > fail_key(b_small)]
     b_large = max(later, key=lambda b: (fail_key(b), b)) if later else b_small
-    small = _setting(analysis, b_small)
+    small = _setting(a, b_small)
     phases = []
     if n_switch is None:
         rationale.append(
@@ -158,12 +145,13 @@ def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0
         )
         phases.append({"until_samples": budget, **_phase_keys(small)})
     else:
+        n_failed = by[b_small].n_failed
         basis = (
             f"the one failed seed's clock {lower:,.0f} (the switch point rests on one seed: "
             f"stricter safety {safety:g}^2 = {s:.3g})"
             if one_seed
             else f"the {int(100 * 0.9)}% lower bound {lower:,.0f} of N_fail at B={b_small:g} "
-            f"({fail_small.get('n_failed', '?')} seeds failed)"
+            f"({'?' if n_failed is None else n_failed} seeds failed)"
         )
         if b_large == b_small:
             rationale.append(
@@ -174,21 +162,21 @@ def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0
             phases.append({"until_samples": budget, **_phase_keys(small)})
         else:
             rationale.append(f"N_switch = {s:.3g} x {basis} = {n_switch:,.0f} samples")
-            fl = by[b_large]["failure"]["median"]
+            fl = by[b_large].failure.median
             rationale.append(
                 f"B_large = {b_large:g}: the latest failure clock ("
                 + ("censored: no seed failed" if fl is None else f"{fl:,.0f} samples")
                 + ") among the larger batches that reached the target"
             )
             phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
-            phases.append({"until_samples": budget, **_phase_keys(_setting(analysis, b_large))})
+            phases.append({"until_samples": budget, **_phase_keys(_setting(a, b_large))})
     prog = _predicted_progress(by, b_small, n_switch if len(phases) > 1 else None)
     fail = _predicted_failure(by, b_small, b_large, n_switch, len(phases) > 1)
     return Schedule(
-        sweep=analysis["sweep"],
-        b_crit=rec.get("b_crit"),
-        b_crit_text=_rec_text(rec),
-        b_crit_source=rec.get("source"),
+        sweep=a.sweep,
+        b_crit=rec.b_crit,
+        b_crit_text=rec.text(),
+        b_crit_source=rec.source,
         b_small=b_small,
         b_large=b_large,
         n_switch=n_switch if len(phases) > 1 else None,
@@ -206,29 +194,29 @@ def make_schedule(analysis: dict, budget: float | None = None, safety: float = 0
     ).to_json()
 
 
-def _failure_lower_bound(fail: dict) -> tuple[float | None, bool]:
+def _failure_lower_bound(batch: BatchRow) -> tuple[float | None, bool]:
     """(lower bound of N_fail, rests on one seed). None when no seed failed."""
-    n_failed = fail.get("n_failed")
+    fail = batch.failure
+    n_failed = batch.n_failed
     if n_failed is None:  # an analysis stored before n_failed existed
-        n_failed = fail["n"] - fail.get("n_censored", 0)
+        n_failed = fail.n - fail.n_censored
     if n_failed <= 0:
         return None, False
-    if n_failed == 1 or fail.get("low") is None:
+    if n_failed == 1 or fail.low is None:
         # one failed seed: its own clock (the median when it is the only seed; else the lower
         # bound of the censored-aware median interval, which then is that seed)
-        value = fail["low"] if fail.get("low") is not None else fail.get("median")
-        if value is None:
-            value = fail.get("lower_bound")
+        value = next((v for v in (fail.low, fail.median, fail.lower_bound) if v is not None),
+                     None)
         return value, True
-    return fail["low"], False
+    return fail.low, False
 
 
 def _phase_keys(setting: dict) -> dict:
     return {k: setting[k] for k in ("prompts_per_batch", "lr", "clip_eps_low", "clip_eps_high")}
 
 
-def _predicted_progress(by, b_small, n_switch) -> Predicted:
-    med = by[b_small]["progress"]["median"]
+def _predicted_progress(by: dict[float, BatchRow], b_small, n_switch) -> Predicted:
+    med = by[b_small].progress.median
     if med is None:
         return Predicted(None, f"B={b_small:g} never reached the target (censored)")
     if n_switch is not None and med > n_switch:
@@ -240,10 +228,11 @@ def _predicted_progress(by, b_small, n_switch) -> Predicted:
     return Predicted(med, f"the median progress clock of B={b_small:g}, reached in phase 0")
 
 
-def _predicted_failure(by, b_small, b_large, n_switch, switched) -> Predicted:
+def _predicted_failure(by: dict[float, BatchRow], b_small, b_large, n_switch,
+                       switched) -> Predicted:
     """Drift budget left at the switch, spent at the large batch's rate."""
-    fs = by[b_small]["failure"]["median"]
-    fl = by[b_large]["failure"]["median"]
+    fs = by[b_small].failure.median
+    fl = by[b_large].failure.median
     if n_switch is None:
         return Predicted(None, f"no run at B={b_small:g} failed within the budget")
     if fs is None:

@@ -18,174 +18,117 @@ def _n(v) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-def _clock(agg: dict) -> str:
-    if agg["median"] is None:
-        lb = agg.get("lower_bound")
-        return f"censored (>= {_n(lb)})" if lb is not None else "censored"
-    if agg["low"] is None:
-        return _n(agg["median"])
-    high = _n(agg["high"]) if agg["high"] is not None else "censored"
-    return f"{_n(agg['median'])} [{_n(agg['low'])}-{high}]"
+def _clock(agg) -> str:
+    """One clock at one batch (a stats.Aggregate): median [interval], or censored (>= bound)."""
+    if agg.median is None:
+        return f"censored (>= {_n(agg.lower_bound)})" if agg.lower_bound is not None else "censored"
+    if agg.low is None:
+        return _n(agg.median)
+    high = _n(agg.high) if agg.high is not None else "censored"
+    return f"{_n(agg.median)} [{_n(agg.low)}-{high}]"
 
 
-def render(result: dict) -> None:
-    """Rich tables of an analysis result."""
+def render(doc: dict) -> None:
+    """Rich tables of an analysis document."""
     from rich.console import Console
     from rich.table import Table
 
+    from twoclocks_cli.clocks.result import Analysis
+
+    a = Analysis.of(doc)
     con = Console()
-    t = result["target"]
     table = Table(
-        title=f"sweep {result['sweep']}: {result['metric']} target {t['value']:.4g} "
-        f"({t['spec']}); clocks in samples, median [90% bootstrap]"
+        title=f"sweep {a.sweep}: {a.metric} target {a.target.value:.4g} "
+        f"({a.target.spec}); clocks in samples, median [90% bootstrap]"
     )
     for col in ("batch", "lr", "runs", "progress clock", "failure clock", "note"):
         table.add_column(col)
-    for b in result["batches"]:
-        lr = ", ".join(f"{x:.3g}" for x in b["lr"]) or "-"
-        note = b["progress"]["note"] + (" (partial)" if b["partial"] else "")
-        table.add_row(
-            str(b["batch_samples"]),
-            lr,
-            str(b["n_runs"]),
-            _clock(b["progress"]),
-            _clock(b["failure"]),
-            note,
-        )
+    for b in a.batches:
+        lr = ", ".join(f"{x:.3g}" for x in b.lr) or "-"
+        note = b.progress.note + (" (partial)" if b.partial else "")
+        table.add_row(f"{b.batch_samples:g}", lr, str(b.n_runs), _clock(b.progress),
+                      _clock(b.failure), note)
     con.print(table)
-    render_critical(con, result["critical_batch"])
-    inv = result["failure_invariance"]
+    render_critical(con, a.critical)
+    inv = a.invariance
     con.print(
-        f"failure clock vs batch: slope {_fmt(inv['slope'], 3)} "
-        f"[{_fmt(inv['low'], 3)}, {_fmt(inv['high'], 3)}] over {inv['n']} runs: "
-        f"{inv['verdict']}"
+        f"failure clock vs batch: slope {_fmt(inv.slope, 3)} "
+        f"[{_fmt(inv.low, 3)}, {_fmt(inv.high, 3)}] over {inv.n} runs: {inv.verdict}"
     )
-    rules = {}
-    for r in result["runs"]:
-        if r["failure"]["rule"]:
-            rules[r["failure"]["rule"]] = rules.get(r["failure"]["rule"], 0) + 1
+    rules: dict[str, int] = {}
+    for r in a.runs:
+        if r.failure.rule:
+            rules[r.failure.rule] = rules.get(r.failure.rule, 0) + 1
     if rules:
         con.print(
             "collapse rules that fired first: "
             + ", ".join(f"{k} x{v}" for k, v in sorted(rules.items()))
         )
-    if result["clipping"]:
+    if a.clipping:
         ct = Table(title="clipping")
         for col in ("clip_low", "clip_high", "batch", "runs", "progress", "failure"):
             ct.add_column(col)
-        for row in result["clipping"]:
-            ct.add_row(
-                _fmt(row["clip_low"]),
-                _fmt(row["clip_high"]),
-                str(row["batch_samples"]),
-                str(row["n_runs"]),
-                _fmt(row["progress_median"]),
-                _fmt(row["failure_median"]),
-            )
+        for row in a.clipping:
+            ct.add_row(_fmt(row["clip_low"]), _fmt(row["clip_high"]), str(row["batch_samples"]),
+                       str(row["n_runs"]), _fmt(row["progress_median"]),
+                       _fmt(row["failure_median"]))
         con.print(ct)
-    for w in result["warnings"]:
+    for w in a.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
 
-def _est(e: dict | None) -> str:
-    """'36 [30, 41]', '>= 512', '<= 8' or the reason there is none."""
-    if not e or e.get("b_crit") is None:
-        return "none"
-    b, bound = e["b_crit"], e.get("bound")
-    if bound == "lower":
-        return f">= {b:.4g}"
-    if bound == "upper":
-        return f"<= {b:.4g}"
-    if e.get("low") is not None:
-        hi = "open" if e.get("high") is None else f"{e['high']:.4g}"
-        return f"{b:.4g} [{e['low']:.4g}, {hi}]"
-    return f"{b:.4g}"
+def _est(e) -> str:
+    """'36 [30, 41]', '>= 512', '<= 8', or 'none' (a critical.Estimate)."""
+    return "none" if e.b_crit is None else e.text()
 
 
-def render_critical(con, cb: dict) -> None:
-    """Every B_crit estimate side by side, then the recommended one and why."""
+def render_critical(con, crit) -> None:
+    """Every B_crit estimate side by side (a result.Critical), then the recommended one and why."""
     from rich.table import Table
 
     t = Table(title="critical batch size (samples): E(B_crit) = 2 E_min")
     for col in ("estimate", "B_crit [90%]", "placement", "seeds", "note"):
         t.add_column(col)
-    rows = [
-        ("empirical (model-free)", cb.get("empirical")),
-        ("power fit E0(1+(B/Bk)^a)", cb.get("power")),
-        ("linear fit (McCandlish)", cb.get("mccandlish")),
-    ]
-    for label, e in rows:
-        if not e:
-            continue
-        note = e.get("note") or ""
-        if e.get("rel_residuals"):
-            note += "; residuals " + " ".join(f"{r:+.0%}" for r in e["rel_residuals"])
-        t.add_row(label, _est(e), e.get("placement") or "-", str(e.get("seeds") or "-"), note)
-    for label, key in (("noise scale B_simple", "noise_scale"),
-                       ("sign noise scale B_sign", "sign_noise_scale")):
-        ns = cb.get(key) or {}
-        value = ns.get("value")
-        t.add_row(label, "none" if value is None else f"{value:.4g}", "proxy",
-                  str(ns.get("n_runs") or "-"), ns.get("note") or "")
-    th = cb.get("theory")
+    for label, e in (("empirical (model-free)", crit.empirical),
+                     ("power fit E0(1+(B/Bk)^a)", crit.power),
+                     ("linear fit (McCandlish)", crit.mccandlish)):
+        note = e.note or ""
+        if e.rel_residuals:
+            note += "; residuals " + " ".join(f"{r:+.0%}" for r in e.rel_residuals)
+        t.add_row(label, _est(e), e.placement or "-", str(e.seeds or "-"), note)
+    for label, ns in (("noise scale B_simple", crit.noise_scale),
+                      ("sign noise scale B_sign", crit.sign_noise_scale)):
+        t.add_row(label, "none" if ns.value is None else f"{ns.value:.4g}", "proxy",
+                  str(ns.n_runs or "-"), ns.note)
+    th = crit.theory
     if th:
-        t.add_row("theory (dense simulation)", _est(th), th.get("method") or "-", "-",
+        value = "none" if th.get("b_crit") is None else f"{th['b_crit']:.4g}"
+        t.add_row("theory (dense simulation)", value, th.get("method") or "-", "-",
                   th.get("mechanism") or th.get("note") or "")
     con.print(t)
-    rec = cb.get("recommended") or {}
-    con.print(f"[bold]recommended B_crit: {_est(rec)}[/bold] ({rec.get('source') or 'none'}): "
-              f"{rec.get('why', '')}")
+    rec = crit.recommended
+    con.print(f"[bold]recommended B_crit: {_est(rec)}[/bold] ({rec.source or 'none'}): {rec.why}")
 
 
-def write_csv(result: dict, path: str) -> None:
+def write_csv(doc: dict, path: str) -> None:
     """One row per run: both clocks, rule, censoring."""
     import csv
 
+    from twoclocks_cli.clocks.result import Analysis
     from twoclocks_cli.errors import ConfigError
 
-    cols = [
-        "run_id",
-        "name",
-        "batch_samples",
-        "batch_prompts",
-        "lr",
-        "clip_low",
-        "clip_high",
-        "seed",
-        "status",
-        "partial",
-        "progress_samples",
-        "progress_censored",
-        "failure_samples",
-        "failure_rule",
-        "failure_censored",
-        "noise_scale",
-    ]
+    cols = ["run_id", "name", "batch_samples", "batch_prompts", "lr", "clip_low", "clip_high",
+            "seed", "status", "partial", "progress_samples", "progress_censored",
+            "failure_samples", "failure_rule", "failure_censored", "noise_scale"]
     try:
         with open(path, "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(cols)
-            for r in result["runs"]:
-                w.writerow(
-                    [
-                        r["run_id"],
-                        r["name"],
-                        r["batch_samples"],
-                        r["batch_prompts"],
-                        r["lr"],
-                        r["clip_low"],
-                        r["clip_high"],
-                        r["seed"],
-                        r["status"],
-                        r["partial"],
-                        r["progress"]["samples"],
-                        r["progress"]["censored"],
-                        r["failure"]["samples"],
-                        r["failure"]["rule"],
-                        r["failure"]["censored"],
-                        r["noise_scale"],
-                    ]
-                )
+            for r in Analysis.of(doc).runs:
+                w.writerow([r.run_id, r.name, r.batch_samples, r.batch_prompts, r.lr,
+                            r.clip_low, r.clip_high, r.seed, r.status, r.partial,
+                            r.progress.samples, r.progress.censored, r.failure.samples,
+                            r.failure.rule, r.failure.censored, r.noise_scale])
     except OSError as exc:
         raise ConfigError(f"--csv {path}: {exc.strerror}") from None
 

@@ -69,8 +69,9 @@ def _store_url(db: str | None) -> str | None:
         return None
 
 
-def suggest_for(store, name: str, budget: int | None) -> tuple[dict, dict, list]:
+def suggest_for(store, name: str, budget: int | None) -> tuple[dict, object, list]:
     """(the suggestion document, the analysis used, the sweep's runs)."""
+    from twoclocks_cli.clocks.result import Analysis
     from twoclocks_cli.clocks.saved import analysis_for
     from twoclocks_cli.suggest import plan_suggestions
 
@@ -81,25 +82,27 @@ def suggest_for(store, name: str, budget: int | None) -> tuple[dict, dict, list]
         analysis, how = analysis_for(store, name, analysis.get("options") or {})
         how = "refreshed"
     runs = store.list_runs(name)
-    family = {r["run_id"] for r in analysis.get("runs", []) if r.get("in_family", True)}
+    a = Analysis.of(analysis)
+    family = {r.run_id for r in a.runs if r.in_family}
     budgets = [int(r.config["sample_budget"]) for r in runs
                if r.id in family and isinstance(r.config, dict)
                and isinstance(r.config.get("sample_budget"), int | float)]
     sweep_budget = max(budgets, default=0) or int((sweep.config or {}).get("sample_budget") or 0)
     if not sweep_budget:
-        sweep_budget = int(max((r.get("last_samples") or 0) for r in analysis["runs"]))
+        sweep_budget = int(a.longest_run)
     used: dict[float, set[int]] = {}
     for r in runs:
         if r.batch_samples is not None and r.seed is not None:
             used.setdefault(float(r.batch_samples), set()).add(int(r.seed))
-    doc = plan_suggestions(analysis, sweep_budget=sweep_budget, budget=budget, used_seeds=used)
+    doc = plan_suggestions(a, sweep_budget=sweep_budget, budget=budget, used_seeds=used)
     doc["analysis_source"] = how
-    return doc, analysis, runs
+    return doc, a, runs
 
 
-def _reference_run(analysis: dict, runs: list):
-    """An analysed run of the analysed setting (completed first, then the largest batch)."""
-    family = [r["run_id"] for r in analysis.get("runs", []) if r.get("in_family", True)]
+def _reference_run(analysis, runs: list):
+    """An analysed run of the analysed setting (completed first, then the largest batch);
+    `analysis` is a clocks.result.Analysis."""
+    family = [r.run_id for r in analysis.runs if r.in_family]
     by_id = {r.id: r for r in runs}
     cands = [by_id[i] for i in family if i in by_id and by_id[i].config]
     cands.sort(key=lambda r: (r.status != "completed", -(r.batch_samples or 0), r.id))

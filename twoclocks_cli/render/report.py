@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from twoclocks_cli.clocks.result import Analysis, RunRow
+from twoclocks_cli.clocks.stats import Aggregate
 from twoclocks_cli.errors import AnalysisError, TwoclocksError
 
 PROGRESS_KEYS = ("eval_accuracy", "reward_mean", "accuracy")
@@ -57,7 +59,7 @@ class ReportData:
 
     sweep: str
     runs: list
-    analysis: dict | None
+    analysis: Analysis | None
     analysis_error: str | None
     schedule: dict | None
     schedule_error: str | None
@@ -98,14 +100,15 @@ def gather(store, opts: ReportOptions) -> ReportData:
     from twoclocks_cli.clocks.options import AnalysisOptions
     from twoclocks_cli.clocks.saved import analysis_for
 
-    analysis = schedule = toml = None
+    doc = schedule = toml = None
     a_err = s_err = source = None
     asked = AnalysisOptions(**(opts.analysis or {}))  # ConfigError on a bad value: stop here
     try:
-        analysis, source = analysis_for(store, opts.sweep, opts.analysis)
+        doc, source = analysis_for(store, opts.sweep, opts.analysis)
     except AnalysisError as exc:  # the data cannot answer yet: the page says why
         a_err = str(exc)
-    used_options = (analysis or {}).get("options") or asked.to_json()
+    analysis = Analysis.of(doc) if doc is not None else None
+    used_options = (analysis.options if analysis else None) or asked.to_json()
     if analysis is not None:
         try:
             from twoclocks_cli.clocks.schedule import make_schedule, to_toml
@@ -118,7 +121,7 @@ def gather(store, opts: ReportOptions) -> ReportData:
         s_err = "no analysis, so no schedule"
     ids = [r.id for r in runs]
     keys = set(store.metric_keys(ids))
-    metric = (analysis or {}).get("metric") or asked.metric or next(
+    metric = (analysis.metric if analysis else None) or asked.metric or next(
         (k for k in PROGRESS_KEYS if k in keys), None)
     wanted = [metric] if metric in keys else []
     wanted += [k for k in SIDE_KEYS if k in keys and k != metric][:6]
@@ -126,149 +129,10 @@ def gather(store, opts: ReportOptions) -> ReportData:
     options = {"report": {"sweep": opts.sweep, "out": str(opts.out), "safety": opts.safety,
                           "budget": opts.budget},
                "analysis": used_options,
-               "analysis_source": {"id": (analysis or {}).get("analysis_id"), "how": source}}
+               "analysis_source": {"id": analysis.analysis_id if analysis else None,
+                                   "how": source}}
     return ReportData(opts.sweep, runs, analysis, a_err, schedule, s_err, toml, metric, curves,
                       options)
-
-
-# -- plots ---------------------------------------------------------------------------------
-
-
-def _batch_colours(runs):
-    import matplotlib as mpl
-    import numpy as np
-
-    bs = sorted({r.batch_samples for r in runs if r.batch_samples})
-    cmap = mpl.colormaps["viridis"]
-    if len(bs) <= 1:
-        return {b: cmap(0.35) for b in bs}
-    lo, hi = np.log(bs[0]), np.log(bs[-1])
-    return {b: cmap(0.9 * (np.log(b) - lo) / (hi - lo)) for b in bs}
-
-
-def plot_curves(data: ReportData, path: Path) -> bool:
-    """The progress metric against samples, one line per run coloured by batch size."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = data.curves.get(data.metric) or {}
-    if not series:
-        return False
-    colours = _batch_colours(data.runs)
-    rows = {r["run_id"]: r for r in (data.analysis or {}).get("runs", [])}
-    fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
-    seen = set()
-    for run in data.runs:
-        s = series.get(run.id)
-        if s is None:
-            continue
-        c = colours.get(run.batch_samples, "#555555")
-        label = f"B={run.batch_samples}" if run.batch_samples not in seen else None
-        seen.add(run.batch_samples)
-        ax.plot(s.samples, s.values, color=c, lw=1.6, alpha=0.9, label=label)
-        row = rows.get(run.id) or {}
-        for clock, marker in (("progress", "o"), ("failure", "X")):
-            x = (row.get(clock) or {}).get("samples")
-            if x is not None and len(s.samples):
-                import numpy as np
-
-                y = float(np.interp(x, s.samples, s.values))
-                ax.plot([x], [y], marker=marker, ms=9, color=c, mec="black", ls="none")
-    target = ((data.analysis or {}).get("target") or {}).get("value")
-    if target is not None:
-        ax.axhline(target, color="#c0392b", ls="--", lw=1.2, label=f"target {target:.3g}")
-    ax.set_xlabel("samples (completions)")
-    ax.set_ylabel(data.metric)
-    ax.set_title(f"{data.sweep}: {data.metric} (o = progress clock, X = failure clock)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-def plot_clocks(data: ReportData, path: Path) -> bool:
-    """Both clocks per batch size (median and interval; censored as lower bounds) and the fit."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    batches = (data.analysis or {}).get("batches") or []
-    if not batches:
-        return False
-    fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
-    for clock, colour, dx in (("progress", "#2e86c1", 0.97), ("failure", "#c0392b", 1.03)):
-        for b in batches:
-            agg = b.get(clock) or {}
-            x = b["batch_samples"] * dx
-            if agg.get("median") is not None:
-                lo, hi = agg.get("low"), agg.get("high")
-                yerr = None
-                if lo is not None and hi is not None:
-                    yerr = [[agg["median"] - lo], [hi - agg["median"]]]
-                ax.errorbar([x], [agg["median"]], yerr=yerr, fmt="o", color=colour, ms=8,
-                            capsize=4)
-            elif agg.get("lower_bound") is not None:
-                ax.plot([x], [agg["lower_bound"]], marker="^", ms=10, mfc="none", color=colour)
-        ax.plot([], [], "o", color=colour, label=f"{clock} clock (median, 90% interval)")
-    ax.plot([], [], "^", mfc="none", color="#555", label="censored: at least this")
-    fit = ((data.analysis or {}).get("critical_batch") or {}).get("mccandlish") or {}
-    if fit.get("e_min") is not None and fit.get("s_min") is not None:
-        bs = np.geomspace(min(b["batch_samples"] for b in batches),
-                          max(b["batch_samples"] for b in batches), 50)
-        ax.plot(bs, fit["e_min"] + fit["s_min"] * bs, color="#2e86c1", lw=1,
-                label="fit E(B) = E_min + S_min·B")
-    if fit.get("b_crit") is not None:
-        ax.axvline(fit["b_crit"], color="#7d3c98", ls=":", label=f"B_crit {fit['b_crit']:.3g}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("batch (samples per step)")
-    ax.set_ylabel("samples")
-    ax.set_title(f"{data.sweep}: progress and failure clocks by batch size")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-def plot_side(data: ReportData, path: Path) -> bool:
-    """Small multiples of the other logged metrics (entropy, KL, drift, length...)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in data.curves if k != data.metric and data.curves[k]]
-    if not keys:
-        return False
-    colours = _batch_colours(data.runs)
-    cols = min(3, len(keys))
-    rows_n = math.ceil(len(keys) / cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3 * rows_n), dpi=100,
-                             squeeze=False)
-    for ax, key in zip(axes.flat, keys, strict=False):
-        for run in data.runs:
-            s = data.curves[key].get(run.id)
-            if s is not None:
-                ax.plot(s.samples, s.values, lw=1.2,
-                        color=colours.get(run.batch_samples, "#555555"))
-        ax.set_title(key, fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=8)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.axis("off")
-    fig.supxlabel("samples (completions)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
 
 
 # -- the page ------------------------------------------------------------------------------
@@ -285,57 +149,46 @@ def _table(headers: list[str], rows: list[list], left: int = 0) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _clock_text(agg: dict | None) -> str:
-    agg = agg or {}
-    if agg.get("median") is not None:
-        text = _fmt(agg["median"])
-        if agg.get("low") is not None or agg.get("high") is not None:
-            hi = _fmt(agg["high"]) if agg.get("high") is not None else "censored"
-            text += f" [{_fmt(agg.get('low'))}, {hi}]"
+def _clock_text(agg: Aggregate) -> str:
+    """'15,104 [7,016, 23,193]', '≥ 32,768 (censored)' or '—' for one clock at one batch."""
+    if agg.median is not None:
+        text = _fmt(agg.median)
+        if agg.low is not None or agg.high is not None:
+            hi = _fmt(agg.high) if agg.high is not None else "censored"
+            text += f" [{_fmt(agg.low)}, {hi}]"
         return text
-    if agg.get("lower_bound") is not None:
-        return f"≥ {_fmt(agg['lower_bound'])} (censored)"
+    if agg.lower_bound is not None:
+        return f"≥ {_fmt(agg.lower_bound)} (censored)"
     return "—"
 
 
-def _run_clock(row: dict, clock: str) -> str:
-    c = row.get(clock) or {}
-    if c.get("samples") is not None:
-        rule = f" ({c['rule']})" if clock == "failure" and c.get("rule") else ""
-        return _fmt(c["samples"]) + rule
-    if c.get("censored_at") is not None:
-        return f"> {_fmt(c['censored_at'])} (censored)"
+def _run_clock(row: RunRow | None, clock: str) -> str:
+    """One run's clock: its samples (and rule), or '≥ N (censored)' as in the batch table."""
+    c = getattr(row, clock) if row else None
+    if c is None:
+        return "—"
+    if c.samples is not None:
+        return _fmt(c.samples) + (f" ({c.rule})" if clock == "failure" and c.rule else "")
+    if c.censored_at is not None:
+        return f"≥ {_fmt(c.censored_at)} (censored)"
     return "—"
-
-
-def _bound(est: dict) -> str:
-    """'>= 512', '<= 8' or the value of a B_crit estimate."""
-    prefix = {"lower": ">= ", "upper": "<= "}.get(est.get("bound") or "", "")
-    return prefix + _fmt(est.get("b_crit"))
 
 
 def _summary(data: ReportData) -> str:
     a = data.analysis
     if a is None:
         return f'<p class="warn">No analysis: {html.escape(data.analysis_error or "")}</p>'
-    crit = a.get("critical_batch") or {}
-    mc, ns, th = (crit.get("mccandlish") or {}), (crit.get("noise_scale") or {}), crit.get("theory")
-    rec = crit.get("recommended") or {}
-    inv = a.get("failure_invariance") or {}
-    target = a.get("target") or {}
+    crit, inv = a.critical, a.invariance
+    mc, ns, rec = crit.mccandlish, crit.noise_scale, crit.recommended
+    theory = crit.theory or {}
     cards = [
-        ("progress metric", f"{a.get('metric')} → {_fmt(target.get('value'))}",
-         f"target {target.get('spec')}"),
-        ("B_crit (recommended)", _bound(rec),
-         f"[{_fmt(rec.get('low'))}, {_fmt(rec.get('high'))}] {rec.get('source') or ''}: "
-         f"{rec.get('why') or ''}"),
-        ("B_crit (linear fit)", _bound(mc),
-         f"[{_fmt(mc.get('low'))}, {_fmt(mc.get('high'))}] {mc.get('note') or ''}"),
-        ("B_simple (noise)", _fmt(ns.get("b_simple")), ns.get("note") or ""),
-        ("B_crit (theory)", _fmt((th or {}).get("b_crit")),
-         (th or {}).get("note") or "sim sweeps only"),
-        ("failure-clock slope", _fmt(inv.get("slope")),
-         f"[{_fmt(inv.get('low'))}, {_fmt(inv.get('high'))}] {inv.get('verdict') or ''}"),
+        ("progress metric", f"{a.metric} → {_fmt(a.target.value)}", f"target {a.target.spec}"),
+        ("B_crit (recommended)", rec.text(), f"{rec.source or ''}: {rec.why}"),
+        ("B_crit (linear fit)", mc.text(), mc.note),
+        ("B_simple (noise)", _fmt(ns.value), ns.note),
+        ("B_crit (theory)", _fmt(crit.theory_b_crit), theory.get("note") or "sim sweeps only"),
+        ("failure-clock slope", _fmt(inv.slope),
+         f"[{_fmt(inv.low)}, {_fmt(inv.high)}] {inv.verdict}"),
     ]
     out = ['<div class="cards">']
     for title, big, small in cards:
@@ -366,7 +219,7 @@ def _schedule_html(data: ReportData) -> str:
 
 def render_html(data: ReportData, images: dict[str, str]) -> str:
     """The page (a string); `images` maps a section to the PNG file name beside it."""
-    a = data.analysis or {}
+    a = data.analysis
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     from twoclocks_cli import __version__
 
@@ -379,7 +232,7 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
         f"generated {now}. Every clock is counted in samples (sampled completions).</p>",
         "<h2>Summary</h2>", _summary(data),
     ]
-    for w in a.get("warnings") or []:
+    for w in a.warnings if a else []:
         out.append(f'<p class="warn">warning: {html.escape(w)}</p>')
     out.append("<h2>Plots</h2>")
     titles = {"curves": "Progress metric by run", "clocks": "Both clocks by batch size",
@@ -389,44 +242,74 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
                    f"alt='{html.escape(titles[name])}'>")
     if not images:
         out.append("<p class='warn'>No metric has been logged yet: nothing to plot.</p>")
-    out.append("<h2>Clock table</h2>")
-    batches = a.get("batches") or []
-    if batches:
-        out.append(_table(
-            ["batch (samples)", "prompts", "lr", "runs", "progress clock [90%]",
-             "failure clock [90%]"],
-            [[b["batch_samples"], ", ".join(map(str, b.get("batch_prompts") or [])),
-              ", ".join(_fmt(x) for x in b.get("lr") or []), b.get("n_runs"),
-              _clock_text(b.get("progress")), _clock_text(b.get("failure"))] for b in batches]))
-    else:
-        out.append(f"<p class='warn'>{html.escape(data.analysis_error or 'no batches')}</p>")
-    out.append("<h2>Runs</h2>")
-    rows = {r["run_id"]: r for r in a.get("runs") or []}
-    out.append(_table(
-        ["id", "name", "backend", "status", "batch", "prompts×group", "lr", "seed",
-         "progress clock", "failure clock"],
-        [[r.id, r.name, r.backend, r.status, r.batch_samples,
-          f"{r.batch_prompts or '?'}×{r.group_size or '?'}", r.lr, r.seed,
-          _run_clock(rows.get(r.id, {}), "progress"), _run_clock(rows.get(r.id, {}), "failure")]
-         for r in data.runs], left=4))
+    out += _clock_tables(data)
     out.append("<h2>Fits</h2>")
-    crit = a.get("critical_batch")
-    out.append(f"<pre>{html.escape(json.dumps(crit, indent=2))}</pre>" if crit else
-               f"<p class='warn'>{html.escape(data.analysis_error or 'no fit')}</p>")
-    if a.get("failure_invariance"):
+    out.append(f"<pre>{html.escape(json.dumps(a.raw.get('critical_batch'), indent=2))}</pre>"
+               if a else f"<p class='warn'>{html.escape(data.analysis_error or 'no fit')}</p>")
+    if a and a.raw.get("failure_invariance"):
         out.append("<p>Failure-clock invariance (slope of log N_fail on log B):</p><pre>"
-                   + html.escape(json.dumps(a["failure_invariance"], indent=2)) + "</pre>")
-    if a.get("clipping"):
+                   + html.escape(json.dumps(a.raw["failure_invariance"], indent=2)) + "</pre>")
+    if a and a.clipping:
         out.append("<p>Clipping:</p>" + _table(
             ["clip low", "clip high", "batch", "runs", "progress median", "failure median"],
             [[c["clip_low"], c["clip_high"], c["batch_samples"], c["n_runs"],
-              c["progress_median"], c["failure_median"]] for c in a["clipping"]]))
+              c["progress_median"], c["failure_median"]] for c in a.clipping]))
     out.append("<h2>Schedule</h2>")
     out.append(_schedule_html(data))
     out.append("<h2>Options used</h2>")
     out.append(f"<pre>{html.escape(json.dumps(data.options, indent=2))}</pre>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _clock_tables(data: ReportData) -> list[str]:
+    """The per-batch clock table and the per-run table (one notation for censored values)."""
+    a = data.analysis
+    out = ["<h2>Clock table</h2>"]
+    if a and a.batches:
+        out.append(_table(
+            ["batch (samples)", "prompts", "lr", "runs", "progress clock [90%]",
+             "failure clock [90%]"],
+            [[b.batch_samples, ", ".join(map(str, b.batch_prompts)),
+              ", ".join(_fmt(x) for x in b.lr), b.n_runs,
+              _clock_text(b.progress), _clock_text(b.failure)] for b in a.batches]))
+    else:
+        out.append(f"<p class='warn'>{html.escape(data.analysis_error or 'no batches')}</p>")
+    out.append("<h2>Runs</h2>")
+    rows = {r.run_id: r for r in a.runs} if a else {}
+    out.append(_table(
+        ["id", "name", "backend", "status", "batch", "prompts×group", "lr", "seed",
+         "progress clock", "failure clock"],
+        [[r.id, r.name, r.backend, r.status, r.batch_samples,
+          f"{r.batch_prompts or '?'}×{r.group_size or '?'}", r.lr, r.seed,
+          _run_clock(rows.get(r.id), "progress"), _run_clock(rows.get(r.id), "failure")]
+         for r in data.runs], left=4))
+    return out
+
+
+def _draw_all(data: ReportData, out: Path) -> dict[str, str]:
+    """The report's PNGs (clocks.plot), {section: file name}; stale ones of an earlier report
+    are removed so the page never shows a plot of other data."""
+    from twoclocks_cli.clocks import plot
+
+    batch_of = {r.id: r.batch_samples for r in data.runs}
+    side = {k: v for k, v in data.curves.items() if k != data.metric}
+    draws = {
+        "curves": lambda f: plot.plot_curves(
+            f, data.curves.get(data.metric) or {}, batch_of, data.metric, data.analysis,
+            f"{data.sweep}: {data.metric} (o = progress clock, dotted = failure clock)"),
+        "clocks": lambda f: plot.plot_clocks(
+            f, data.analysis, f"{data.sweep}: progress and failure clocks by batch size"),
+        "side": lambda f: plot.plot_side(f, side, batch_of),
+    }
+    images = {}
+    for name, draw in draws.items():
+        file = out / f"{name}.png"
+        if draw(file):
+            images[name] = file.name
+        elif file.exists():
+            file.unlink()
+    return images
 
 
 def write_report(store, opts: ReportOptions) -> Path:
@@ -439,15 +322,10 @@ def write_report(store, opts: ReportOptions) -> Path:
 
         raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
     data = gather(store, opts)
-    images = {}
-    for name, draw in (("curves", plot_curves), ("clocks", plot_clocks), ("side", plot_side)):
-        file = f"{name}.png"
-        if draw(data, out / file):
-            images[name] = file
-        elif (out / file).exists():
-            (out / file).unlink()  # a stale plot of an earlier report must not be shown
+    images = _draw_all(data, out)
     (out / "analysis.json").write_text(json.dumps(
-        {"analysis": data.analysis, "analysis_error": data.analysis_error,
+        {"analysis": data.analysis.raw if data.analysis else None,
+         "analysis_error": data.analysis_error,
          "schedule": data.schedule, "schedule_error": data.schedule_error,
          "options": data.options}, indent=2, default=str))
     page = out / "index.html"
