@@ -49,6 +49,25 @@ def _runs(url, sweep):
         store.close()
 
 
+def _block_a_cell(url: str, cfg: str) -> int:
+    """Register `cfg` as `sweep` does and put a file where its last cell's workdir goes, so
+    that cell raises when it runs; returns its run id."""
+    from pathlib import Path
+
+    from twoclocks_cli.commands.plan import load_plan
+    from twoclocks_cli.launch import sweeps
+
+    store = Store.open(url)
+    try:
+        reg = sweeps.register(store, load_plan(Path(cfg)), cfg)
+    finally:
+        store.close()
+    cell = sorted(reg.runs, key=reg.runs.get)[-1]
+    (Path(reg.folder) / "cells").mkdir(parents=True)
+    (Path(reg.folder) / "cells" / cell[:16]).write_text("not a directory")
+    return reg.runs[cell]
+
+
 @pytest.mark.slow
 def test_four_cells_complete_and_a_rerun_submits_nothing(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
@@ -77,16 +96,14 @@ def test_four_cells_complete_and_a_rerun_submits_nothing(tmp_path):
 @pytest.mark.slow
 def test_retry_failed_resubmits_only_the_failed_cell(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    # the fourth cell asks the sim backend for an optimizer it rejects when the cell runs
-    cfg = _config(tmp_path, "bad", batch="[2, 4, 8, 16]", seeds="0",
-                  extra='zip = ["batch", "sim.optimizer"]\n'
-                        '[grid.sim]\noptimizer = ["adam", "adam", "adam", "nope"]')
+    cfg = _config(tmp_path, "bad", batch="[2, 4, 8, 16]", seeds="0")
+    blocked = _block_a_cell(url, cfg)  # that cell raises when it runs (config is all valid)
     proc = twoclocks("sweep", cfg, "--db", url, "--wait")
     assert proc.returncode == 1, proc.stderr + proc.stdout
     assert "1 cell(s) failed" in proc.stderr
     before, _ = _runs(url, "bad")
     failed = [rid for rid, (s, *_) in before.items() if s == "failed"]
-    assert len(failed) == 1 and "optimizer" in before[failed[0]][2]
+    assert failed == [blocked] and "FileExistsError" in before[blocked][2]
     assert sorted(s for s, *_ in before.values()) == ["completed"] * 3 + ["failed"]
     retry = twoclocks("sweep", cfg, "--db", url, "--retry-failed", "--wait")
     assert retry.returncode == 1
@@ -136,18 +153,60 @@ def test_local_reconcile_a_killed_cell_and_cancel_the_rest(tmp_path):
     while True:
         snap = json.loads(twoclocks("status", "long", "--db", url, "--json").stdout)
         states = {r["id"]: r for r in snap["runs"]}
-        if states[victim]["status"] == "failed":
+        if states[victim]["status"] == "lost":
             break
         assert time.monotonic() < deadline, states
         time.sleep(0.5)
     assert "without reporting" in states[victim]["error"]
     assert states[other]["status"] == "running" and snap["queries"] == {"local": 1}
-    out = twoclocks("cancel", "long", "--db", url)
-    assert out.returncode == 0 and "cancelled 1 cell(s)" in out.stdout, out.stderr
+    out = twoclocks("cancel", "long", "--db", url)  # the lost cell too: a rerun leaves both
+    assert out.returncode == 0 and "cancelled 2 cell(s)" in out.stdout, out.stderr
     deadline = time.monotonic() + 30
     while pid_alive(pids[other]):
         assert time.monotonic() < deadline, "cancelled cell still running"
         time.sleep(0.3)
     time.sleep(1)
     runs, _ = _runs(url, "long")
-    assert runs[other][0] == "cancelled" and runs[victim][0] == "failed"
+    assert runs[other][0] == "cancelled" and runs[victim][0] == "cancelled"
+    again = twoclocks("sweep", cfg, "--db", url)
+    assert again.returncode == 0 and "submitted 0" in again.stdout, again.stderr
+
+
+@pytest.mark.slow
+def test_cancel_stops_a_debug_sweep_in_its_own_process(tmp_path):
+    """The debug executor runs cells inside `twoclocks sweep`; `cancel` from another process
+    interrupts it there: the running cell stops mid-run, the queued one never starts."""
+    import subprocess
+    import sys
+    import time
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    cfg = _config(tmp_path, "dbg", batch="[1]", seeds="[0, 1]")
+    text = open(cfg).read().replace("sample_budget = 4096", "sample_budget = 80000000")
+    open(cfg, "w").write(text.replace("group_size = 8", "group_size = 1"))
+    proc = subprocess.Popen([sys.executable, "-m", "twoclocks_cli", "sweep", cfg, "--db", url,
+                             "--executor", "debug"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    from twoclocks_cli.errors import NotFoundError
+
+    store, deadline = None, time.monotonic() + 60
+    while True:
+        if store is None and (tmp_path / "store.db").exists():
+            store = Store.open(url)  # waits for the sweep's first-use migration
+        try:
+            runs = store.list_runs("dbg") if store else []
+        except NotFoundError:  # not registered yet
+            runs = []
+        if any(r.status == "running" for r in runs) and store.count_metrics() > 0:
+            break
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.2)
+    out = twoclocks("cancel", "dbg", "--db", url)
+    assert out.returncode == 0 and "cancelled 2 cell(s)" in out.stdout, out.stderr
+    stdout, stderr = proc.communicate(timeout=30)  # the in-process cell stopped
+    assert proc.returncode == 0, stderr
+    assert "cancelled by twoclocks cancel; stopping" in stderr
+    first, second = store.list_runs("dbg")
+    assert (first.status, second.status) == ("cancelled", "cancelled")
+    assert store.count_metrics(first.id) > 0 and second.attempts == 0  # never started
+    store.close()

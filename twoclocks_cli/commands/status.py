@@ -11,9 +11,12 @@ import typer
 
 from twoclocks_cli.options import DbOption, JsonOption
 
-ORDER = ("planned", "submitted", "running", "completed", "diverged", "failed", "cancelled")
+ORDER = ("planned", "submitted", "running", "lost", "completed", "diverged", "failed",
+         "cancelled")
 STYLE = {"completed": "green", "diverged": "yellow", "failed": "red", "cancelled": "magenta",
-         "running": "cyan"}
+         "running": "cyan", "lost": "orange3"}
+LOST_HINT = ("{n} lost cell(s) (their job vanished without reporting): a plain `twoclocks sweep "
+             "CONFIG` resumes them from their checkpoints")
 
 
 def snapshot(store, sweep: str | None) -> dict:
@@ -87,9 +90,17 @@ def follow(store, sweep: str | None, interval: float = 2.0) -> dict:
             time.sleep(interval)
             snap = snapshot(store, sweep)
             live.update(render(snap))
+    _notes(snap)
+    return snap
+
+
+def _notes(snap: dict) -> None:
+    """Scheduler problems, and how to resume lost cells, on stderr."""
     for p in snap["problems"]:
         typer.echo(f"warning: {p}", err=True)
-    return snap
+    lost = sum(c.get("lost", 0) for c in snap["sweeps"].values())
+    if lost:
+        typer.echo(LOST_HINT.format(n=lost), err=True)
 
 
 def status(
@@ -115,5 +126,4 @@ def status(
     from rich.console import Console
 
     Console().print(sweep_table(snap, sweep) if sweep else sweeps_table(snap))
-    for p in snap["problems"]:
-        typer.echo(f"warning: {p}", err=True)
+    _notes(snap)

@@ -57,9 +57,9 @@ def sweep(
         Console().print(sweep_table(snap, cfg.name))
     if wait:
         bad = [r for r in snap["runs"] if r["cell_id"] in reg.runs and
-               r["status"] in ("failed", "cancelled")]
+               r["status"] in ("failed", "cancelled", "lost")]
         if bad:
-            typer.echo(f"{len(bad)} cell(s) failed or were cancelled: "
+            typer.echo(f"{len(bad)} cell(s) failed, were cancelled or lost: "
                        + "; ".join(f"run {r['id']}: {r['error'] or r['status']}" for r in bad[:3]),
                        err=True)
             raise typer.Exit(1)

@@ -1,9 +1,12 @@
 """The job side: what runs on the node for one cell (submitit-checkpointable).
 
 Marks the run running (job id, host, attempt), runs its backend with a private workdir, and
-marks the outcome. On timeout or preemption submitit calls `checkpoint`, which requeues the same
-callable; the backend resumes from its checkpoint in `workdir` and the writer's upsert keeps
-replayed steps from duplicating rows.
+marks the outcome. The workdir's run.json names the run (store, run id, cell, config hash); a
+workdir of another run is refused (the cell fails in one line; one without run.json, from an
+older twoclocks, is claimed: sweep folders are unique per registration). On timeout or
+preemption submitit calls `checkpoint`, which requeues the same callable; the backend resumes
+from its checkpoint in `workdir` and the writer's upsert keeps replayed steps from duplicating
+rows.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
+from twoclocks_cli.launch import owner
 from twoclocks_cli.launch.state import transition
 from twoclocks_cli.store.models import RunStatus
 
@@ -60,16 +64,19 @@ class CellJob(Checkpointable):
                 return run.status
             job_id, host = job_identity()
             resume = store.max_step(self.run_id)
-            has_ckpt = any(Path(self.workdir).glob("*")) if Path(self.workdir).exists() else False
+            wd = Path(self.workdir)
+            has_ckpt = wd.is_dir() and any(p.name != owner.RUN_FILE for p in wd.iterdir())
             ckpt = "found" if has_ckpt else "none"
             note = (f"attempt {run.attempts + 1} on {host} pid {os.getpid()} job {job_id}; "
                     f"requeues {self.requeues}; "
                     + (f"resuming after step {resume} (checkpoint {ckpt})" if resume
                        else "starting"))
-            transition(store, self.run_id, RunStatus.running,
-                       {RunStatus.planned, RunStatus.submitted, RunStatus.running}, note,
-                       job_id=job_id, host=host, attempts=run.attempts + 1, error=None)
+            if not transition(store, self.run_id, RunStatus.running,
+                              {RunStatus.planned, RunStatus.submitted, RunStatus.running}, note,
+                              job_id=job_id, host=host, attempts=run.attempts + 1, error=None):
+                return store.get_run(self.run_id).status  # cancelled or given up meanwhile
             try:
+                owner.claim(Path(self.workdir), self.owner(store, run))
                 status = RunStatus(run_cell(store, self.run_id, Path(self.workdir)))
             except Exception as exc:  # the backend's error is the run's outcome
                 transition(store, self.run_id, RunStatus.failed, {RunStatus.running},
@@ -81,6 +88,11 @@ class CellJob(Checkpointable):
             return status.value
         finally:
             store.close()
+
+    def owner(self, store, run) -> dict:
+        """The record naming this cell's run in its workdir (run.json)."""
+        return {"store": owner.store_identity(store.engine.url), "run_id": run.id,
+                "cell_id": run.cell_id, "config_hash": owner.config_hash(run.config)}
 
     def checkpoint(self, *args, **kwargs) -> DelayedSubmission:
         """Requeue the same cell (called by submitit on timeout/preemption, inside a signal

@@ -14,7 +14,8 @@ from sqlalchemy import select
 from twoclocks_cli.store.models import Run, RunStatus, apply_status
 
 ACTIVE = frozenset({RunStatus.planned, RunStatus.submitted, RunStatus.running})
-RETRYABLE = frozenset({RunStatus.failed, RunStatus.cancelled})
+PENDING = frozenset({RunStatus.planned, RunStatus.lost})  # a plain `sweep` (re)submits these
+RETRYABLE = frozenset({RunStatus.failed, RunStatus.cancelled})  # only with --retry-failed
 
 
 def transition(store, run_id: int, to: RunStatus, only_from: Iterable[RunStatus],

@@ -3,6 +3,8 @@ reconcile with the scheduler (one query per refresh), cancel."""
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -15,11 +17,12 @@ from twoclocks_cli.config.models import SweepConfig
 from twoclocks_cli.config.plan import Plan
 from twoclocks_cli.errors import ConfigError, LaunchError
 from twoclocks_cli.launch.base import JobState, Submission
-from twoclocks_cli.launch.state import ACTIVE, RETRYABLE, transition, transition_many
+from twoclocks_cli.launch.state import ACTIVE, PENDING, RETRYABLE, transition, transition_many
 from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep
 
 UNKNOWN_GRACE_S = 120  # a job id the scheduler never heard of this long after submission: lost
 WAITING = frozenset({RunStatus.submitted, RunStatus.running})
+SUBMITTING = "submitting"  # job id kind while `submit` sends a run: submitting:HOST:PID
 
 
 def absolute_db_url(url: str) -> str:
@@ -61,6 +64,16 @@ def executor_for_job(job_id: str | None) -> str:
     return job_id.split(":", 1)[0] if ":" in job_id else "slurm"
 
 
+def redacted(config: dict) -> dict:
+    """A sweep config as it may be stored or shown: the `store` URL's password masked."""
+    from twoclocks_cli.store.engine import mask_url
+
+    out = dict(config)
+    if isinstance(out.get("store"), str):
+        out["store"] = mask_url(out["store"])
+    return out
+
+
 @dataclass
 class Registered:
     sweep: str
@@ -83,11 +96,11 @@ def register(store, plan: Plan, source: str) -> Registered:
         folder = str(Path(cfg.workdir).resolve() / f"{cfg.name}-{uuid.uuid4().hex[:8]}")
         if sweep is None:
             sweep = Sweep(name=cfg.name, backend=cfg.backend, folder=folder,
-                          config=cfg.model_dump(mode="json"))
+                          config=redacted(cfg.model_dump(mode="json")))
             s.add(sweep)
             s.flush()
         else:
-            sweep.config = cfg.model_dump(mode="json")
+            sweep.config = redacted(cfg.model_dump(mode="json"))
             sweep.folder = sweep.folder or folder  # e.g. a sweep created by an ingest
         have = {r.cell_id: r for r in s.scalars(select(Run).where(Run.sweep_id == sweep.id))}
         new = 0
@@ -108,8 +121,10 @@ def register(store, plan: Plan, source: str) -> Registered:
 
 
 def to_submit(store, reg: Registered, retry_failed: bool) -> list[Run]:
-    """Runs of the current plan to send: planned ones, plus failed/cancelled with retry."""
-    wanted = {RunStatus.planned.value}
+    """Runs of the current plan to send: planned and lost ones (reconciled first, so a job that
+    vanished since the last look counts as lost), plus failed/cancelled with retry."""
+    refresh(store, reg.sweep)
+    wanted = {s.value for s in PENDING}
     if retry_failed:
         wanted |= {s.value for s in RETRYABLE}
     with store.session() as s:
@@ -126,9 +141,12 @@ def submit(store, reg: Registered, runs: list[Run], executor, db_url: str) -> di
     sub = Submission(folder=folder / "submissions" / f"{stamp}-{uuid.uuid4().hex[:8]}",
                      db_url=db_url, sweep=reg.sweep,
                      runs=[(r.id, str(folder / "cells" / r.cell_id[:16])) for r in runs])
+    # until the executor answers, the job id names this process: if it dies here, the
+    # reconciler finds the runs lost instead of leaving them submitted forever
+    placeholder = f"{SUBMITTING}:{socket.gethostname()}:{os.getpid()}"
     sent = set(transition_many(store, [r.id for r in runs], RunStatus.submitted,
-                               {RunStatus.planned} | RETRYABLE,
-                               f"submitting via {executor.name}", job_id=None))
+                               PENDING | RETRYABLE, f"submitting via {executor.name}",
+                               job_id=placeholder, error=None))
     sub = Submission(sub.folder, sub.db_url, [x for x in sub.runs if x[0] in sent], sub.sweep)
     try:
         job_ids = executor.submit(sub)
@@ -144,7 +162,7 @@ def submit(store, reg: Registered, runs: list[Run], executor, db_url: str) -> di
         sweep.executor = executor.name
         for rid, jid in job_ids.items():
             run = s.get(Run, rid)
-            if run.status == RunStatus.submitted.value and run.job_id is None:
+            if run.status == RunStatus.submitted.value and run.job_id == placeholder:
                 run.job_id = jid
     if hasattr(executor, "run"):  # debug: execute now, in this process
         executor.run(sub)
@@ -160,6 +178,20 @@ class Refresh:
     problems: list[str] = field(default_factory=list)
 
 
+class _Submitting:
+    """Runs between `submitted` and their job id: alive while the submitting process is."""
+
+    name = SUBMITTING
+
+    def query(self, job_ids: list[str]):
+        from twoclocks_cli.launch.local import process_states
+
+        return process_states(job_ids)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        return None  # marked cancelled: the job finds its run cancelled and does nothing
+
+
 def _executors_by_kind() -> dict:
     """One executor per job-id kind, for queries and cancels (no submit parameters needed)."""
     from twoclocks_cli.config.models import Slurm
@@ -167,11 +199,16 @@ def _executors_by_kind() -> dict:
     from twoclocks_cli.launch.local import LocalExecutor
     from twoclocks_cli.launch.slurm import SlurmExecutor
 
-    return {"slurm": SlurmExecutor(Slurm()), "local": LocalExecutor(1), "debug": DebugExecutor()}
+    return {"slurm": SlurmExecutor(Slurm()), "local": LocalExecutor(1), "debug": DebugExecutor(),
+            SUBMITTING: _Submitting()}
 
 
 def refresh(store, sweep: str | None = None) -> Refresh:
-    """Reconcile every waiting run (of one sweep or all) with ONE query per executor kind."""
+    """Reconcile every waiting run (of one sweep or all) with ONE query per executor kind.
+
+    A job that ended without reporting (killed, node lost, out of memory, timed out for good,
+    unknown to the scheduler) makes its run `lost`, which a plain rerun resumes; a cell that
+    raised was marked `failed` by its job; a job cancelled outside twoclocks: `cancelled`."""
     out = Refresh()
     with store.session() as s:
         q = select(Run.id, Run.job_id, Run.status, Run.submitted_at).where(
@@ -205,36 +242,39 @@ def refresh(store, sweep: str | None = None) -> Refresh:
                 sub_at = r.submitted_at
                 if sub_at is not None and sub_at.tzinfo is None:
                     sub_at = sub_at.replace(tzinfo=timezone.utc)
-                if kind != "slurm" or sub_at is None or \
+                if kind not in ("slurm", SUBMITTING) or sub_at is None or \
                         now - sub_at < timedelta(seconds=UNKNOWN_GRACE_S):
                     continue
-                to, msg = RunStatus.failed, f"job {r.job_id} unknown to the scheduler"
+                to, msg = RunStatus.lost, f"job {r.job_id} unknown to the scheduler"
             elif info.state is JobState.cancelled:
                 to, msg = RunStatus.cancelled, f"job {r.job_id} cancelled ({info.detail})"
             elif info.state is JobState.failed:
-                to, msg = RunStatus.failed, f"job {r.job_id} ended {info.detail} without reporting"
+                to, msg = RunStatus.lost, f"job {r.job_id} ended {info.detail} without reporting"
             else:
-                to, msg = RunStatus.failed, (f"job {r.job_id} ended without reporting "
-                                             f"({info.detail or 'no result'})")
+                to, msg = RunStatus.lost, (f"job {r.job_id} ended without reporting "
+                                           f"({info.detail or 'no result'})")
             if transition(store, r.id, to, WAITING, f"reconciled: {msg}", job_id_is=r.job_id,
-                          error=msg if to is RunStatus.failed else None):
+                          error=msg if to is RunStatus.lost else None):
                 out.fixed.append((r.id, to.value))
     return out
 
 
 def cancel(store, sweep: str) -> tuple[int, list[str]]:
-    """Mark every active run of `sweep` cancelled, then stop their jobs (one call per kind)."""
+    """Mark every active or lost run of `sweep` cancelled (so a plain rerun leaves it), then
+    stop the jobs of the active ones (one call per kind)."""
     store.get_sweep(sweep)  # NotFoundError names the known sweeps
+    stoppable = ACTIVE | {RunStatus.lost}
     with store.session() as s:
-        rows = s.execute(select(Run.id, Run.job_id).join(Sweep, Run.sweep_id == Sweep.id)
+        rows = s.execute(select(Run.id, Run.job_id, Run.status)
+                         .join(Sweep, Run.sweep_id == Sweep.id)
                          .where(Sweep.name == sweep,
-                                Run.status.in_([x.value for x in ACTIVE]))).all()
-    changed = set(transition_many(store, [r.id for r in rows], RunStatus.cancelled, ACTIVE,
+                                Run.status.in_([x.value for x in stoppable]))).all()
+    changed = set(transition_many(store, [r.id for r in rows], RunStatus.cancelled, stoppable,
                                   "cancelled by twoclocks cancel"))
     done = [r for r in rows if r.id in changed]
     by_kind: dict[str, set] = {}
     for r in done:
-        if r.job_id:
+        if r.job_id and r.status != RunStatus.lost.value:
             by_kind.setdefault(executor_for_job(r.job_id), set()).add(r.job_id)
     problems = []
     executors = _executors_by_kind()

@@ -35,7 +35,10 @@ class Base(DeclarativeBase):
 
 
 class RunStatus(str, enum.Enum):
-    """Lifecycle: planned → submitted → running → completed | failed | diverged | cancelled."""
+    """Lifecycle: planned → submitted → running → completed | failed | diverged | cancelled,
+    or `lost`: the job vanished without reporting (killed, node lost, out of memory); a lost
+    run is not finished — a plain `twoclocks sweep` resubmits it and it resumes from its
+    checkpoint. `status` is a String(16) column without an enum constraint (no migration)."""
 
     planned = "planned"
     submitted = "submitted"
@@ -44,6 +47,7 @@ class RunStatus(str, enum.Enum):
     failed = "failed"
     diverged = "diverged"
     cancelled = "cancelled"
+    lost = "lost"
 
     @property
     def finished(self) -> bool:
