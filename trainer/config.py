@@ -10,28 +10,37 @@ input becomes one `ConfigError` line naming the file, key, value and what is all
 from __future__ import annotations
 
 import difflib
-import math
+import functools
+import importlib.util
+import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from twoclocks_cli.config.limits import INT32_MAX, INT64_MAX, Int32, nul_key, path_problem
 from twoclocks_cli.errors import ConfigError
+
+# strict: a string, a bool or a float is never turned into a number of another type; finite only
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+_REWARD = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class Phase(BaseModel):
     """One segment of a batch-size schedule (what `twoclocks schedule` writes)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     until_samples: int | None = Field(
         None,
         gt=0,
+        le=INT64_MAX,
         description="This phase covers steps that start below this many samples; "
         "the last phase may omit it and runs to `sample_budget`.",
     )
-    prompts_per_batch: int = Field(..., gt=0, description="Prompts per rollout batch (P).")
+    prompts_per_batch: Int32 = Field(..., gt=0, description="Prompts per rollout batch (P).")
     lr: float = Field(..., gt=0, description="Learning rate in this phase.")
     clip_eps_low: float | None = Field(
         None, ge=0, lt=1, description="Lower ratio clip in this phase (None: the top-level value)."
@@ -44,19 +53,20 @@ class Phase(BaseModel):
 class TrainConfig(BaseModel):
     """Everything one GRPO run needs. Defaults reproduce the tiny-arith prototype's settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     # --- model -------------------------------------------------------------------------------
     model: str = Field(
         "builtin:tiny-arith",
+        min_length=1,
         description="Local directory, Hugging Face hub id, or `builtin:tiny-arith` (the cached "
         "1M-parameter Qwen2 model warmed up on arithmetic; built on first use).",
     )
-    tiny_seed: int = Field(0, description="Seed of the built-in tiny model's construction.")
+    tiny_seed: Int32 = Field(0, ge=0, description="Seed of the built-in tiny model's construction.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Parameter dtype. fp32 on CPU: bf16 matmuls are slower there."
     )
-    threads: int | None = Field(
+    threads: Int32 | None = Field(
         None,
         gt=0,
         description="torch intra-op threads (None: torch's default). Results are "
@@ -66,22 +76,26 @@ class TrainConfig(BaseModel):
     # --- data --------------------------------------------------------------------------------
     dataset: str = Field(
         "builtin:arithmetic",
+        min_length=1,
         description="`builtin:arithmetic` (synthetic task below), a .jsonl/.csv/.parquet file "
         "with question and answer columns, or `hf:ID` (a datasets hub id, needs the hub).",
     )
     dataset_split: str = Field("train", description="Split of an `hf:` dataset.")
     eval_dataset: str | None = Field(
         None,
+        min_length=1,
         description="Held-out problems (same forms as `dataset`). None: the task's own "
         "held-out set for `builtin:arithmetic`, else the last `eval_size` rows of `dataset`, "
         "which are then excluded from training.",
     )
     question_key: str = Field("question", description="Question column of a file dataset.")
     answer_key: str = Field("answer", description="Gold-answer column of a file dataset.")
-    arith_min_value: int = Field(0, description="Smallest operand of the synthetic task.")
-    arith_max_value: int = Field(99, description="Largest operand of the synthetic task.")
+    arith_min_value: Int32 = Field(0, description="Smallest operand of the synthetic task.")
+    arith_max_value: Int32 = Field(99, description="Largest operand of the synthetic task.")
     arith_ops: list[Literal["+", "-", "*"]] = Field(
-        default_factory=lambda: ["+", "-"], description="Operators of the synthetic task."
+        default_factory=lambda: ["+", "-"],
+        min_length=1,
+        description="Operators of the synthetic task.",
     )
     prompt_template: str | None = Field(
         None,
@@ -95,22 +109,22 @@ class TrainConfig(BaseModel):
     )
 
     # --- batch -------------------------------------------------------------------------------
-    group_size: int = Field(
+    group_size: Int32 = Field(
         8, ge=2, description="Completions per prompt (G); >= 2 so a group has a standard deviation."
     )
-    prompts_per_batch: int | None = Field(
+    prompts_per_batch: Int32 | None = Field(
         None,
         gt=0,
         description="Prompts per rollout batch (P); samples per batch = P*G. Give "
         "this or `samples_per_batch`; default 16 when neither is given.",
     )
-    samples_per_batch: int | None = Field(
+    samples_per_batch: Int32 | None = Field(
         None,
         gt=0,
         description="Samples per rollout batch (TRL's generation_batch_size, verl's "
         "train_batch_size*n); must be a multiple of `group_size`.",
     )
-    micro_batch_size: int = Field(
+    micro_batch_size: Int32 = Field(
         64,
         gt=0,
         description="Samples per forward/backward (gradient accumulation): memory "
@@ -120,6 +134,7 @@ class TrainConfig(BaseModel):
     sample_budget: int = Field(
         32_768,
         gt=0,
+        le=INT64_MAX,
         description="Stop once this many samples were consumed (the last batch may overshoot).",
     )
     phases: list[Phase] = Field(
@@ -144,8 +159,8 @@ class TrainConfig(BaseModel):
     )
 
     # --- GRPO update -------------------------------------------------------------------------
-    ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch (verl).")
-    num_minibatches: int = Field(
+    ppo_epochs: Int32 = Field(1, gt=0, description="Passes over each rollout batch (verl).")
+    num_minibatches: Int32 = Field(
         1,
         gt=0,
         description="Optimizer steps per pass; updates per "
@@ -173,7 +188,7 @@ class TrainConfig(BaseModel):
         description="Weight of the k3 KL penalty to the initial "
         "policy in the loss (TRL beta, verl kl_loss_coef); 0 = none.",
     )
-    kl_init_every: int = Field(
+    kl_init_every: Int32 = Field(
         1,
         ge=0,
         description="Log `kl_init` (k3 on sampled tokens vs the initial policy) every "
@@ -198,7 +213,7 @@ class TrainConfig(BaseModel):
         description="Sampling temperature; log-probs are computed at the same temperature.",
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    max_new_tokens: int = Field(
+    max_new_tokens: Int32 = Field(
         12,
         gt=0,
         description="Completion length cap; a completion without EOS by then counts as truncated.",
@@ -209,11 +224,12 @@ class TrainConfig(BaseModel):
     eval_every_samples: int = Field(
         4096,
         ge=0,
+        le=INT64_MAX,
         description="Evaluate held-out accuracy each "
         "time this many more samples were consumed (0 = never); "
         "also before the first step and at the end.",
     )
-    eval_size: int = Field(256, gt=0, description="Held-out problems per evaluation.")
+    eval_size: Int32 = Field(256, gt=0, description="Held-out problems per evaluation.")
     eval_temperature: float = Field(
         1.0,
         ge=0,
@@ -221,10 +237,33 @@ class TrainConfig(BaseModel):
         "greedy. Uses its own seeded RNG, so eval never shifts "
         "the training stream.",
     )
-    checkpoint_every_steps: int = Field(
+    checkpoint_every_steps: Int32 = Field(
         10, ge=0, description="Checkpoint every K steps and at the end (0 = only at the end)."
     )
-    seed: int = Field(0, description="Seeds data order, sampling and minibatch shuffles.")
+    seed: Int32 = Field(0, ge=0, description="Seeds data order, sampling and minibatch shuffles.")
+
+    @field_validator("model", "dataset", "eval_dataset")
+    @classmethod
+    def _path_like(cls, value: str | None) -> str | None:
+        """A path (or hub id) the OS can open: no NUL, no part or whole too long."""
+        if value is not None and not value.startswith(("builtin:", "hf:")):
+            problem = path_problem(value)
+            if problem:
+                raise ValueError(problem)
+        return value
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_spec(cls, value: str) -> str:
+        """`math-verify` or an importable `module:function` (checked without importing it)."""
+        if value == "math-verify":
+            return value
+        if not _REWARD.match(value):
+            raise ValueError("allowed are 'math-verify' or 'module:function'")
+        module = value.split(":", 1)[0]
+        if not _module_found(module):
+            raise ValueError(f"module {module!r} is not importable here (not on sys.path)")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -255,7 +294,23 @@ class TrainConfig(BaseModel):
                 last = ph.until_samples
         if self.prompt_template is not None and "{question}" not in self.prompt_template:
             raise ValueError("prompt_template must contain {question}")
+        self._check_sizes()
         return self
+
+    def _check_sizes(self) -> None:
+        """Batches and the step count must fit the store's 32-bit columns (runs, metrics.step)."""
+        g = self.group_size
+        batches = [self.prompts_per_batch] + [ph.prompts_per_batch for ph in self.phases]
+        for i, p in enumerate(batches):
+            if p * g > INT32_MAX:
+                where = "prompts_per_batch" if i == 0 else f"phases[{i - 1}].prompts_per_batch"
+                raise ValueError(f"{where} ({p}) * group_size ({g}) = {p * g} samples per batch: "
+                                 f"at most {INT32_MAX}")
+        steps = -(-self.sample_budget // (min(batches) * g))
+        if steps > INT32_MAX:
+            raise ValueError(f"sample_budget = {self.sample_budget} at {min(batches) * g} samples "
+                             f"per batch is {steps} steps: at most {INT32_MAX} (the store's step "
+                             "column)")
 
     # ------------------------------------------------------------------------------------
     @property
@@ -280,51 +335,87 @@ class TrainConfig(BaseModel):
         return index, ph.model_copy(update={"clip_eps_low": low, "clip_eps_high": high})
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "config") -> TrainConfig:
-        """Validate a dict (a sweep cell may carry a `trainer` sub-table, merged in)."""
+    def from_dict(cls, data: dict, source: str = "config",
+                  rename: Callable[[str], str] | None = None) -> TrainConfig:
+        """Validate a dict (a sweep cell may carry a `trainer` sub-table, merged in).
+
+        `rename` maps a top-level key to the name the user wrote (a sweep's `trainer.X`).
+        """
         data = dict(data)
         extra = data.pop("trainer", None)
         if isinstance(extra, dict):
             data.update(extra)
         if data.get("backend") == "grpo":
             data.pop("backend")
+        bad = nul_key(data)
+        if bad:
+            raise ConfigError(f"{source}: key {bad!r}: contains a NUL character, which no key "
+                              "or value may hold")
         try:
-            cfg = cls.model_validate(data)
+            return cls.model_validate(data)
         except ValidationError as err:
-            raise ConfigError(describe(err, source, data)) from None
-        if math.isnan(cfg.lr):
-            raise ConfigError(f"{source}: key 'lr' = nan: must be a positive number")
-        return cfg
+            raise ConfigError(describe(err, source, data, rename)) from None
 
 
-def describe(err: ValidationError, source: str, data: dict) -> str:
+@functools.lru_cache(maxsize=64)
+def _module_found(module: str) -> bool:
+    """Whether `module` can be imported, found without running it (a package's parent may run)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value) if not isinstance(value, dict) else "{...}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_MESSAGES = {"float_type": "must be a number (not a string or a bool)",
+             "int_type": "must be an integer (not a string, a float or a bool)",
+             "bool_type": "must be true or false", "string_type": "must be a string",
+             "finite_number": "must be a finite number", "string_too_short": "must not be empty"}
+
+
+def describe(err: ValidationError, source: str, data: dict,
+             rename: Callable[[str], str] | None = None) -> str:
     """One line for the first pydantic error: `FILE: key 'a.b' = value: what is allowed`."""
     errors = err.errors()
     e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
-    loc = ".".join(str(p) for p in e["loc"])
+    parts = [str(p) for p in e["loc"]]
+    if parts and rename:
+        parts[0] = rename(parts[0])
+    loc = ".".join(parts)
     if e["type"] == "extra_forbidden":
         name = str(e["loc"][-1])
         fields = Phase.model_fields if len(e["loc"]) > 1 else TrainConfig.model_fields
         near = difflib.get_close_matches(name, list(fields), n=1)
-        hint = f"; did you mean '{near[0]}'?" if near else ""
+        if near and len(parts) == 1 and rename:
+            near = [rename(near[0])]
+        hint = f"; did you mean '{'.'.join(parts[:-1] + near[:1])}'?" if near else ""
         return f"{source}: unknown key '{loc}'{hint}"
-    msg = e["msg"].removeprefix("Value error, ")
+    msg = _MESSAGES.get(e["type"], e["msg"].removeprefix("Value error, "))
+    msg = msg.replace("Input should be", "must be")
     if e["type"] == "missing":
         return f"{source}: missing required key '{loc}'"
     if not loc:
         return f"{source}: {msg}"
-    value = e.get("input")
-    shown = repr(value) if not isinstance(value, dict) else "{...}"
-    return f"{source}: key '{loc}' = {shown}: {msg}"
+    return f"{source}: key '{loc}' = {_short(e.get('input'))}: {msg}"
 
 
 def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a TOML training config."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
     try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     return TrainConfig.from_dict(data, source=str(path))

@@ -15,14 +15,28 @@ from twoclocks_cli.errors import TwoclocksError
 
 
 class _Group(TyperGroup):
-    """Turns a TwoclocksError anywhere below into one line on stderr and its exit code."""
+    """Turns a TwoclocksError anywhere below into one line on stderr and its exit code; any
+    other exception into one line naming the log that holds its traceback (exit 1)."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except TwoclocksError as err:
-            typer.echo(f"error: {err}", err=True)
+            typer.echo(f"error: {_line(err)}", err=True)
             raise typer.Exit(err.exit_code) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as err:  # a bug: one line here, the traceback in a log file
+            from twoclocks_cli.crash import EXIT_CODE, one_line
+
+            typer.echo(one_line(err), err=True)
+            raise typer.Exit(EXIT_CODE) from None
+
+
+def _line(err: TwoclocksError) -> str:
+    """A project error's message as the one line it must be."""
+    text = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
+    return text or type(err).__name__
 
 
 app = typer.Typer(
@@ -88,5 +102,11 @@ _register()
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point; an exception outside any command is still one line + a log."""
+    try:
+        app()
+    except Exception as err:
+        from twoclocks_cli.crash import EXIT_CODE, one_line
+
+        typer.echo(one_line(err), err=True)
+        raise SystemExit(EXIT_CODE) from None

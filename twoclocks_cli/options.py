@@ -4,6 +4,17 @@ from typing import Annotated
 
 import typer
 
+from twoclocks_cli.errors import StoreError
+
+
+def _db_value(value: str | None) -> str | None:
+    """`--db ''` is an error (it used to fall back silently to ./twoclocks.db)."""
+    if value is not None and not value.strip():
+        raise StoreError(f"--db {value!r}: empty database URL; give e.g. sqlite:///path/to.db "
+                         "or postgresql://user:pass@host:5432/dbname")
+    return value
+
+
 DbOption = Annotated[
     str | None,
     typer.Option(
@@ -12,6 +23,7 @@ DbOption = Annotated[
         help="Database URL (sqlite:///FILE or postgresql://USER:PASS@HOST/DB). "
         "Default: $TWOCLOCKS_DB, else sqlite:///twoclocks.db in the working directory.",
         show_envvar=False,
+        callback=_db_value,
     ),
 ]
 

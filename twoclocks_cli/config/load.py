@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from twoclocks_cli.config.limits import nul_key
 from twoclocks_cli.config.models import SweepConfig
 from twoclocks_cli.errors import ConfigError
 
@@ -25,11 +26,17 @@ def load_config(path: str | Path) -> SweepConfig:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     return parse_config(data, str(path))
 
 
 def parse_config(data: dict[str, Any], source: str = "config") -> SweepConfig:
     """Validate a parsed TOML document; the first problem becomes the error's one line."""
+    bad = nul_key(data)
+    if bad:
+        raise ConfigError(f"{source}: key {bad!r}: contains a NUL character, which no key or "
+                          "value may hold")
     try:
         return SweepConfig.model_validate(data)
     except ValidationError as exc:
@@ -84,6 +91,7 @@ def _message(error: dict) -> str:
     text = error["msg"].replace("Input should be", "must be").replace("Value error, ", "")
     text = re.sub(r"a valid dictionary or instance of \w+", "a table", text)
     text = text.replace("a valid list", "a list")
+    text = re.sub(r"String should have at least 1 characters?", "must not be empty", text)
     return text.split(",")[0] if error["type"].endswith("_parsing") else text
 
 
@@ -95,7 +103,7 @@ def _location(loc: tuple) -> tuple[list[str], str]:
 
 
 _TYPE_NAMES = {"float", "int", "str", "bool", "BatchRange", "function-after", "none", "list",
-               "dict"}
+               "dict", "constrained-float", "constrained-int"}
 
 
 def _allowed_keys(keys: list[str]) -> list[str]:

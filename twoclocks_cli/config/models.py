@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from twoclocks_cli.config.limits import INT64_MAX, Int32
+
+Alpha = Annotated[float, Field(ge=-4, le=4)]  # a larger exponent overflows lr at any grid
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Scaling(_Strict):
     """How lr follows the batch: lr(B) = reference_lr * (B / reference_batch) ** alpha."""
 
-    reference_batch: int = Field(gt=0, description="Reference batch B0, in samples (P*G).")
+    reference_batch: Int32 = Field(gt=0, description="Reference batch B0, in samples (P*G).")
     reference_lr: float = Field(gt=0, description="Learning rate at the reference batch.")
-    rule: Literal["sqrt", "linear", "none"] | float = Field(
-        "sqrt", description="sqrt (alpha=0.5), linear (1), none (0), or the exponent alpha itself."
+    rule: Literal["sqrt", "linear", "none"] | Alpha = Field(
+        "sqrt", description="sqrt (alpha=0.5), linear (1), none (0), or the exponent alpha itself "
+        "(-4 to 4)."
     )
     adam_adjust: bool = Field(
         False, description="Also scale Adam as the SDE rule says: 1-beta -> k(1-beta), "
@@ -34,8 +39,8 @@ class Scaling(_Strict):
 class BatchRange(_Strict):
     """A geometric range of batch sizes: start, start*factor, ... up to stop (inclusive)."""
 
-    start: int = Field(gt=0, description="First batch size.")
-    stop: int = Field(gt=0, description="Largest batch size (included when on the progression).")
+    start: Int32 = Field(gt=0, description="First batch size.")
+    stop: Int32 = Field(gt=0, description="Largest batch size (included when on the progression).")
     factor: float = Field(2.0, gt=1, description="Ratio between consecutive batch sizes.")
 
 
@@ -63,8 +68,8 @@ class Grid(_Strict):
 class Local(_Strict):
     """The local executor: cells run as local processes through submitit, a few at a time."""
 
-    threads_per_job: int = Field(1, gt=0, description="CPU threads one cell uses.")
-    max_parallel: int | None = Field(
+    threads_per_job: Int32 = Field(1, gt=0, description="CPU threads one cell uses.")
+    max_parallel: Int32 | None = Field(
         None, gt=0, description="Cells at once (default: cores // threads_per_job, at least 1).")
     timeout_min: float = Field(24 * 60, gt=0, description="Wall-clock limit per cell, minutes.")
 
@@ -73,17 +78,17 @@ class Slurm(_Strict):
     """SLURM parameters: all pending cells go out as one job array."""
 
     partition: str | None = Field(None, description="Partition (default: the cluster's).")
-    nodes: int = Field(1, gt=0, description="Nodes per cell.")
-    gpus_per_node: int | None = Field(None, ge=0, description="GPUs per node.")
-    cpus_per_task: int = Field(1, gt=0, description="CPUs per cell.")
+    nodes: Int32 = Field(1, gt=0, description="Nodes per cell.")
+    gpus_per_node: Int32 | None = Field(None, ge=0, description="GPUs per node.")
+    cpus_per_task: Int32 = Field(1, gt=0, description="CPUs per cell.")
     mem_gb: float | None = Field(None, gt=0, description="Memory per node, GB.")
-    timeout_min: int = Field(60, gt=0, description="Time limit per attempt, minutes; on timeout "
+    timeout_min: Int32 = Field(60, gt=0, description="Time limit per attempt, minutes; on timeout "
                              "the cell checkpoints and requeues.")
     account: str | None = Field(None, description="Account to charge.")
     qos: str | None = Field(None, description="Quality of service.")
     constraint: str | None = Field(None, description="Node feature constraint.")
-    array_parallelism: int = Field(16, gt=0, description="Array tasks running at once (%N).")
-    max_requeues: int = Field(3, ge=0, description="Timeouts a cell may requeue after.")
+    array_parallelism: Int32 = Field(16, gt=0, description="Array tasks running at once (%N).")
+    max_requeues: Int32 = Field(3, ge=0, description="Timeouts a cell may requeue after.")
     setup: list[str] = Field(
         default_factory=list, description="Shell lines run before the cell (module load, ...).")
     sbatch: dict[str, str | int | float | bool] = Field(
@@ -96,7 +101,8 @@ class SweepConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
                       description="Sweep name: letters, digits, . _ - (unique in the store).")
     backend: Literal["grpo", "sim"] = Field(description="Which backend runs the cells.")
-    sample_budget: int = Field(gt=0, description="Samples per cell, equal across batch sizes.")
+    sample_budget: int = Field(gt=0, le=INT64_MAX,
+                               description="Samples per cell, equal across batch sizes.")
     scaling: Scaling = Field(description="The lr scaling rule.")
     grid: Grid = Field(description="The grid axes.")
     trainer: dict[str, Any] = Field(
@@ -107,9 +113,11 @@ class SweepConfig(_Strict):
         "auto", description="local, slurm, debug (in-process, blocking) or auto (slurm when "
         "sbatch is on PATH, else local).")
     store: str | None = Field(
-        None, description="Database URL (default: --db, $TWOCLOCKS_DB, sqlite:///twoclocks.db).")
+        None, min_length=1,
+        description="Database URL (default: --db, $TWOCLOCKS_DB, sqlite:///twoclocks.db).")
     workdir: str = Field(
-        "twoclocks-runs", description="Folder for submitit files and cell checkpoints.")
-    min_steps: int = Field(20, gt=0, description="Warn for cells with fewer optimizer steps.")
+        "twoclocks-runs", min_length=1,
+        description="Folder for submitit files and cell checkpoints.")
+    min_steps: Int32 = Field(20, gt=0, description="Warn for cells with fewer optimizer steps.")
     local: Local = Field(default_factory=Local, description="Local executor settings.")
     slurm: Slurm = Field(default_factory=Slurm, description="SLURM settings.")

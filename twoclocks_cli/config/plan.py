@@ -12,11 +12,20 @@ import hashlib
 import itertools
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from twoclocks_cli.config.limits import (
+    INT32_MAX,
+    MAX_CELLS,
+    MAX_RANGE_STEPS,
+    PATH_RESERVE,
+    path_problem,
+)
 from twoclocks_cli.config.models import BatchRange, SweepConfig
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.errors import ConfigError, StoreError
 
 COMMON_KEYS = ("prompts_per_batch", "group_size", "lr", "clip_eps_low", "clip_eps_high", "seed",
                "sample_budget")
@@ -65,9 +74,12 @@ def cell_hash(cell: dict) -> str:
 
 
 def scaled_lr(cfg: SweepConfig, batch_samples: int) -> float:
-    """lr(B) = reference_lr * (B / reference_batch) ** alpha."""
+    """lr(B) = reference_lr * (B / reference_batch) ** alpha (inf where it overflows)."""
     s = cfg.scaling
-    return float(s.reference_lr * (batch_samples / s.reference_batch) ** s.alpha)
+    try:
+        return float(s.reference_lr * (batch_samples / s.reference_batch) ** s.alpha)
+    except OverflowError:
+        return math.inf
 
 
 def adam_for(cfg: SweepConfig, batch_samples: int, source: str) -> dict[str, float]:
@@ -92,11 +104,19 @@ def batch_values(grid_batch, source: str) -> list[int]:
         if r.stop < r.start:
             raise ConfigError(f"{source}: key 'grid.batch.stop' = {r.stop}: must be >= start "
                               f"({r.start})")
-        out, k = [], 0
-        while (v := round(r.start * r.factor**k)) <= r.stop:
-            if not out or v != out[-1]:
+        steps = math.log(r.stop / r.start) / math.log(r.factor)  # factor > 1 and finite
+        if steps > MAX_RANGE_STEPS:
+            raise ConfigError(
+                f"{source}: key 'grid.batch.factor' = {r.factor!r}: from {r.start} to {r.stop} "
+                f"the range takes {steps:.3g} steps; at most {MAX_RANGE_STEPS:,} (use a larger "
+                "factor or a list)")
+        out = []
+        for k in range(int(steps) + 2):
+            x = r.start * r.factor**k
+            if x > r.stop + 0.5:  # also inf: never rounded
+                break
+            if (v := round(x)) <= r.stop and (not out or v != out[-1]):
                 out.append(v)
-            k += 1
         return out
     return list(grid_batch)
 
@@ -130,9 +150,16 @@ def _axes(cfg: SweepConfig, source: str) -> dict[str, list]:
     for b in axes["batch"]:
         if b <= 0:
             raise ConfigError(f"{source}: key 'grid.batch' = {b}: batch sizes must be > 0")
+        if b > INT32_MAX:
+            raise ConfigError(f"{source}: key 'grid.batch' = {b}: at most {INT32_MAX}")
     for gs in axes["group_size"]:
-        if gs <= 0:
-            raise ConfigError(f"{source}: key 'grid.group_size' = {gs}: must be > 0")
+        if not 0 < gs <= INT32_MAX:
+            raise ConfigError(f"{source}: key 'grid.group_size' = {gs}: must be > 0 and <= "
+                              f"{INT32_MAX}")
+    for seed in axes["seeds"]:
+        if not 0 <= seed <= INT32_MAX:
+            raise ConfigError(f"{source}: key 'grid.seeds' = {seed}: seeds must be in 0.."
+                              f"{INT32_MAX} (the store's seed column)")
     for lo in axes["clip_low"]:
         if not 0 <= lo < 1:
             raise ConfigError(f"{source}: key 'grid.clip_low' = {lo}: must be in [0, 1)")
@@ -154,6 +181,12 @@ def _combinations(cfg: SweepConfig, axes: dict[str, list], source: str) -> list[
         if len(set(lengths.values())) > 1:
             raise ConfigError(f"{source}: key 'grid.zip' = {zipped!r}: zipped axes need equal "
                               f"lengths, got {lengths}")
+    size = math.prod(len(v) for n, v in axes.items() if n not in zipped)
+    size *= len(axes[zipped[0]]) if zipped else 1
+    if size > MAX_CELLS:
+        shape = " x ".join(f"{len(v)} {n}" for n, v in axes.items() if len(v) > 1)
+        raise ConfigError(f"{source}: key 'grid': {size:,} cells ({shape}); a sweep may plan at "
+                          f"most {MAX_CELLS:,}")
     groups: list[list[dict]] = []
     if zipped:
         groups.append([dict(zip(zipped, vals, strict=True))
@@ -187,17 +220,113 @@ def _check_overrides(cfg: SweepConfig, source: str) -> None:
 
 
 def plan(cfg: SweepConfig, source: str = "config") -> Plan:
-    """Resolve every cell of `cfg`; raise ConfigError for impossible grids, list warnings."""
+    """Resolve every cell of `cfg`; raise ConfigError for impossible grids, list warnings.
+
+    Every cell is validated as its backend will read it, so a sweep that plans never fails a
+    cell on its config.
+    """
     _check_overrides(cfg, source)
+    _check_paths(cfg, source)
     axes = _axes(cfg, source)
     cells: list[Cell] = []
     seen: set[str] = set()
+    check = _sim_checker(cfg, source) if cfg.backend == "sim" else _grpo_checker(cfg, source)
     for combo in _combinations(cfg, axes, source):
         cell = _resolve(cfg, combo, source)
         if cell.cell_id not in seen:
+            check(cell)
             seen.add(cell.cell_id)
             cells.append(cell)
     return Plan(config=cfg, cells=cells, warnings=_warnings(cfg, cells))
+
+
+def _check_paths(cfg: SweepConfig, source: str) -> None:
+    """The workdir is a folder the OS accepts; the store key is a database URL."""
+    problem = path_problem(cfg.workdir, reserve=PATH_RESERVE + len(cfg.name))
+    if problem is None and os.path.exists(cfg.workdir) and not os.path.isdir(cfg.workdir):
+        problem = "exists and is not a folder"
+    if problem:
+        raise ConfigError(f"{source}: key 'workdir' = {_short(cfg.workdir)}: {problem}")
+    if cfg.store is not None:
+        from twoclocks_cli.store.engine import check_url
+
+        try:
+            check_url(cfg.store)
+        except StoreError as err:
+            raise ConfigError(f"{source}: key 'store': {err}") from None
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# a cell's common keys are set by the sweep; name the sweep key that set them
+_SWEEP_KEYS = {"prompts_per_batch": "grid.batch", "group_size": "grid.group_size",
+               "lr": "scaling.reference_lr", "clip_eps_low": "grid.clip_low",
+               "clip_eps_high": "grid.clip_high", "seed": "grid.seeds",
+               "sample_budget": "sample_budget", "adam_beta1": "scaling.adam_beta1",
+               "adam_beta2": "scaling.adam_beta2", "adam_epsilon": "scaling.adam_eps"}
+
+
+def _grpo_checker(cfg: SweepConfig, source: str):
+    """Validate a grpo cell with the trainer's own TrainConfig (no torch is imported)."""
+    from trainer.config import TrainConfig
+
+    def rename(key: str) -> str:
+        if key in cfg.grid.trainer:
+            return f"grid.trainer.{key}"
+        if key in cfg.trainer:
+            return f"trainer.{key}"
+        return _SWEEP_KEYS.get(key, f"trainer.{key}")
+
+    def check(cell: Cell) -> None:
+        TrainConfig.from_dict(cell.config, source=_cell_source(cfg, cell, source), rename=rename)
+
+    return check
+
+
+def _sim_checker(cfg: SweepConfig, source: str):
+    """Validate the sim tables with the sim backend's ModelConfig, strictly typed."""
+    from twoclocks_cli.theory.model import ModelConfig
+
+    axes = set(cfg.grid.sim)
+    try:  # an unknown key is named where it was written
+        ModelConfig.check_keys(cfg.sim, "sim")
+        ModelConfig.check_keys(axes, "grid.sim")
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+    def build(table: dict):
+        try:
+            return ModelConfig.from_dict(table, strict=True)
+        except ConfigError as err:  # a key the grid set is named as the grid's
+            text = str(err)
+            for key in axes:
+                text = re.sub(rf"(?<![\w.])sim\.{re.escape(key)}\b", f"grid.sim.{key}", text)
+            raise ConfigError(f"{source}: {text}") from None
+
+    models: dict[str, object] = {}
+
+    def check(cell: Cell) -> None:
+        table = cell.config["sim"]
+        text = json.dumps(table, sort_keys=True)
+        if text not in models:
+            models[text] = build(table)
+        model = models[text]
+        if model.dim < 1:
+            raise ConfigError(f"{source}: key 'sim.dim' = {model.dim}: the sim backend needs at "
+                              "least one curved direction (its progress metric is 1 - L/L0)")
+        if model.log_every > cell.steps:
+            raise ConfigError(
+                f"{source}: key 'sim.log_every' = {model.log_every}: cell {cell.name} runs "
+                f"{cell.steps} steps and would write no metric row; at most {cell.steps}")
+
+    return check
+
+
+def _cell_source(cfg: SweepConfig, cell: Cell, source: str) -> str:
+    return f"{source} (cell batch {cell.prompts}x{cell.group_size}, seed {cell.seed})"
 
 
 def _resolve(cfg: SweepConfig, combo: dict, source: str) -> Cell:
@@ -212,9 +341,16 @@ def _resolve(cfg: SweepConfig, combo: dict, source: str) -> Cell:
     else:
         prompts = int(combo["batch"])
         samples = prompts * g
+    if samples > INT32_MAX:
+        raise ConfigError(f"{source}: key 'grid.batch' = {combo['batch']}: {samples} samples per "
+                          f"batch; at most {INT32_MAX}")
     if cfg.sample_budget < samples:
         raise ConfigError(f"{source}: key 'sample_budget' = {cfg.sample_budget}: smaller than "
                           f"one batch ({samples} samples); must be >= the largest batch")
+    if cfg.sample_budget // samples > INT32_MAX:
+        raise ConfigError(f"{source}: key 'sample_budget' = {cfg.sample_budget}: "
+                          f"{cfg.sample_budget // samples} steps at batch {samples}; at most "
+                          f"{INT32_MAX} (the store's step column)")
     low = float(combo["clip_low"])
     high = low if combo["clip_high"] is None else float(combo["clip_high"])
     lr = scaled_lr(cfg, samples)
@@ -241,12 +377,48 @@ def _resolve(cfg: SweepConfig, combo: dict, source: str) -> Cell:
     try:
         cid = cell_hash(cell)
     except (TypeError, ValueError) as exc:
+        bad = _nonfinite_key(cell)
+        if bad:
+            key, value = bad
+            raise ConfigError(f"{source}: key {_written_as(cfg, key)!r} = {value!r}: must be a "
+                              "finite number (cells are stored as JSON; use a large finite "
+                              "value)") from None
         raise ConfigError(f"{source}: a cell option cannot be stored as JSON: {exc}") from None
     steps = cfg.sample_budget // samples
     name = f"{cfg.name}-p{prompts}-g{g}-s{seed}-{cid[:6]}"
     return Cell(cell_id=cid, name=name, prompts=prompts, group_size=g, batch_samples=samples,
                 lr=lr, clip_low=low, clip_high=high, seed=seed, steps=steps,
                 samples=steps * samples, config=cell)
+
+
+def _nonfinite_key(cell: dict, prefix: str = "") -> tuple[str, float] | None:
+    """(dotted key, value) of the first nan/inf float in a cell, or None."""
+    for key, value in cell.items():
+        here = f"{prefix}{key}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return here, value
+        if isinstance(value, dict):
+            found = _nonfinite_key(value, here + ".")
+            if found:
+                return found
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, float) and not math.isfinite(item):
+                    return f"{here}[{i}]", item
+                if isinstance(item, dict) and (found := _nonfinite_key(item, f"{here}[{i}].")):
+                    return found
+    return None
+
+
+def _written_as(cfg: SweepConfig, key: str) -> str:
+    """The config key a cell key came from: trainer.X / grid.trainer.X / sim.X / grid.sim.X."""
+    table, _, name = key.partition(".")
+    if table == "sim" and name:
+        return f"grid.sim.{name}" if name.split("[")[0] in cfg.grid.sim else key
+    head = key.split(".")[0].split("[")[0]
+    if head in cfg.grid.trainer:
+        return f"grid.trainer.{key}"
+    return _SWEEP_KEYS.get(head, f"trainer.{key}")
 
 
 def updates_per_batch(cfg: SweepConfig, cell: Cell) -> int:

@@ -17,7 +17,14 @@ SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 
 def resolve_url(cli_value: str | None = None) -> str:
-    """Pick the database: `--db URL` > `$TWOCLOCKS_DB` > `sqlite:///twoclocks.db` in the cwd."""
+    """Pick the database: `--db URL` > `$TWOCLOCKS_DB` > `sqlite:///twoclocks.db` in the cwd.
+
+    An empty `--db` is an error (never a silent fall-back to the default); an empty
+    $TWOCLOCKS_DB counts as unset, as in the shell.
+    """
+    if cli_value is not None and not cli_value.strip():
+        raise StoreError(f"--db {cli_value!r}: empty database URL; give e.g. "
+                         "sqlite:///path/to.db or postgresql://user:pass@host:5432/dbname")
     return cli_value or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
@@ -25,7 +32,7 @@ def mask_url(url: str | URL) -> str:
     """Render a URL with its password replaced by ***, safe to print."""
     try:
         parsed = make_url(url) if isinstance(url, str) else url
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         text_url = str(url)
         if "@" in text_url and "://" in text_url:
             scheme, rest = text_url.split("://", 1)
@@ -36,23 +43,65 @@ def mask_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+_EXAMPLE = "expected e.g. sqlite:///path/to.db or postgresql://user:pass@host:5432/dbname"
+
+
 def parse_url(url: str) -> URL:
     """Parse and normalise a URL; PostgreSQL goes through psycopg 3. Raises StoreError."""
+    if not url.strip():
+        raise StoreError(f"empty database URL: {_EXAMPLE}")
+    if "\x00" in url:
+        raise StoreError(f"database URL {mask_url(url)!r} contains a NUL character")
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise StoreError(
-            f"malformed database URL {mask_url(url)!r}: expected e.g. sqlite:///path/to.db "
-            "or postgresql://user:pass@host:5432/dbname"
-        ) from None
-    backend = parsed.get_backend_name()
-    if backend == "postgresql" and parsed.get_driver_name() in ("psycopg2", "psycopg", ""):
+        raise StoreError(f"malformed database URL {mask_url(url)!r}: {_EXAMPLE}") from None
+    except ValueError:  # sqlalchemy parses the port with int()
+        raise StoreError(f"malformed database URL {mask_url(url)!r}: the port (after host:) must "
+                         f"be a number; {_EXAMPLE}") from None
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise StoreError(f"database URL {mask_url(parsed)!r}: port {parsed.port} is not in "
+                         "1..65535")
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if backend == "postgresql" and driver in ("psycopg2", "psycopg", ""):
         parsed = parsed.set(drivername="postgresql+psycopg")
-    elif backend not in ("sqlite", "postgresql"):
+    elif backend == "sqlite" and driver in ("pysqlite", ""):
+        pass
+    elif backend in ("sqlite", "postgresql"):
+        raise StoreError(f"unsupported driver in {mask_url(parsed)!r}: use sqlite:///FILE or "
+                         "postgresql://... (psycopg 3)")
+    else:
         raise StoreError(
             f"unsupported database {mask_url(parsed)!r}: use sqlite:///FILE or postgresql://..."
         )
     return parsed
+
+
+def check_url(url: str) -> URL:
+    """Everything about `url` that can be checked without connecting (StoreError naming it)."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        _check_sqlite_path(parsed)
+    return parsed
+
+
+def _check_sqlite_path(parsed: URL) -> None:
+    """The file of a SQLite URL is a path the OS accepts, in an existing folder, writable."""
+    from twoclocks_cli.config.limits import path_problem
+
+    db, masked = parsed.database, mask_url(parsed)
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return
+    problem = path_problem(db, reserve=len(".migrate-lock"))
+    if problem:
+        raise StoreError(f"database file of {masked[:80]!r}: {problem}")
+    path = Path(db)
+    if not path.parent.is_dir():
+        raise StoreError(f"database directory {path.parent} does not exist ({masked})")
+    if path.is_dir():
+        raise StoreError(f"database file {path} is a folder ({masked})")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise StoreError(f"database file {path} is read-only ({masked})")
 
 
 def _sqlite_pragmas(engine: Engine) -> None:
@@ -75,16 +124,9 @@ def _sqlite_pragmas(engine: Engine) -> None:
 
 def make_engine(url: str) -> Engine:
     """Create an engine for `url` and prove it can be used; every failure is a StoreError."""
-    parsed = parse_url(url)
+    parsed = check_url(url)
     masked = mask_url(parsed)
     if parsed.get_backend_name() == "sqlite":
-        db = parsed.database
-        if db and db != ":memory:":
-            path = Path(db)
-            if path.parent and not path.parent.exists():
-                raise StoreError(f"database directory {path.parent} does not exist ({masked})")
-            if path.exists() and not os.access(path, os.W_OK):
-                raise StoreError(f"database file {path} is read-only ({masked})")
         engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _sqlite_pragmas(engine)
     else:

@@ -74,10 +74,11 @@ def _run(engine: Engine, fn, revision: str) -> None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate forward to `revision` (default: head)."""
+    """Migrate forward to `revision` (default: head); a database that is not ours is refused."""
     from alembic import command
 
     with migration_lock(engine):
+        _refuse_foreign(engine)
         _run(engine, command.upgrade, revision)
 
 
@@ -126,9 +127,30 @@ def migration_lock(engine: Engine) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _is_empty(engine: Engine) -> bool:
-    with engine.connect() as conn:
-        return not inspect(conn).has_table("runs")
+def _tables(engine: Engine) -> list[str]:
+    """The tables of the database's default schema (SQLite: of the main file)."""
+    try:
+        with engine.connect() as conn:
+            return sorted(inspect(conn).get_table_names())
+    except (OperationalError, DBAPIError) as exc:
+        raise StoreError(describe_db_error(exc, engine.url)) from None
+
+
+def _refuse_foreign(engine: Engine) -> None:
+    """Refuse a database whose tables are not twoclocks' (never add our tables beside them)."""
+    rev = current_revision(engine)
+    tables = [t for t in _tables(engine) if t != "alembic_version"]
+    if rev is None and tables:
+        shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+        raise StoreError(
+            f"database {mask_url(engine.url)} has tables ({shown}) but no twoclocks revision: "
+            "it is not a twoclocks store; use another --db"
+        )
+    if rev is not None and rev not in known_revisions() and "runs" not in tables:
+        raise StoreError(
+            f"database {mask_url(engine.url)} is stamped with alembic revision {rev!r}, which is "
+            "not twoclocks', and has no runs table: it is not a twoclocks store; use another --db"
+        )
 
 
 def ensure_schema(engine: Engine) -> bool:
@@ -144,11 +166,7 @@ def ensure_schema(engine: Engine) -> bool:
         with migration_lock(engine):
             if current_revision(engine) is not None:
                 return ensure_schema(engine)  # another process migrated while we waited
-            if not _is_empty(engine):
-                raise StoreError(
-                    f"database {mask_url(engine.url)} has tables but no twoclocks revision: "
-                    "it is not a twoclocks store"
-                )
+            _refuse_foreign(engine)
             from alembic import command
 
             _run(engine, command.upgrade, "head")
@@ -163,6 +181,7 @@ def ensure_schema(engine: Engine) -> bool:
             f"database {mask_url(engine.url)} is at revision {rev}, this twoclocks needs {head}: "
             "run `twoclocks db upgrade`"
         )
+    _refuse_foreign(engine)
     raise StoreError(
         f"database {mask_url(engine.url)} is at revision {rev}, unknown to this twoclocks "
         f"(head {head}): it was written by a newer twoclocks; upgrade twoclocks"

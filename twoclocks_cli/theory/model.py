@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import math
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 
@@ -10,6 +12,10 @@ import numpy as np
 from twoclocks_cli.errors import ConfigError
 
 OPTIMIZERS = ("adam", "sgd", "normalized")
+INT32_MAX = 2**31 - 1  # steps and counts the store's INTEGER columns hold
+MAX_DIMS = 10_000_000  # dim + flat_dims: the state is a few float64 arrays of this length
+_FLOATS = ("h_min", "h_max", "theta0", "sigma", "collapse_samples", "beta1", "beta2", "adam_eps",
+           "cap", "cap_per_clip", "micro_fraction")
 
 
 @dataclass(frozen=True)
@@ -41,43 +47,68 @@ class ModelConfig:
             raise ConfigError(
                 f"sim.optimizer = {self.optimizer!r}: allowed are {', '.join(OPTIMIZERS)}"
             )
-        for name in (
-            "dim",
-            "flat_dims",
-            "eval_samples",
-            "eval_every",
-            "log_every",
-            "checkpoint_every",
-        ):
+        for name in ("dim", "flat_dims", "eval_samples", "eval_every", "log_every",
+                     "checkpoint_every"):
             low = 0 if name in ("flat_dims", "dim") else 1
-            if int(getattr(self, name)) < low:
-                raise ConfigError(f"sim.{name} = {getattr(self, name)!r}: must be >= {low}")
+            value = int(getattr(self, name))
+            if not low <= value <= INT32_MAX:
+                raise ConfigError(f"sim.{name} = {getattr(self, name)!r}: must be >= {low} and "
+                                  f"<= {INT32_MAX}")
+        for name in _FLOATS:
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"sim.{name} = {value!r}: must be a finite number")
         if not (0 < self.h_min <= self.h_max):
             raise ConfigError(
                 f"sim.h_min/h_max = {self.h_min}/{self.h_max}: need 0 < h_min <= h_max"
             )
-        if self.sigma <= 0:
-            raise ConfigError(f"sim.sigma = {self.sigma}: must be > 0")
+        for name in ("sigma", "theta0", "collapse_samples", "adam_eps", "cap", "cap_per_clip"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"sim.{name} = {value!r}: must be > 0")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"sim.{name} = {getattr(self, name)!r}: must be in [0, 1)")
+        if math.isnan(self.drift_threshold) or self.drift_threshold <= 0:
+            raise ConfigError(f"sim.drift_threshold = {self.drift_threshold!r}: must be > 0 "
+                              "(inf: never collapse)")
         if not (0 < self.micro_fraction < 1):
             raise ConfigError(f"sim.micro_fraction = {self.micro_fraction}: must be in (0, 1)")
         if self.dim + self.flat_dims < 1:
             raise ConfigError("sim.dim + sim.flat_dims must be >= 1")
+        if self.dim + self.flat_dims > MAX_DIMS:
+            raise ConfigError(f"sim.dim + sim.flat_dims = {self.dim + self.flat_dims}: at most "
+                              f"{MAX_DIMS:,} (the state is held in memory)")
 
     @classmethod
-    def from_dict(cls, data: dict | None, where: str = "sim") -> ModelConfig:
-        """Build from a config table, naming any unknown key and the allowed ones."""
-        data = dict(data or {})
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - allowed)
+    def check_keys(cls, keys, where: str = "sim") -> None:
+        """Raise ConfigError naming the first key that is not a field (with a did-you-mean)."""
+        allowed = sorted(f.name for f in fields(cls))
+        unknown = sorted(str(k) for k in keys if k not in allowed)
         if unknown:
-            raise ConfigError(
-                f"{where}: unknown key(s) {', '.join(unknown)}; "
-                f"allowed: {', '.join(sorted(allowed))}"
-            )
+            hint = difflib.get_close_matches(unknown[0], allowed, n=1, cutoff=0.6)
+            near = f": did you mean '{where}.{hint[0]}'?" if hint else ""
+            raise ConfigError(f"unknown key '{where}.{unknown[0]}'{near} (allowed in {where}: "
+                              f"{', '.join(allowed)})")
+
+    @classmethod
+    def from_dict(cls, data: dict | None, where: str = "sim", strict: bool = False) -> ModelConfig:
+        """Build from a config table, naming any unknown key and the allowed ones.
+
+        strict: values must already have their field's type (a sweep config's TOML values);
+        otherwise strings are parsed (`twoclocks theory --set key=value`).
+        """
+        data = dict(data or {})
+        cls.check_keys(data, where)
         for f in fields(cls):
             if f.name in data:
-                data[f.name] = _coerce(f.name, data[f.name], f.default, where)
-        return cls(**data)
+                data[f.name] = _coerce(f.name, data[f.name], f.default, where, strict)
+        try:
+            return cls(**data)
+        except ConfigError as err:
+            if where == "sim":
+                raise
+            raise ConfigError(str(err).replace("sim.", f"{where}.")) from None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,24 +133,32 @@ class ModelConfig:
         return None
 
 
-def _coerce(name: str, value, default, where: str):
-    """The value as its field's type (int, float, str; None allowed where the default is None)."""
+def _coerce(name: str, value, default, where: str, strict: bool = False):
+    """The value as its field's type (int, float, str; None allowed where the default is None).
+
+    Not strict: numbers may be given as strings. Strict: only the type itself (an int for a
+    float field too); never a bool for a number.
+    """
     if value is None and default is None:
         return None
     kind = float if default is None else type(default)
     try:
+        if isinstance(value, bool) or (strict and kind is not str and isinstance(value, str)):
+            raise ValueError
         if kind is int:
-            if isinstance(value, bool) or float(value) != int(float(value)):
+            if strict and not isinstance(value, int):
                 raise ValueError
-            return int(float(value))
+            number = float(value) if not isinstance(value, int) else value
+            if not isinstance(number, int) and (not math.isfinite(number)
+                                                or number != int(number)):
+                raise ValueError
+            return int(number)
         if kind is float:
-            if isinstance(value, bool):
-                raise ValueError
             return float(value)
         if not isinstance(value, str):
             raise ValueError
         return value
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(
             f"{where}.{name} = {value!r}: expected {'a number' if kind is not str else 'a string'}"
             + (" (an integer)" if kind is int else "")
