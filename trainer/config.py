@@ -255,14 +255,9 @@ class TrainConfig(BaseModel):
     @field_validator("reward")
     @classmethod
     def _reward_spec(cls, value: str) -> str:
-        """`math-verify` or an importable `module:function` (checked without importing it)."""
-        if value == "math-verify":
-            return value
-        if not _REWARD.match(value):
+        """`math-verify` or `module:function` (whether it imports depends on where it runs)."""
+        if value != "math-verify" and not _REWARD.match(value):
             raise ValueError("allowed are 'math-verify' or 'module:function'")
-        module = value.split(":", 1)[0]
-        if not _module_found(module):
-            raise ValueError(f"module {module!r} is not importable here (not on sys.path)")
         return value
 
     @model_validator(mode="after")
@@ -404,7 +399,7 @@ def describe(err: ValidationError, source: str, data: dict,
 
 
 def load_config(path: str | Path) -> TrainConfig:
-    """Read and validate a TOML training config."""
+    """Read and validate a TOML training config (for training in this process)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -418,4 +413,9 @@ def load_config(path: str | Path) -> TrainConfig:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
-    return TrainConfig.from_dict(data, source=str(path))
+    cfg = TrainConfig.from_dict(data, source=str(path))
+    module = cfg.reward.split(":", 1)[0]
+    if cfg.reward != "math-verify" and not _module_found(module):  # this process trains
+        raise ConfigError(f"{path}: key 'reward' = {cfg.reward!r}: module {module!r} is not "
+                          "importable here (not on sys.path / PYTHONPATH)")
+    return cfg
