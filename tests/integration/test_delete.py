@@ -172,6 +172,52 @@ def test_running_run_is_refused_then_force_cancels_and_deletes(filled, cell_proc
     assert len(after["metrics"]) == len(before["metrics"]) - n_metrics(run)
 
 
+def test_force_on_a_waiting_cell_leaves_its_runner_alone(filled, cell_process):
+    """A submitted cell still queued in a local runner: cancelled and deleted; the runner
+    (which serves the other cells) is not signalled."""
+    url, a, _, _ = filled
+    runner = cell_process
+    job = f"local:{socket.gethostname()}:{runner.pid}"
+    store = Store.open(url)
+    store.set_status(a[2].run_id, "submitted", "test: queued", job_id=job)
+    store.close()
+    r = cli("runs", "delete", a[2].run_id, "--yes", "--force", "--db", url)
+    assert r.exit_code == 0, r.output
+    assert f"run {a[2].run_id}: cancelled (it had not started)" in r.stdout
+    assert runner.poll() is None
+    assert a[2].run_id not in {x[0] for x in rows(url)["runs"]}
+
+
+def test_sweep_delete_force_stops_the_sweep_like_cancel(filled, cell_process):
+    """`sweeps delete --force` stops the whole sweep as `twoclocks cancel` does: the local
+    runner gets SIGTERM, the running cell SIGKILL; then everything of the sweep goes."""
+    url, a, b, ids = filled
+    runner = subprocess.Popen(["sleep", "120"])
+    try:
+        store = Store.open(url)
+        host = socket.gethostname()
+        store.set_status(a[0].run_id, "running", "test", job_id=f"local:{host}:{runner.pid}:"
+                         f"{cell_process.pid}")
+        store.set_status(a[1].run_id, "submitted", "test", job_id=f"local:{host}:{runner.pid}")
+        store.close()
+        before = rows(url)
+        r = cli("sweeps", "delete", "a", "--yes", "--db", url)
+        assert r.exit_code == 2 and "--force" in r.stderr and rows(url) == before
+        r = cli("sweeps", "delete", "a", "--yes", "--force", "--db", url)
+        assert r.exit_code == 0, r.output
+        assert "sweep a: cancelled 2 cell(s)" in r.stdout
+        assert cell_process.wait(timeout=10) == -9 and runner.wait(timeout=10) == -15
+        after = rows(url)
+        assert after["orphans"] == [0, 0, 0, 0]
+        assert [x[1] for x in after["sweeps"]] == ["b"]
+        assert {x[0] for x in after["runs"]} == {b[0].run_id}
+        assert [x[0] for x in after["analyses"]] == [ids["B1"]]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.wait()
+
+
 @pytest.mark.parametrize("job, needles", [
     (None, ["without a job id", "Ctrl-C"]),
     ("debug:{host}:{pid}", ["debug executor", "Ctrl-C"]),

@@ -20,7 +20,8 @@ KeysOption = Annotated[str | None, typer.Option(
     "--keys", help="Comma-separated metric keys (default: every key the run logged).")]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 ForceOption = Annotated[bool, typer.Option(
-    "--force", help="Cancel submitted/running runs first (local runs only), then delete.")]
+    "--force", help="Cancel submitted/running runs first, then delete (runs delete: local "
+    "cells only; sweeps delete: the whole sweep, as `twoclocks cancel`).")]
 
 
 def run_record(run) -> dict:
@@ -230,9 +231,9 @@ def show(
 # -- runs delete ----------------------------------------------------------------------------
 
 
-def prepare_delete(store, runs: list, force: bool) -> list:
-    """Reconcile the runs' jobs, then refuse busy runs (unless --force and each can be
-    cancelled alone). Returns the busy runs to cancel; nothing is changed on a refusal."""
+def prepare_delete(store, runs: list, force: bool, alone: bool = True) -> list:
+    """Reconcile the runs' jobs, then refuse busy runs (unless --force and, with `alone`, each
+    can be cancelled by itself). Returns the busy runs; nothing is changed on a refusal."""
     from twoclocks_cli.errors import ConfigError, LaunchError
     from twoclocks_cli.launch import runcancel, sweeps
 
@@ -245,7 +246,7 @@ def prepare_delete(store, runs: list, force: bool) -> list:
         more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
         raise ConfigError(f"run {r.id} ({r.name}) is {r.status}{more}: not deleted; pass "
                           "--force to cancel it first")
-    for r in busy:
+    for r in busy if alone else []:
         reason = runcancel.why_not(r)
         if reason is not None:
             raise LaunchError(f"{reason} (nothing deleted)")
@@ -262,11 +263,15 @@ def confirm(what: str, counts: dict[str, int], yes: bool) -> None:
         raise typer.Exit(1)
 
 
-def do_delete(store, busy: list, delete_fn) -> tuple[list[str], dict[str, int]]:
-    """Cancel the busy runs one by one, then run `delete_fn(refuse)` (one transaction)."""
+def do_delete(store, busy: list, delete_fn, cancel=None) -> tuple[list[str], dict[str, int]]:
+    """Cancel the busy runs (one by one, or with `cancel()` when given), then run
+    `delete_fn(refuse)` (one transaction, refusing any run still busy)."""
     from twoclocks_cli.launch import runcancel
 
-    notes = [runcancel.cancel_run(store, r) for r in busy]
+    if cancel is not None and busy:
+        notes = cancel()
+    else:
+        notes = [runcancel.cancel_run(store, r) for r in busy]
     return notes, delete_fn(BUSY)
 
 

@@ -58,13 +58,25 @@ def delete(
     """Delete sweep NAME with its runs, their metrics and status history, and its stored
     analyses, in one transaction. Submitted/running runs are refused unless --force."""
     from twoclocks_cli.commands.runs import confirm, do_delete, prepare_delete, report_delete
+    from twoclocks_cli.errors import LaunchError
+    from twoclocks_cli.launch import sweeps
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
     runs = store.sweep_runs(name)
-    busy = prepare_delete(store, runs, force)
+    busy = prepare_delete(store, runs, force, alone=False)
     metrics = store.count_metrics_of([r.id for r in runs])
     what = f"sweep {name}"
     confirm(what, {"runs": len(runs), "metrics": metrics}, yes)
-    notes, counts = do_delete(store, busy, lambda refuse: store.delete_sweep(name, refuse))
+
+    def cancel_sweep() -> list[str]:
+        """The whole sweep goes: stop it as `twoclocks cancel` does (arrays, runners)."""
+        n, problems = sweeps.cancel(store, name)
+        if problems:
+            raise LaunchError(f"sweep {name}: {n} cell(s) marked cancelled, but stopping their "
+                              f"jobs failed: {'; '.join(problems)} (nothing deleted)")
+        return [f"sweep {name}: cancelled {n} cell(s)"]
+
+    notes, counts = do_delete(store, busy, lambda refuse: store.delete_sweep(name, refuse),
+                              cancel_sweep)
     report_delete(what, notes, counts, as_json)

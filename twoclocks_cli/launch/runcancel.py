@@ -49,8 +49,10 @@ def cancel_run(store, run) -> str:
     if reason is not None:
         raise LaunchError(reason)
     transition(store, run.id, RunStatus.cancelled, ACTIVE, "cancelled by twoclocks runs delete")
-    parts = run.job_id.split(":")
-    if len(parts) < 4:  # still waiting in its runner: the runner finds it gone and skips it
+    run = store.get_run(run.id)  # the job id now: the cell may have started meanwhile
+    parts = (run.job_id or "").split(":")
+    if len(parts) < 4 or parts[0] != "local" or parts[1] != socket.gethostname():
+        # still waiting in its runner, which finds it cancelled (or gone) and skips it
         return f"run {run.id}: cancelled (it had not started)"
     pid = int(parts[3])
     try:
