@@ -90,8 +90,12 @@ class TrainConfig(BaseModel):
     )
     question_key: str = Field("question", description="Question column of a file dataset.")
     answer_key: str = Field("answer", description="Gold-answer column of a file dataset.")
-    arith_min_value: Int32 = Field(0, description="Smallest operand of the synthetic task.")
-    arith_max_value: Int32 = Field(99, description="Largest operand of the synthetic task.")
+    arith_min_value: Int32 = Field(
+        0, ge=-INT32_MAX - 1, description="Smallest operand of the synthetic task."
+    )
+    arith_max_value: Int32 = Field(
+        99, ge=-INT32_MAX - 1, description="Largest operand of the synthetic task."
+    )
     arith_ops: list[Literal["+", "-", "*"]] = Field(
         default_factory=lambda: ["+", "-"],
         min_length=1,

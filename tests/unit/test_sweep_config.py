@@ -65,6 +65,12 @@ REJECTIONS = [
      ["scaling.reference_bacth", "did you mean 'scaling.reference_batch'"]),
     ("backend = \"sim\"", "backend = \"jax\"", ["'backend'", "'grpo' or 'sim'"]),
     ("[grid]", "[grid\n", ["sweep.toml", "not valid TOML"]),
+    # issue 12: a backend table is validated before anything is written (was: 10 failed runs)
+    ("seeds = [0]", "seeds = [0]\n[sim]\nlog_evry = 1",
+     ["unknown key 'sim.log_evry'", "did you mean 'sim.log_every'"]),
+    ("batch = [2, 4, 8]", "batch = {start = 2, stop = 32, factor = inf}",
+     ["grid.batch.factor", "finite"]),
+    ("seeds = [0]", "seeds = [100000000000000000000]", ["grid.seeds", "2147483647"]),
 ]
 
 
@@ -172,3 +178,81 @@ def test_cell_hashes_are_stable_across_processes_and_sensitive_to_config():
     changed = [c.cell_id for c in plan(parse_config(_doc(
         sample_budget=4097, grid={"batch": [2, 4], "group_size": 8, "seeds": [0, 1]}))).cells]
     assert not set(changed) & set(here)
+
+
+# issue 12: every value a cell would fail on, or the store could not hold, is a plan error
+PLAN_REJECTIONS = [
+    ({"grid__batch": {"start": 2, "stop": 32, "factor": math.inf}},
+     ["grid.batch.factor", "finite"]),
+    ({"grid__batch": {"start": 2, "stop": 32, "factor": 1.000000001}},
+     ["grid.batch.factor", "2.77e+09 steps", "at most 10,000"]),
+    ({"grid__seeds": [10**20]}, ["grid.seeds", "2147483647"]),
+    ({"grid__seeds": [-1]}, ["grid.seeds", "= -1"]),
+    ({"grid__batch": [2**31]}, ["grid.batch", "at most 2147483647"]),
+    ({"sample_budget": 2**63}, ["sample_budget", "less than or equal to 9223372036854775807"]),
+    ({"sample_budget": 2**62}, ["sample_budget", "steps at batch 16", "step column"]),
+    ({"workdir": "w" * 5000}, ["workdir", "component is 5000 bytes", "at most 255"]),
+    ({"workdir": "a\x00b"}, ["workdir", "NUL"]),
+    ({"sim": {"log_evry": 1}}, ["unknown key 'sim.log_evry'", "did you mean 'sim.log_every'"]),
+    ({"grid__sim": {"log_evry": [1, 2]}},
+     ["unknown key 'grid.sim.log_evry'", "did you mean 'grid.sim.log_every'"]),
+    ({"sim": {"log_every": 1e308}}, ["sim.log_every", "integer"]),
+    ({"sim": {"log_every": 10**6}}, ["sim.log_every", "runs 256 steps", "no metric row"]),
+    ({"sim": {"sigma": "1"}}, ["sim.sigma", "'1'", "number"]),
+    ({"sim": {"dim": True}}, ["sim.dim", "True"]),
+    ({"sim": {"beta1": 1.5}}, ["sim.beta1", "[0, 1)"]),
+    ({"sim": {"drift_threshold": math.inf}}, ["sim.drift_threshold", "finite"]),
+    ({"grid__sim": {"sigma": [1.0, -2.0]}}, ["grid.sim.sigma", "-2.0", "> 0"]),
+    ({"scaling__reference_lr": math.inf}, ["scaling.reference_lr", "finite"]),
+    ({"scaling__rule": 1e308}, ["scaling.rule", "less than or equal to 4"]),
+    ({"store": "postgresql://u:s3cret@127.0.0.1:abc/db"}, ["'store'", "port", "u:***@"]),
+    ({"store": ""}, ["'store'", "must not be empty"]),
+    ({"grid__seeds": list(range(400)), "grid__clip_low": [0.1 * i for i in range(9)]},
+     ["10,800 cells", "at most 10,000"]),
+]
+
+
+@pytest.mark.parametrize("over,needles", PLAN_REJECTIONS,
+                         ids=[str(list(o)[0]) + str(i) for i, (o, _) in enumerate(PLAN_REJECTIONS)])
+def test_plan_rejects_what_a_cell_or_the_store_could_not_take(over, needles):
+    with pytest.raises(ConfigError) as info:
+        plan(parse_config(_doc(**over), "s.toml"), "s.toml")
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("s.toml")
+    assert "s3cret" not in line
+    for needle in needles:
+        assert needle in line, (needle, line)
+
+
+GRPO_REJECTIONS = [
+    ({"trainer": {"modle": "x"}}, ["unknown key 'trainer.modle'", "did you mean 'trainer.model'"]),
+    ({"trainer": {"model": ""}}, ["key 'trainer.model' = ''", "must not be empty"]),
+    ({"trainer": {"temperature": math.inf}}, ["trainer.temperature", "finite"]),
+    ({"trainer": {"kl_coef": True}}, ["trainer.kl_coef", "True", "not a string or a bool"]),
+    ({"trainer": {"reward": "bogus"}}, ["trainer.reward", "'module:function'"]),
+    ({"trainer": {"dataset": "d" * 300 + ".jsonl"}}, ["trainer.dataset", "at most 255"]),
+    ({"grid__trainer": {"max_new_tokens": [4, "8"]}},
+     ["grid.trainer.max_new_tokens", "'8'", "integer"]),
+]
+
+
+@pytest.mark.parametrize("over,needles", GRPO_REJECTIONS,
+                         ids=[str(i) for i in range(len(GRPO_REJECTIONS))])
+def test_plan_validates_grpo_cells_with_the_trainers_config(over, needles):
+    with pytest.raises(ConfigError) as info:
+        plan(parse_config(_doc(backend="grpo", **over), "g.toml"), "g.toml")
+    line = str(info.value)
+    for needle in needles:
+        assert needle in line, (needle, line)
+
+
+def test_geometric_ranges_terminate_and_match_the_progression():
+    # a huge factor: one batch (was an OverflowError); an exact progression includes `stop`
+    p = plan(parse_config(_doc(grid={"batch": {"start": 2, "stop": 32, "factor": 1e308},
+                                     "group_size": 8})))
+    assert [c.prompts for c in p.cells] == [2]
+    p = plan(parse_config(_doc(sample_budget=10**6, grid={
+        "batch": {"start": 3, "stop": 300, "factor": 1.5}, "group_size": 2})))
+    expect = sorted({round(3 * 1.5**k) for k in range(40) if round(3 * 1.5**k) <= 300})
+    assert [c.prompts for c in p.cells] == expect
+    assert expect[-1] == 259  # 3 * 1.5**11 = 259.49: the last value rounds down below stop

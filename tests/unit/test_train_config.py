@@ -89,3 +89,54 @@ def test_defaults_and_batch_forms(tmp_path):
         0.2,
         0.28,
     )
+
+
+# issue 12: the train config is strict like the sweep config (each of these used to train)
+STRICT_REJECTIONS = [
+    ("lr = true\n", ["key 'lr' = True", "not a string or a bool"]),
+    ('lr = "1e-4"\n', ["key 'lr' = '1e-4'", "must be a number"]),
+    ("lr = inf\n", ["key 'lr' = inf", "finite"]),
+    ("lr = nan\n", ["key 'lr' = nan", "finite"]),
+    ("temperature = inf\n", ["key 'temperature' = inf", "finite"]),
+    ('group_size = "8"\n', ["key 'group_size' = '8'", "integer"]),
+    ("group_size = 8.0\n", ["key 'group_size' = 8.0", "integer"]),
+    ('reward = "bogus"\n', ["key 'reward' = 'bogus'", "'module:function'"]),
+    ('reward = "no_such_module_xyz:fn"\n', ["key 'reward'", "no_such_module_xyz", "importable"]),
+    ('model = ""\n', ["key 'model' = ''", "must not be empty"]),
+    ('model = "m\\u0000x"\n', ["'model'", "NUL"]),
+    (f'model = "./{"m" * 300}"\n', ["key 'model'", "300 bytes", "at most 255"]),
+    ("seed = 100000000000000000000\n", ["key 'seed'", "2147483647"]),
+    ("seed = -1\n", ["key 'seed' = -1", "greater than or equal to 0"]),
+    ("sample_budget = 9223372036854775807\n", ["sample_budget", "steps", "step column"]),
+    ("prompts_per_batch = 2147483647\n", ["prompts_per_batch", "at most 2147483647"]),
+    ("[[phases]]\nprompts_per_batch = 4\nlr = inf\n", ["key 'phases.0.lr' = inf", "finite"]),
+    ("arith_ops = []\n", ["arith_ops", "at least 1"]),
+    ("x = " + "[" * 5000 + "]" * 5000 + "\n", ["nested too deeply"]),
+]
+
+
+@pytest.mark.parametrize("toml,needles", STRICT_REJECTIONS,
+                         ids=[t[:20] for t, _ in STRICT_REJECTIONS])
+def test_strict_values_are_rejected_before_anything_loads(tmp_path, toml, needles):
+    (tmp_path / "t.toml").write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "t.toml")
+    line = str(info.value)
+    assert "\n" not in line and line.startswith(str(tmp_path / "t.toml"))
+    for needle in needles:
+        assert needle in line, (needle, line)
+
+
+@pytest.mark.parametrize("toml,needles", [
+    ("lr = true\n", ["key 'lr' = True"]),
+    ('model = ""\n', ["key 'model' = ''", "must not be empty"]),
+    ("temperature = inf\n", ["key 'temperature' = inf"]),
+])
+def test_strict_rejections_through_the_cli_write_nothing(tmp_path, toml, needles):
+    assert_one_line_error(_train(tmp_path, toml), *needles)
+
+
+def test_ints_stay_valid_for_floats_and_sweep_cells_validate():
+    cfg = TrainConfig.from_dict({"lr": 1, "temperature": 2, "clip_eps_high": 0})
+    assert (cfg.lr, cfg.temperature, cfg.clip_eps_high) == (1.0, 2.0, 0.0)
+    assert isinstance(cfg.lr, float)

@@ -16,8 +16,8 @@ MAX_RANGE_STEPS = 10_000  # progression steps a {start, stop, factor} batch rang
 PATH_MAX = 4096  # Linux's PATH_MAX; NAME_MAX comes from the file system (usually 255)
 PATH_RESERVE = 160  # what twoclocks appends below a workdir (sweep folder, submissions, logs)
 
-Int32 = Annotated[int, Field(le=INT32_MAX, ge=-INT32_MAX - 1)]
-Int64 = Annotated[int, Field(le=INT64_MAX, ge=-INT64_MAX - 1)]
+# at most INT32_MAX; give a lower bound on the field itself (a second Ge here would override it)
+Int32 = Annotated[int, Field(le=INT32_MAX)]
 
 
 def _name_max(path: Path) -> int:
