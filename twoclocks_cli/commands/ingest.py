@@ -58,6 +58,9 @@ def ingest(
         typer.echo(json.dumps([r.to_json() for r in results], indent=2))
         return
     for r in results:
+        if r.action == "skipped":
+            typer.echo(f"{r.path}: skipped (--skip-bad): {r.notes[0]}")
+            continue
         batch = f"{r.batch_prompts}x{r.group_size}={r.batch_samples}" if r.batch_samples else "-"
         lr_txt = f"{r.lr:.3g}" if r.lr is not None else "-"
         typer.echo(f"{r.path}: run {r.run_id} in sweep "

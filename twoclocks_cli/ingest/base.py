@@ -49,6 +49,7 @@ class ParsedLog:
     unmapped: set[str] = field(default_factory=set)  # numeric source keys with no store name
     bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (line number, why)
     duplicates: int = 0  # (step, key) values logged more than once; the last one wins
+    notes: list[str] = field(default_factory=list)  # what the parser left out or doubted, in words
 
     def put(self, step: int, values: dict[str, float]) -> None:
         """Merge `values` into `step`, counting keys that were already there."""
@@ -111,6 +112,11 @@ def to_step(value) -> int:
     if not math.isfinite(v) or v < 0 or v != int(v):
         raise ValueError(f"step must be a non-negative integer, got {value!r}")
     return int(v)
+
+
+class NoStepsError(ConfigError):
+    """A file with no training step in it (a run that crashed before its first step, or a file
+    that is not a training log): `--skip-bad` skips such a file in a multi-file import."""
 
 
 def require_clean(log: ParsedLog, skip_bad: bool) -> None:

@@ -26,8 +26,8 @@ class IngestResult:
     path: str
     format: str
     sweep: str
-    run_id: int
-    action: str  # created | updated | unchanged
+    run_id: int | None  # None when the file was skipped
+    action: str  # created | updated | unchanged | skipped
     steps: int
     rows: int
     batch_prompts: int | None
@@ -74,7 +74,7 @@ def parse_file(path: Path, opts: IngestOptions) -> ParsedLog:
 
 def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
     """Run columns (options override the log) and the samples axis (logged, else step × P×G)."""
-    params, origin, notes = dict(log.params), dict(log.params_from), []
+    params, origin, notes = dict(log.params), dict(log.params_from), list(log.notes)
     for name in ("batch_prompts", "group_size", "lr", "seed"):
         given = getattr(opts, name)
         if given is None:
@@ -89,6 +89,9 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
             raise ConfigError(f"{log.path}: {name} = {v!r} must be a positive integer")
     if params.get("lr") is not None and not params["lr"] > 0:
         raise ConfigError(f"{log.path}: lr = {params['lr']!r} must be positive")
+    if params.get("lr") is None:
+        notes.append("the run's lr was not found in the log (pass --lr): its lr column stays "
+                     "empty, and analyze cannot tell its setting from another lr's")
     batch = int(p) * int(g) if p is not None and g is not None else None
     samples = dict(log.samples)
     missing = [s for s in log.steps if s not in samples]
@@ -181,8 +184,20 @@ def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestRe
     """Parse every file (refusing the lot if one is bad), then write one run per file."""
     from twoclocks_cli.store.models import RunStatus
 
-    plans = [_resolve(parse_file(Path(p), opts), opts) for p in paths]
-    results: list[IngestResult] = []
+    plans, results = [], []
+    for p in paths:
+        try:
+            plans.append(_resolve(parse_file(Path(p), opts), opts))
+        except base.NoStepsError as exc:  # --skip-bad: skip the file, import the others
+            if not opts.skip_bad:
+                raise
+            results.append(IngestResult(
+                path=str(p), format=opts.fmt, sweep=opts.sweep, run_id=None, action="skipped",
+                steps=0, rows=0, batch_prompts=None, group_size=None, batch_samples=None,
+                lr=None, seed=None, params_from={}, sources={}, unmapped=[], skipped_lines=[],
+                duplicates=0, notes=[str(exc)]))
+    if not plans and results:
+        raise base.NoStepsError(f"every file was skipped: {results[0].notes[0]}")
     seen: dict[str, IngestResult] = {}
     for plan in plans:
         log = plan.log

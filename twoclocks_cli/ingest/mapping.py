@@ -33,7 +33,8 @@ TRL_KEYS: dict[str, tuple[str, ...]] = {
 VERL_KEYS: dict[str, tuple[str, ...]] = {
     "reward_mean": ("critic/score/mean",),
     "entropy": ("actor/entropy", "actor/entropy_loss"),
-    "kl_init": ("actor/kl_loss",),  # verl's reference policy is the initial one
+    # verl's reference policy is the initial one; old verl put that KL in the reward (critic/kl)
+    "kl_init": ("actor/kl_loss", "critic/kl"),
     "approx_kl": ("actor/ppo_kl",),
     "clip_frac": ("actor/pg_clipfrac",),
     "grad_norm": ("actor/grad_norm",),

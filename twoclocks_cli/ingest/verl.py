@@ -6,7 +6,12 @@ Values may be printed as `np.float64(0.5)`. Key names drift between versions (`t
 Before the first step line, prompts per step (`data.train_batch_size`), group size
 (`actor_rollout_ref.rollout.n`) and lr (`actor_rollout_ref.actor.optim.lr`) are read from the
 printed config dict (parsed with `ast.literal_eval`, which evaluates literals only) or, failing
-that, from `key=value` overrides on the command line.
+that, from `key=value` overrides on the command line. Other Ray processes print into the middle
+of the driver's multi-line config dict: a dict is gathered from the lines of the process that
+began it. `Initial validation metrics: {...}` is the step-0 evaluation, `Final validation
+metrics: {...}` the last step's; `key(1e-4):0.010` is a value printed in units of 1e-4. What the
+log cannot say exactly is left out with a note: an lr printed as `0.000` (rounded away), a last
+line cut off mid-write (a file still being written, or truncated).
 """
 
 from __future__ import annotations
@@ -16,14 +21,26 @@ import re
 from pathlib import Path
 
 from twoclocks_cli.ingest import mapping
-from twoclocks_cli.ingest.base import IngestOptions, ParsedLog, new_log, read_bytes, to_step
+from twoclocks_cli.ingest.base import (
+    IngestOptions,
+    NoStepsError,
+    ParsedLog,
+    new_log,
+    read_bytes,
+    to_step,
+)
 
 _PREFIX = re.compile(r"^\((?:[\w.]+) pid=\d+(?:, ip=[\d.:a-fA-F]+)?\)\s?")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _STEP = re.compile(r"(?<![\w/.-])step:(\S*)(.*)$")
 _NUMPY = re.compile(r"^(?:np\.|numpy\.)?(?:float|int|uint)\d*\((.*)\)$|^tensor\((.*)\)$")
 _VAL_CORE = re.compile(r"^val-core/(.+)/(?:reward|acc)/mean@(\d+)$")
-_VAL_OLD = re.compile(r"^val/test_score/(.+)$")
+_VAL_OLD = re.compile(r"^(?:val/)?test_score/(.+)$")
+_VAL_DICT = re.compile(r"(Initial|Final) validation metrics:\s*(\{.*\})\s*$")
+_SCALED = re.compile(r"^(.+)\(([0-9.]+(?:[eE][+-]?\d+)?)\)$")  # key(1e-4): units of 1e-4
+_ROUNDED_ZERO = re.compile(r"^-?0\.0+$")  # 0.000: a value rounded away by the printer
+_NUMPY_IN_DICT = re.compile(r"(?:np|numpy)\.\w+\(([^()]*)\)")
+_LR_KEYS = ("actor/lr",)
 _PARAMS = {  # run column -> (dotted config path, type)
     "batch_prompts": ("data.train_batch_size", int),
     "group_size": ("actor_rollout_ref.rollout.n", int),
@@ -36,6 +53,13 @@ def _clean(line: str) -> str:
     return _PREFIX.sub("", _ANSI.sub("", line))
 
 
+def _split_prefix(line: str) -> tuple[str, str]:
+    """(the Ray process prefix or '', the line without it and without ANSI codes)."""
+    line = _ANSI.sub("", line)
+    m = _PREFIX.match(line)
+    return (m.group(0).strip(), line[m.end():]) if m else ("", line)
+
+
 def _value(text: str) -> float:
     m = _NUMPY.match(text)
     if m:
@@ -43,8 +67,11 @@ def _value(text: str) -> float:
     return float(text)
 
 
-def _parse_step_line(rest: str) -> dict[str, float]:
-    """`key:value - key:value` → {key: value}; ValueError names the first bad token."""
+def _parse_step_line(rest: str, rounded: set[str] | None = None) -> dict[str, float]:
+    """`key:value - key:value` → {key: value}; ValueError names the first bad token.
+
+    `key(1e-4):0.010` is read as key = 0.010 × 1e-4; keys printed as `0.000` are added to
+    `rounded` (the caller decides whether zero is a value or a rounding)."""
     out: dict[str, float] = {}
     if not rest.strip():
         return out
@@ -54,10 +81,16 @@ def _parse_step_line(rest: str) -> dict[str, float]:
         key, sep, val = token.strip().rpartition(":")
         if not sep or not key:
             raise ValueError(f"token {token.strip()[:60]!r} is not key:value")
+        scale = 1.0
+        m = _SCALED.match(key)
+        if m:
+            key, scale = m.group(1), float(m.group(2))
         try:
-            out[key] = _value(val)
+            out[key] = _value(val) * scale
         except ValueError:
             raise ValueError(f"{key!r} has value {val[:40]!r}, not a number") from None
+        if rounded is not None and _ROUNDED_ZERO.match(val.strip()):
+            rounded.add(key)
     return out
 
 
@@ -69,29 +102,39 @@ def _dig(tree, dotted: str):
     return tree
 
 
-def _config_dicts(header: list[str]):
-    """Each top-level `{...}` literal printed in the header (pprint spreads them over lines)."""
+def _config_dicts(header: list[tuple[str, str]]):
+    """Each top-level `{...}` literal printed in the header (pprint spreads them over lines),
+    gathered from the lines of the process that printed its first line: other processes' lines
+    in between are skipped."""
     i = 0
     while i < len(header):
-        if header[i].lstrip().startswith("{'"):
-            chunk, depth = [], 0
-            for j in range(i, len(header)):
-                chunk.append(header[j])
-                depth += header[j].count("{") - header[j].count("}")
-                if depth <= 0 or sum(map(len, chunk)) > _MAX_CONFIG_CHARS:
-                    break
-            try:
-                tree = ast.literal_eval("\n".join(chunk).strip())
-            except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-                tree = None
-            if isinstance(tree, dict):
-                yield tree
-            i += len(chunk)
+        prefix, first = header[i]
+        if not first.lstrip().startswith("{'"):
+            i += 1
+            continue
+        chunk, depth, size, j = [], 0, 0, i
+        while j < len(header):
+            who, text = header[j]
+            j += 1
+            if who != prefix:
+                continue
+            chunk.append(text)
+            size += len(text)
+            depth += text.count("{") - text.count("}")
+            if depth <= 0 or size > _MAX_CONFIG_CHARS:
+                break
+        try:
+            tree = ast.literal_eval("\n".join(chunk).strip())
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            tree = None
+        if isinstance(tree, dict):
+            yield tree
+            i = j
         else:
             i += 1
 
 
-def _header_params(header: list[str]) -> tuple[dict, dict]:
+def _header_params(header: list[tuple[str, str]]) -> tuple[dict, dict]:
     """Batch prompts, group size and lr stated before the first step line, with their source."""
     params, origin = {}, {}
     for tree in _config_dicts(header):
@@ -99,7 +142,7 @@ def _header_params(header: list[str]) -> tuple[dict, dict]:
             v = _dig(tree, dotted)
             if name not in params and isinstance(v, (int, float)) and not isinstance(v, bool):
                 params[name], origin[name] = kind(v), f"log config ({dotted})"
-    text = "\n".join(header)
+    text = "\n".join(line for _, line in header)
     for name, (dotted, kind) in _PARAMS.items():
         if name in params:
             continue
@@ -126,6 +169,31 @@ def _eval_accuracy(record: dict[str, float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _validation_dict(text: str) -> dict[str, float]:
+    """The numbers of an `Initial/Final validation metrics: {...}` dict (np.float64(x) -> x)."""
+    try:
+        tree = ast.literal_eval(_NUMPY_IN_DICT.sub(r"\1", text))
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return {}
+    if not isinstance(tree, dict):
+        return {}
+    return {str(k): float(v) for k, v in tree.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _lines(text: str, log: ParsedLog):
+    """(line number, segment) of every complete line; a last line without its newline is cut
+    off (the file is still being written, or was truncated): it is left out, with a note."""
+    lines = text.split("\n")
+    last = lines.pop()  # "" when the file ends with a newline
+    if last.strip():
+        log.notes.append(f"the file ends mid-line (line {len(lines) + 1}, "
+                         f"{_clean(last)[:40]!r}...): that line was not imported")
+    for number, raw in enumerate(lines, start=1):
+        for segment in raw.split("\r"):  # tqdm redraws its bar with \r inside one line
+            yield number, segment
+
+
 def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     """Read a verl console log into a ParsedLog (a malformed step line is a bad line)."""
     data = read_bytes(path, opts.max_bytes)
@@ -134,27 +202,45 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     del data
     known = {c for cands in mapping.VERL_KEYS.values() for c in cands} | set(
         opts.column_map.values())
-    header: list[str] = []
+    header: list[tuple[str, str]] = []
     records: list[tuple[int, dict[str, float]]] = []
     present: set[str] = set()
-    for number, raw in enumerate(text.split("\n"), start=1):
-        for segment in raw.split("\r"):  # tqdm redraws its bar with \r inside one line
-            line = _clean(segment)
-            m = _STEP.search(line)
-            if m is None or not (m.group(2).startswith(" - ")
-                                 or (m.group(1).isdigit() and not m.group(2).strip())):
-                if not records and line:
-                    header.append(line)
-                continue
-            try:
-                step = to_step(m.group(1))
-                values = _parse_step_line(m.group(2))
-            except ValueError as exc:
-                log.bad(number, f"malformed step line: {exc}")
-                continue
-            present.update(values)
-            records.append((step, {k: v for k, v in values.items()  # keep only what can map
-                                   if k in known or k.startswith("val")}))
+    initial: dict[str, float] = {}
+    final: dict[str, float] = {}
+    rounded_lr = 0
+    for number, segment in _lines(text, log):
+        prefix, line = _split_prefix(segment)
+        v = _VAL_DICT.search(line)
+        if v:
+            (initial if v.group(1) == "Initial" else final).update(_validation_dict(v.group(2)))
+            continue
+        m = _STEP.search(line)
+        if m is None or not (m.group(2).startswith(" - ")
+                             or (m.group(1).isdigit() and not m.group(2).strip())):
+            if not records and line:
+                header.append((prefix, line))
+            continue
+        rounded: set[str] = set()
+        try:
+            step = to_step(m.group(1))
+            values = _parse_step_line(m.group(2), rounded)
+        except ValueError as exc:
+            log.bad(number, f"malformed step line: {exc}")
+            continue
+        for key in rounded & set(_LR_KEYS):  # an lr of 0.000 is a rounding, not a value
+            values.pop(key)
+            rounded_lr += 1
+        present.update(values)
+        records.append((step, {k: v for k, v in values.items()  # keep only what can map
+                               if k in known or k.startswith(("val", "test_score"))}))
+    if not records and not initial and not final:
+        raise NoStepsError(
+            f"{path}: no `step:N - key:value` line: the run logged no training step (did it "
+            "crash before its first step?); nothing to import (--skip-bad skips such a file "
+            "and imports the others)"
+        )
+    _add_validation(records, initial, final, present)
+    _note_gaps(log, records, rounded_lr)
     params, origin = _header_params(header)
     log.params.update(params)
     log.params_from.update(origin)
@@ -171,3 +257,34 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     log.sources = picks
     log.unmapped = mapping.unmapped(present, picks, ignore=evals)
     return log
+
+
+def _add_validation(records, initial: dict, final: dict, present: set) -> None:
+    """The initial evaluation at step 0 and the final one at the last step, unless those steps
+    logged the same keys themselves (a value is never counted twice)."""
+    for values, step in ((initial, 0), (final, max((s for s, _ in records), default=0))):
+        if not values:
+            continue
+        row = next((r for s, r in records if s == step), None)
+        if row is None:
+            records.append((step, dict(values)))
+        else:
+            row.update({k: v for k, v in values.items() if k not in row})
+        present.update(values)
+    records.sort(key=lambda sr: sr[0])
+
+
+def _note_gaps(log: ParsedLog, records, rounded_lr: int) -> None:
+    """Notes on what this log cannot tell: a late first step (a resumed run), rounded lrs."""
+    train = sorted(s for s, r in records if s > 0 and any(not k.startswith(("val", "test_score"))
+                                                            for k in r))
+    if train and train[0] > 1:
+        log.notes.append(
+            f"the log's first training step is {train[0]}: a resumed run? the steps before it "
+            "are not in this file, so this run's first point is not its start"
+        )
+    if rounded_lr:
+        log.notes.append(
+            f"actor/lr printed as 0.000 at {rounded_lr} step(s) (rounded away by the printer): "
+            "those lr values were not imported; the run's lr comes from the config or --lr"
+        )

@@ -1,0 +1,105 @@
+"""verl console logs imported faithfully: what a real log does to a parser, in fixtures of its
+shape (Ray-prefixed, other processes interleaved into the config dict, ANSI colours, a value in
+units of 1e-4, initial/final validation dicts, a rounded lr, a resumed run, a crash before the
+first step, a last line cut mid-write). Expected values are read off the fixture by hand."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import assert_one_line_error, twoclocks
+from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.ingest import IngestOptions, parse_file
+
+FIX = Path(__file__).parents[1] / "fixtures" / "ingest"
+
+
+def _parse(name, **kw):
+    return parse_file(FIX / name, IngestOptions(fmt="verl", **kw))
+
+
+def test_the_config_dict_is_read_through_other_processes_lines():
+    log = _parse("verl_ray_interleaved.log")
+    # the dict's 'optim': {'lr': 1e-06} sits between two WorkerDict lines and a driver line
+    assert log.params == {"batch_prompts": 64, "group_size": 4, "lr": 1e-6}
+    assert log.params_from["lr"] == "log config (actor_rollout_ref.actor.optim.lr)"
+    assert log.params_from["group_size"] == "log config (actor_rollout_ref.rollout.n)"
+
+
+def test_initial_and_final_validation_dicts_are_the_first_and_last_eval_points():
+    log = _parse("verl_ray_interleaved.log")
+    evals = {s: v["eval_accuracy"] for s, v in log.steps.items() if "eval_accuracy" in v}
+    assert evals == {0: pytest.approx(0.2109), 2: pytest.approx(0.31), 4: pytest.approx(0.41),
+                     6: pytest.approx(0.5321)}
+    assert log.duplicates == 0
+
+
+def test_scaled_keys_and_the_kl_in_the_reward():
+    log = _parse("verl_ray_interleaved.log")
+    s3 = log.steps[3]
+    assert s3["lr"] == pytest.approx(0.010 * 1e-4)  # actor/lr(1e-4):0.010
+    assert s3["kl_init"] == pytest.approx(0.003)  # critic/kl
+    assert s3["clip_frac"] == 0.0  # a clip fraction of 0.000 is a value, kept
+    assert log.sources["kl_init"] == "critic/kl"
+
+
+def test_a_last_line_cut_mid_write_is_left_out_with_a_note():
+    log = _parse("verl_ray_interleaved.log")
+    assert max(log.steps) == 6 and 7 not in log.steps  # step 7 was cut mid-number
+    assert any("ends mid-line" in n and "line 22" in n for n in log.notes)
+
+
+def test_rounded_lr_is_not_data_and_a_resumed_log_says_so():
+    log = _parse("verl_resumed_rounded.log", group_size=1)
+    assert sorted(log.steps) == [101, 102, 103, 104, 105]
+    assert all("lr" not in v for v in log.steps.values())  # actor/lr:0.000 x 5
+    assert log.params == {"batch_prompts": 16, "lr": 5e-7}  # the command line's lr
+    assert any("0.000 at 5 step(s)" in n for n in log.notes)
+    assert any("first training step is 101" in n for n in log.notes)
+    # test_score/<source> without the val/ prefix is the held-out score
+    assert log.steps[103]["eval_accuracy"] == pytest.approx(0.43)
+
+
+def test_a_crashed_log_says_it_has_no_step_and_skip_bad_skips_only_it(tmp_path):
+    with pytest.raises(ConfigError, match="no `step:N - key:value` line"):
+        _parse("verl_crashed.log")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    proc = twoclocks("ingest", str(FIX / "verl_crashed.log"), str(FIX / "verl_new.log"),
+                     "-f", "verl", "--db", url)
+    assert_one_line_error(proc, "verl_crashed.log: no `step:N - key:value` line")
+    assert not (tmp_path / "s.db").exists() or _runs(tmp_path / "s.db") == 0  # nothing written
+    proc = twoclocks("ingest", str(FIX / "verl_crashed.log"), str(FIX / "verl_new.log"),
+                     "-f", "verl", "--db", url, "--skip-bad", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert [r["action"] for r in out] == ["skipped", "created"]
+    assert out[0]["run_id"] is None and "crash before its first step" in out[0]["notes"][0]
+    assert _runs(tmp_path / "s.db") == 1
+
+
+def test_the_notes_reach_the_cli(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    proc = twoclocks("ingest", str(FIX / "verl_ray_interleaved.log"), "-f", "verl", "--db", url)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: the file ends mid-line" in proc.stdout
+    assert "lr 1e-06" in proc.stdout
+    proc = twoclocks("ingest", str(FIX / "verl_new.log"), "-f", "verl", "--db", url,
+                     "--sweep", "nolr", "--json")
+    out = json.loads(proc.stdout)
+    assert not any("lr was not found" in n for n in out[0]["notes"])  # the config has it
+    bare = tmp_path / "bare.log"
+    bare.write_text("step:1 - critic/score/mean:0.25\nstep:2 - critic/score/mean:0.5\n")
+    proc = twoclocks("ingest", str(bare), "-f", "verl", "--db", url, "--sweep", "bare",
+                     "--batch-prompts", "4", "--group-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: the run's lr was not found in the log (pass --lr)" in proc.stdout
+
+
+def _runs(db: Path) -> int:
+    with sqlite3.connect(db) as con:
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+        return con.execute("select count(*) from runs").fetchone()[0] if "runs" in tables else 0
