@@ -125,10 +125,12 @@ def test_prompt_no_changes_nothing_yes_deletes(filled):
     r = cli("runs", "delete", a[1].run_id, a[2].run_id, "--db", url, input="n\n")
     assert r.exit_code == 1
     assert f"Delete 2 runs ({a[1].run_id}, {a[2].run_id}) (" in r.stderr
-    assert "nothing deleted" in r.stderr
+    assert r.stderr.splitlines()[-1].endswith("nothing deleted")
+    assert "internal error" not in r.output and "Traceback" not in r.output
     assert rows(url) == before
     r = cli("sweeps", "delete", "a", "--db", url, input="\n")  # the default is no
     assert r.exit_code == 1 and rows(url) == before
+    assert r.stderr.splitlines()[-1].endswith("nothing deleted")
     r = cli("runs", "delete", a[1].run_id, "--db", url, input="y\n")
     assert r.exit_code == 0, r.output
     assert len(rows(url)["runs"]) == len(before["runs"]) - 1

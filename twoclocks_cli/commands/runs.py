@@ -260,7 +260,9 @@ def confirm(what: str, counts: dict[str, int], yes: bool) -> None:
     rows = ", ".join(f"{fmt(n)} {ROWS[t][n != 1]}" for t, n in counts.items() if n)
     if not typer.confirm(f"Delete {what} ({rows or 'no rows'})?", default=False, err=True):
         typer.echo("nothing deleted", err=True)
-        raise typer.Exit(1)
+        import click
+
+        raise click.exceptions.Exit(1)  # a plain exit 1 (the CLI reports typer.Exit as a bug)
 
 
 def do_delete(store, busy: list, delete_fn, cancel=None) -> tuple[list[str], dict[str, int]]:
