@@ -1,8 +1,15 @@
-"""Store round trips on SQLite and PostgreSQL: runs, status events, metrics with NaN/inf."""
+"""Store round trips on SQLite and PostgreSQL: runs, status events, metrics with NaN/inf;
+bad database URLs and foreign files refused in one line."""
 
 import math
+import sqlite3
 
-from twoclocks_cli.store import Run, RunStatus, Sweep
+import pytest
+
+from tests.support.cli import assert_one_line_error, twoclocks
+from twoclocks_cli.errors import StoreError
+from twoclocks_cli.store import Run, RunStatus, Store, Sweep
+from twoclocks_cli.store.engine import parse_url, resolve_url
 
 
 def _make_run(store, name="r0", sweep_name="s"):
@@ -60,3 +67,81 @@ def test_list_runs_by_sweep(store):
     _make_run(store, "b", "s2")
     assert [r.name for r in store.list_runs("s2")] == ["b"]
     assert len(store.list_runs()) == 2
+
+
+# --- database URLs and foreign files (issue 12): one line, no password, nothing written ------
+
+def _dump(path) -> list[str]:
+    """Every table and row of a SQLite file, independent of twoclocks."""
+    con = sqlite3.connect(path)
+    try:
+        return list(con.iterdump())
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("url,needles", [
+    ("postgresql://u:s3cret@127.0.0.1:abc/db", ["malformed", "port", "u:***@127.0.0.1:abc"]),
+    ("postgresql://u:s3cret@[::1/db", ["malformed", "u:***@"]),
+    ("postgresql://u:s3cret@h:99999/db", ["port 99999", "1..65535"]),
+    ("postgresql+asyncpg://u:s3cret@h/db", ["unsupported driver"]),
+    ("mysql://u:s3cret@h/db", ["unsupported database"]),
+    ("", ["empty database URL"]),
+    ("   ", ["empty database URL"]),
+    ("not a url", ["malformed"]),
+])
+def test_bad_urls_are_one_line_without_the_password(url, needles):
+    with pytest.raises(StoreError) as info:
+        parse_url(url)
+    line = str(info.value)
+    assert "\n" not in line and "s3cret" not in line
+    for needle in needles:
+        assert needle in line, (needle, line)
+
+
+def test_empty_db_option_is_an_error_not_the_default(tmp_path):
+    with pytest.raises(StoreError, match="empty database URL"):
+        resolve_url("")
+    proc = twoclocks("status", "--db", "", cwd=tmp_path)
+    assert_one_line_error(proc, "--db ''", "empty database URL")
+    assert not (tmp_path / "twoclocks.db").exists()  # it used to fall back to ./twoclocks.db
+
+
+def test_sqlite_paths_the_os_refuses(tmp_path):
+    (tmp_path / "folder").mkdir()
+    cases = [(tmp_path / "folder", "is a folder"), (tmp_path / "nope" / "x.db", "does not exist"),
+             (tmp_path / ("a" * 300), "component is 300 bytes")]
+    for path, needle in cases:
+        with pytest.raises(StoreError, match=needle):
+            Store.open(f"sqlite:///{path}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+def test_a_foreign_sqlite_file_is_refused_not_migrated(tmp_path):
+    path = tmp_path / "theirs.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    con.execute("INSERT INTO customers (name) VALUES ('ada')")
+    con.commit()
+    con.close()
+    before = _dump(path)
+    with pytest.raises(StoreError, match=r"has tables \(customers\).*not a twoclocks store"):
+        Store.open(f"sqlite:///{path}")
+    for args in (["status"], ["db", "upgrade"]):
+        assert_one_line_error(twoclocks(*args, "--db", f"sqlite:///{path}"), "customers",
+                              "not a twoclocks store")
+    assert _dump(path) == before  # no twoclocks table was added beside theirs
+
+
+def test_another_tools_alembic_revision_is_refused(tmp_path):
+    path = tmp_path / "alembic.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+    con.execute("INSERT INTO alembic_version VALUES ('abc123')")
+    con.execute("CREATE TABLE orders (id INTEGER)")
+    con.commit()
+    con.close()
+    before = _dump(path)
+    with pytest.raises(StoreError, match="'abc123', which is not twoclocks'"):
+        Store.open(f"sqlite:///{path}")
+    assert _dump(path) == before
