@@ -363,10 +363,13 @@ def train(
     writer,
     workdir: Path,
     on_step: Callable[[Progress], None] | None = None,
+    extend: bool = False,
 ) -> str:
     """Run (or resume from `workdir`) one GRPO training; returns 'completed' or 'diverged'.
 
-    `writer` is a MetricWriter (only rank 0's is used; other ranks may pass None).
+    `writer` is a MetricWriter (only rank 0's is used; other ranks may pass None). A checkpoint
+    in `workdir` of another store/run or config is refused (ConfigError) before anything is
+    loaded; `extend` lets a resume raise sample_budget only.
     """
     from trainer.rewards import load_reward
     from trainer.rollout import make_engine
@@ -383,6 +386,13 @@ def train(
                 f"divisible by the {dist.world} data-parallel processes"
             )
     log = writer.log if (writer is not None and dist.rank == 0) else (lambda *a, **k: None)
+
+    # --- whose checkpoint: refused before any work if it is another run's or config's ------
+    owner = checkpoint.owner_record(cfg.model_dump(mode="json"), writer)
+    ckpt = checkpoint.latest(workdir)
+    problem = checkpoint.refusal(ckpt, owner, extend) if ckpt and dist.rank == 0 else None
+    if dist.sum([1.0 if problem else 0.0])[0] > 0:  # every rank stops together
+        raise ConfigError(problem or f"rank 0 refused the checkpoint in {workdir}")
 
     # --- model, reference, optimizer, data, rewards --------------------------------------
     torch.manual_seed(cfg.seed * 7919 + dist.rank)
@@ -403,7 +413,6 @@ def train(
     step, samples = 0, 0
 
     # --- resume ----------------------------------------------------------------------------
-    ckpt = checkpoint.latest(workdir)
     if ckpt is not None:
         main, rng = checkpoint.load(ckpt, dist.rank)
         model.load_state_dict(main["model"])
@@ -433,7 +442,8 @@ def train(
         if writer is not None and dist.rank == 0:
             writer.flush()  # metrics never lag the checkpoint
         checkpoint.save(
-            workdir, step, dist.rank, main, checkpoint.rng_state(data_rng), dist.barrier
+            workdir, step, dist.rank, main, checkpoint.rng_state(data_rng), dist.barrier,
+            owner=owner if dist.rank == 0 else None,
         )
 
     try:

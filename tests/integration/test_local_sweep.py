@@ -210,3 +210,38 @@ def test_cancel_stops_a_debug_sweep_in_its_own_process(tmp_path):
     assert (first.status, second.status) == ("cancelled", "cancelled")
     assert store.count_metrics(first.id) > 0 and second.attempts == 0  # never started
     store.close()
+
+
+@pytest.mark.postgres
+def test_the_store_password_never_reaches_the_stored_config_or_any_output(pg_url, tmp_path):
+    """A config's `store` URL carries the password; the sweep registered from it, its runs,
+    events and every command's output hold the URL masked."""
+    import sqlalchemy as sa
+
+    from tests.support.pgserver import PASSWORD
+
+    assert PASSWORD in pg_url
+    cfg = _config(tmp_path, "pw", batch="[2]", seeds="[0]")
+    text = open(cfg).read().replace('executor = "local"', 'executor = "debug"')
+    open(cfg, "w").write(f"store = {json.dumps(pg_url)}\n" + text)
+    outputs = [twoclocks("sweep", cfg)]
+    assert outputs[0].returncode == 0, outputs[0].stderr
+    outputs += [twoclocks("status", "pw", "--db", pg_url, "--json"),
+                twoclocks("sweeps", "list", "--db", pg_url, "--json"),
+                twoclocks("runs", "list", "--db", pg_url, "--json")]
+    for out in outputs:
+        assert out.returncode == 0, out.stderr
+        assert PASSWORD not in out.stdout + out.stderr
+    store = Store.open(pg_url)
+    try:
+        with store.engine.connect() as c:
+            (stored,) = c.execute(sa.text("SELECT config FROM sweeps")).scalars()
+            texts = c.execute(sa.text(
+                "SELECT s.config::text || r.config::text || coalesce(r.error, '') "
+                "|| coalesce(e.message, '') FROM sweeps s JOIN runs r ON r.sweep_id = s.id "
+                "JOIN run_events e ON e.run_id = r.id")).scalars().all()
+        assert stored["store"] == pg_url.replace(PASSWORD, "***")
+        assert texts and not [t for t in texts if PASSWORD in t]
+        assert [r.status for r in store.list_runs("pw")] == ["completed"]
+    finally:
+        store.close()

@@ -6,7 +6,6 @@ Works under `accelerate launch` too: rank 0 owns the run row, the metrics and th
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -14,8 +13,6 @@ from typing import Annotated
 import typer
 
 from twoclocks_cli.options import DbOption
-
-RUN_FILE = "run.json"  # in the workdir: which run row a resumed `train` continues
 
 
 def _validate(cfg) -> None:
@@ -36,26 +33,72 @@ def _validate(cfg) -> None:
         )
 
 
-def _run_row(store, cfg, name: str, workdir: Path | None) -> tuple[int, Path]:
-    """(run id, workdir): the run recorded in `workdir` (a resume), else a new row."""
-    import hashlib
-
-    from twoclocks_cli.errors import NotFoundError
+def _resume_row(store, cfg, workdir: Path, extend: bool) -> int:
+    """The run `workdir/run.json` names, checked: same store, the run still there, the same
+    config (or only a larger sample_budget with `extend`, then stored), its checkpoint its own.
+    Every refusal is one ConfigError, raised before anything is written."""
+    from trainer import checkpoint
+    from twoclocks_cli.errors import ConfigError, NotFoundError
+    from twoclocks_cli.launch import owner
     from twoclocks_cli.store.models import Run
 
-    if workdir is not None and (workdir / RUN_FILE).is_file():
-        run_id = json.loads((workdir / RUN_FILE).read_text())["run_id"]
-        try:
-            store.get_run(run_id)
-            return run_id, workdir
-        except NotFoundError:  # recorded in another database: start a new row
-            pass
+    rec = owner.read(workdir) or {}
+    here = owner.store_identity(store.engine.url)
+    where = f"--workdir {workdir}"
+    if rec.get("store") is None:
+        raise ConfigError(f"{where}: its {owner.RUN_FILE} names no store (written by an older "
+                          "twoclocks): resume refused; use another --workdir")
+    if rec.get("store") != here:
+        raise ConfigError(f"{where} belongs to {owner.describe(rec)}, not to a run of {here}: "
+                          "resume refused; use another --workdir")
+    try:
+        run = store.get_run(int(rec["run_id"]))
+    except (NotFoundError, KeyError, TypeError, ValueError):
+        run = None
+    if run is None or run.cell_id != rec.get("cell_id"):
+        raise ConfigError(f"{where} belongs to {owner.describe(rec)} (cell {rec.get('cell_id')}), "
+                          f"which that store no longer holds: resume refused; use another "
+                          "--workdir")
     config = cfg.model_dump(mode="json")
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    why = owner.config_refusal(run.config, config, extend)
+    if why:
+        raise ConfigError(f"{where}: run {run.id}: {why}")
+    ckpt = checkpoint.latest(workdir)
+    if ckpt is not None:
+        why = checkpoint.refusal(ckpt, {"store": here, "run_id": run.id, "config": config}, extend)
+        if why:
+            raise ConfigError(why)
+    if config != run.config:  # --extend: the run row says what the run is now trained to
+        with store.session() as s:
+            s.get(Run, run.id).config = config
+    return run.id
+
+
+def _run_row(store, cfg, name: str, workdir: Path | None, extend: bool = False
+             ) -> tuple[int, Path]:
+    """(run id, workdir): the run `workdir` names (a resume), else a new row in `workdir`
+    (default: a fresh ./twoclocks-train/run-<id>-<uuid> that no other store's run can share)."""
+    import uuid
+
+    from trainer import checkpoint
+    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.launch import owner
+    from twoclocks_cli.store.models import Run
+
+    if workdir is not None and owner.read(workdir) is not None:
+        return _resume_row(store, cfg, workdir, extend), workdir
+    if workdir is not None and (ckpt := checkpoint.latest(workdir)) is not None:
+        rec = checkpoint.read_owner(ckpt) or {}
+        raise ConfigError(f"--workdir {workdir} holds a checkpoint of {owner.describe(rec)} but "
+                          f"no {owner.RUN_FILE}: resume refused; use another --workdir")
+    if extend:
+        raise ConfigError("--extend continues a run: give the --workdir of the run to extend")
+    config = cfg.model_dump(mode="json")
+    uid = uuid.uuid4().hex[:8]
     phase = cfg.phase_at(0)[1]
     with store.session() as s:
         run = Run(
-            cell_id=f"train-{digest}-{os.getpid()}",
+            cell_id=f"train-{owner.config_hash(config)}-{uid}",
             name=name,
             backend="grpo",
             batch_prompts=phase.prompts_per_batch,
@@ -69,12 +112,10 @@ def _run_row(store, cfg, name: str, workdir: Path | None) -> tuple[int, Path]:
         )
         s.add(run)
         s.flush()
-        run_id = run.id
-    workdir = workdir if workdir is not None else Path("twoclocks-train") / f"run-{run_id}"
-    workdir.mkdir(parents=True, exist_ok=True)
-    tmp = workdir / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps({"run_id": run_id}))
-    os.replace(tmp, workdir / RUN_FILE)
+        run_id, cell_id = run.id, run.cell_id
+    workdir = workdir if workdir is not None else Path("twoclocks-train") / f"run-{run_id}-{uid}"
+    owner.write(workdir, {"store": owner.store_identity(store.engine.url), "run_id": run_id,
+                          "cell_id": cell_id, "config_hash": owner.config_hash(config)})
     return run_id, workdir
 
 
@@ -100,9 +141,17 @@ def train(
         typer.Option(
             "--workdir",
             help="Checkpoint directory; training again with the same "
-            "directory resumes its run. Default: ./twoclocks-train/run-<id>.",
+            "directory resumes its run (same store and config only). "
+            "Default: a new ./twoclocks-train/run-<id>-<uuid>.",
         ),
     ] = None,
+    extend: Annotated[
+        bool,
+        typer.Option(
+            "--extend",
+            help="Resume --workdir's run with a larger sample_budget (nothing else may change).",
+        ),
+    ] = False,
 ) -> None:
     """Train one GRPO run in-process; every step's metrics go to the store."""
     from trainer.config import load_config
@@ -118,16 +167,17 @@ def train(
     run_id = None
     if dist.rank == 0:
         store = Store.open(db)
-        run_id, workdir = _run_row(store, cfg, name or config.stem, workdir)
+        run_id, workdir = _run_row(store, cfg, name or config.stem, workdir, extend)
     run_id, workdir = _broadcast((run_id, str(workdir)), dist)
     workdir = Path(workdir)
     if dist.rank == 0:
         store.set_status(
-            run_id, RunStatus.running, message=f"twoclocks train {config}", host=os.uname().nodename
+            run_id, RunStatus.running, host=os.uname().nodename,
+            message=f"twoclocks train {config}" + (" --extend" if extend else ""),
         )
         writer = store.metric_writer(run_id)
     try:
-        status = _train_with_bar(cfg, writer, workdir, run_id, dist.rank == 0)
+        status = _train_with_bar(cfg, writer, workdir, run_id, dist.rank == 0, extend)
     except BaseException as err:
         if dist.rank == 0:
             state = RunStatus.cancelled if isinstance(err, KeyboardInterrupt) else RunStatus.failed
@@ -145,7 +195,7 @@ def train(
         )
 
 
-def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool) -> str:
+def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend: bool) -> str:
     """Run the loop under a rich progress bar (samples/budget, reward, accuracy, ETA)."""
     from rich.progress import (
         BarColumn,
@@ -161,7 +211,7 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool) -> str:
     from trainer.loop import train
 
     if not show:
-        return train(cfg, writer, workdir)
+        return train(cfg, writer, workdir, extend=extend)
 
     class Rate(ProgressColumn):
         """Samples per second over rich's recent window ('-' until there are two updates)."""
@@ -189,4 +239,4 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool) -> str:
                 fields["eval"] = f"{p.eval_accuracy:.3f}"
             bar.update(task, completed=min(p.samples, p.budget), **fields)
 
-        return train(cfg, writer, workdir, on_step=on_step)
+        return train(cfg, writer, workdir, on_step=on_step, extend=extend)

@@ -75,7 +75,10 @@ class LocalExecutor:
         sub.folder.mkdir(parents=True, exist_ok=True)
         spec = {"db_url": sub.db_url, "runs": sub.runs, "max_parallel": self.max_parallel,
                 "threads_per_job": self.threads_per_job, "timeout_min": self.timeout_min}
-        (sub.folder / SPEC).write_text(json.dumps(spec))
+        # the jobs need the store URL with its password: readable by this user only
+        fd = os.open(sub.folder / SPEC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(spec))
         log = open(sub.folder / "runner.log", "ab")  # noqa: SIM115 (handed to the child)
         try:
             proc = subprocess.Popen(

@@ -82,8 +82,10 @@ def config_refusal(old: dict, new: dict, extend: bool) -> str | None:
 
 
 def describe(record: dict) -> str:
-    """'run 3 (cell abc…) of sqlite:////x.db' for messages."""
-    return f"run {record.get('run_id')} of {record.get('store')}"
+    """'run 3 of sqlite:////x.db' for messages."""
+    if record.get("run_id") is None and record.get("store") is None:
+        return "an unknown run (no owner recorded)"
+    return f"run {record.get('run_id')} of {record.get('store') or 'no store'}"
 
 
 def read(workdir: Path) -> dict | None:
