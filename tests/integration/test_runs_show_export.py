@@ -212,6 +212,13 @@ def test_lists_name_sweeps_and_ids(filled):
     runs = json.loads(cli("runs", "list", "--json", "--db", db).stdout)
     assert {(r["id"], r["sweep"], r["sweep_id"]) for r in runs} == \
         {(c.run_id, "lrs", 1) for c in curves} | {(other[0].run_id, "other", 2)}
+    table = cli("runs", "list", "--db", db).stdout  # not a terminal: full width, no "…"
+    row = next(line for line in table.splitlines() if "p128-s1.csv" in line)
+    assert [c.strip() for c in row.split("│")[1:-1]] == [
+        str(curves[1].run_id), "lrs", curves[1].run_name, "csv", "128", "2,048", "0.00141", "1",
+        "completed"]
+    sweeps_table = cli("sweeps", "list", "--db", db).stdout
+    assert "3 completed" in sweeps_table and "other" in sweeps_table
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -258,3 +265,26 @@ def test_new_command_modules_import_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).parents[2], check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.postgres
+def test_export_and_show_on_postgres(pg_url, tmp_path):
+    """The same reads on PostgreSQL (a server-side cursor streams the export)."""
+    import io
+
+    import pandas as pd
+
+    curves = [make_curve("g0", 16, 8, 0.002, 0, 30), make_curve("g1", 32, 8, 0.003, 1, 7)]
+    ingest(pg_url, "pg", curves, tmp_path / "logs")
+    r = cli("export", "pg", "--db", pg_url)
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(io.StringIO(r.stdout))
+    assert_rows_equal(as_tuples(df, df.columns), expected_long(curves, "pg"))
+    out = tmp_path / "w.parquet"
+    assert cli("export", "pg", "--layout", "wide", "--out", out, "--db", pg_url).exit_code == 0
+    wide = pd.read_parquet(out)
+    assert len(wide) == 37 and list(wide["samples"][:3]) == [0, 128, 256]
+    rec = json.loads(cli("runs", "show", curves[0].run_id, "--json", "--db", pg_url).stdout)
+    m = rec["metrics"]["reward_mean"]
+    assert (m["n"], m["last_step"], m["last_samples"], m["last"]) == (
+        30, 29, 29 * 128, curves[0].steps[-1][2]["reward_mean"])

@@ -110,19 +110,19 @@ def list_(
     if as_json:
         typer.echo(json.dumps([run_record(r) for r in runs], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"runs in {store.url}" + (f" (sweep {sweep})" if sweep else ""))
-    for col in ("id", "name", "backend", "prompts", "samples/batch", "lr", "seed", "status"):
+    for col in ("id", "sweep", "name", "backend", "prompts", "samples/batch", "lr", "seed",
+                "status"):
         table.add_column(col)
     for r in runs:
         table.add_row(
-            str(r.id), r.name, r.backend, str(r.batch_prompts or "-"),
-            str(r.batch_samples or "-"), f"{r.lr:.3g}" if r.lr is not None else "-",
-            str(r.seed if r.seed is not None else "-"), r.status,
+            str(r.id), r.sweep.name if r.sweep is not None else "-", r.name, r.backend,
+            fmt(r.batch_prompts), fmt(r.batch_samples),
+            f"{r.lr:.3g}" if r.lr is not None else "-", fmt(r.seed), r.status,
         )
-    Console().print(table)
+    console().print(table)
     if not runs:
         typer.echo("no runs yet")
 

@@ -32,8 +32,9 @@ def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from twoclocks_cli.commands.runs import console
 
     table = Table(title=f"sweeps in {store.url}")
     for col in ("id", "sweep", "backend", "executor", "cells", "created"):
@@ -42,7 +43,7 @@ def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
         cells = ", ".join(f"{r['cells'][s]} {s}" for s in ORDER if r["cells"].get(s))
         table.add_row(str(r["id"]), r["name"], r["backend"], r["executor"] or "-",
                       cells or "-", r["created_at"][:19])
-    Console().print(table)
+    console().print(table)
     if not records:
         typer.echo("no sweeps yet")
 
