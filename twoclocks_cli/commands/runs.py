@@ -65,7 +65,12 @@ def fmt(x) -> str:
 
 
 def strict(x):
-    """A float as strict JSON: NaN and ±inf become null (the project's --json style)."""
+    """Strict JSON values (the project's --json style): NaN and ±inf become null, in nested
+    dicts and lists too."""
+    if isinstance(x, dict):
+        return {k: strict(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [strict(v) for v in x]
     return x if not isinstance(x, float) or math.isfinite(x) else None
 
 
@@ -219,9 +224,7 @@ def show(
     store = Store.open(db)
     rec = show_record(store, store.find_run(run_ref), parse_keys(keys))
     if as_json:
-        rec["metrics"] = {k: {f: strict(v) for f, v in m.items()} for k, m in
-                          rec["metrics"].items()}
-        typer.echo(json.dumps(rec, indent=2, allow_nan=False, default=str))
+        typer.echo(json.dumps(strict(rec), indent=2, allow_nan=False, default=str))
         return
     out = console()
     for table in _show_tables(rec):
