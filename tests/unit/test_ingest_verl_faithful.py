@@ -103,3 +103,45 @@ def _runs(db: Path) -> int:
     with sqlite3.connect(db) as con:
         tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
         return con.execute("select count(*) from runs").fetchone()[0] if "runs" in tables else 0
+
+
+# -- TRL and generic tables ------------------------------------------------------------------
+
+
+def test_dpo_and_sft_trainer_states_are_not_rl_runs(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for folder, needle in (("trl_dpo", "a preference-training (DPO-style)"),
+                           ("trl_sft", "no reward was logged")):
+        proc = twoclocks("ingest", str(FIX / folder), "-f", "trl", "--db", url,
+                         "--batch-prompts", "4", "--group-size", "2")
+        assert_one_line_error(proc, f"{folder}/trainer_state.json: ", needle)
+    assert _runs(tmp_path / "s.db") == 0
+
+
+def test_trl_says_its_lr_is_the_peak_and_where_the_batch_size_is():
+    with pytest.raises(ConfigError, match=r"train_batch_size \(8\) counts completions per device"):
+        from twoclocks_cli.ingest.importer import _resolve
+
+        opts = IngestOptions(fmt="trl")
+        _resolve(parse_file(FIX / "trl_new", opts), opts)
+    log = parse_file(FIX / "trl_new", IngestOptions(fmt="trl"))
+    assert any("peak learning_rate logged" in n and "pass --lr" in n for n in log.notes)
+
+
+def test_jsonl_config_and_summary_lines_are_not_steps_and_the_config_is_read():
+    log = parse_file(FIX / "table_cfg_summary.jsonl", IngestOptions(fmt="jsonl"))
+    assert sorted(log.steps) == [1, 2, 3, 4, 5]  # step 6 was cut mid-write
+    assert log.steps[3]["reward_mean"] == pytest.approx(0.3)
+    assert log.params == {"batch_prompts": 32, "group_size": 8, "lr": 1e-6, "seed": 3}
+    assert log.params_from["lr"] == "log line 1 (config.optim.lr)"
+    assert any("2 line(s) without 'step'" in n for n in log.notes)
+    assert any("ends mid-line (line 8" in n for n in log.notes)
+    assert log.bad_lines == []
+
+
+def test_a_csv_cut_mid_number_never_stores_the_prefix(tmp_path):
+    f = tmp_path / "cut.csv"
+    f.write_text("step,samples,reward_mean\n1,64,0.912\n2,128,0.934\n3,192,0.9")  # 0.957 cut
+    log = parse_file(f, IngestOptions(fmt="csv"))
+    assert sorted(log.steps) == [1, 2] and log.steps[2]["reward_mean"] == pytest.approx(0.934)
+    assert any("ends mid-line (line 4" in n for n in log.notes)

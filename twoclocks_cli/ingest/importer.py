@@ -100,6 +100,7 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
         raise ConfigError(
             f"{log.path}: samples are not logged and the batch size is unknown; pass "
             f"{' and '.join(need)} (samples = step × prompts × group size)"
+            + (f"; {log.batch_hint}" if log.batch_hint else "")
         )
     for s in missing:
         samples[s] = s * batch

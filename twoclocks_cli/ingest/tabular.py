@@ -60,10 +60,54 @@ def _csv_rows(log: ParsedLog, text: str) -> tuple[list[Row], list[str]]:
     return rows, header
 
 
+# A JSONL object without a step that states the run's setting (a `cfg` line, as many loggers
+# write first): the last segment of each (dotted, nested) key -> the run column it gives.
+_CONFIG_NAMES = {
+    "prompts_per_batch": "batch_prompts", "batch_prompts": "batch_prompts",
+    "data.train_batch_size": "batch_prompts",
+    "group_size": "group_size", "num_generations": "group_size", "rollout.n": "group_size",
+    "lr": "lr", "learning_rate": "lr", "seed": "seed",
+}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _config_params(record: dict) -> dict[str, tuple[float, str]]:
+    """{run column: (value, source key)} stated by a config-like object (numbers only)."""
+    out = {}
+    for key, v in _flatten(record).items():
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        for name, column in _CONFIG_NAMES.items():
+            if (key == name or key.endswith("." + name)) and column not in out:
+                out[column] = (v, key)
+    return out
+
+
+def cut_last_line(log: ParsedLog, text: str) -> str:
+    """`text` without a last line that has no newline (cut off mid-write: a file still being
+    written, or truncated), with a note; a cut line must never be stored as a shorter value."""
+    head, sep, last = text.rpartition("\n")
+    if not last.strip() or not sep:
+        return text
+    log.notes.append(f"the file ends mid-line (line {head.count(chr(10)) + 2}, {last[:40]!r}...): "
+                     "that line was not imported")
+    return head + "\n"
+
+
 def _jsonl_rows(log: ParsedLog, text: str) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     columns: dict[str, None] = {}
-    for number, line in enumerate(text.split("\n"), start=1):
+    for number, line in enumerate(cut_last_line(log, text).split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -107,7 +151,15 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
     picks = mapping.choose_sources(
         [c for c in columns if c not in (step_col, samples_col)], ALIASES, explicit
     )
+    other = 0
     for number, record in rows:
+        if opts.fmt == "jsonl" and step_col not in record:  # a config or summary object
+            other += 1
+            for column, (v, key) in _config_params(record).items():
+                if column not in log.params:
+                    log.params[column] = v
+                    log.params_from[column] = f"log line {number} ({key})"
+            continue
         try:
             step = to_step(record.get(step_col))
         except (ValueError, TypeError):
@@ -132,6 +184,11 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
             log.bad(number, bad)
             continue
         log.put(step, mapping.apply(values, picks))
+    if other:
+        log.notes.append(f"{other} line(s) without {step_col!r} (config or summary objects) are "
+                         "not steps: not imported as metrics"
+                         + (f"; run settings read from them: {', '.join(sorted(log.params))}"
+                            if log.params else ""))
     log.sources = {**picks, "step": step_col, **({"samples": samples_col} if samples_col else {})}
     log.unmapped = mapping.unmapped(columns, picks, ignore=(step_col, samples_col or ""))
 
@@ -141,6 +198,8 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     data = read_bytes(path, opts.max_bytes)
     log = new_log(path, opts.fmt, data)
     text = decode_text(path, data)
+    if opts.fmt == "csv":
+        text = cut_last_line(log, text)
     rows, columns = (_csv_rows if opts.fmt == "csv" else _jsonl_rows)(log, text)
     _translate(log, rows, columns, opts)
     return log

@@ -28,6 +28,31 @@ _DECODER = json.JSONDecoder()
 _REWARD_FN = re.compile(r"^(eval_)?rewards/([^/]+?)(/mean)?$")
 _ACCURACY_HINT = re.compile(r"acc|correct", re.I)
 _NOT_METRICS = {"step", "epoch"}
+# keys only a preference (DPO-style) trainer logs, and keys every RL (GRPO/PPO) trainer logs
+_PREFERENCE = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+               "logps/chosen", "logps/rejected"}
+_RL = {"reward", "reward_std", "frac_reward_zero_std", "completion_length",
+       "completions/mean_length", "kl", "clip_ratio", "clip_ratio/region_mean"}
+
+
+def _refuse_other_trainers(path: Path, present: set[str]) -> None:
+    """A DPO or SFT trainer_state.json is not an RL run: its 'accuracy' is not a progress clock."""
+    if present & _RL or any(_REWARD_FN.match(k) for k in present - _PREFERENCE):
+        return
+    pref = sorted(present & _PREFERENCE)
+    if pref:
+        raise ConfigError(
+            f"{path}: a preference-training (DPO-style) trainer_state.json ({', '.join(pref[:3])}"
+            "): rewards/accuracies is preference accuracy, not a verifiable reward; only RL "
+            "runs (GRPO, PPO) have the two clocks; nothing imported"
+        )
+    if present:
+        shown = ", ".join(sorted(present)[:6])
+        raise ConfigError(
+            f"{path}: no reward was logged (keys: {shown}): an SFT or other non-RL "
+            "trainer_state.json? only RL runs (GRPO, PPO) have the two clocks; nothing imported "
+            "(--map names a reward column if there is one)"
+        )
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -134,6 +159,15 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         present.update(numbers)
         records.append((i, step, numbers, others))
 
+    if not opts.column_map:
+        _refuse_other_trainers(path, present)
+    per_device = state.get("train_batch_size")
+    log.batch_hint = (
+        "trainer_state.json's train_batch_size"
+        + (f" ({per_device})" if isinstance(per_device, int) else "")
+        + " counts completions per device and step, not prompts: prompts per step = "
+        "per-device batch x processes x gradient accumulation / num_generations (GRPOConfig)"
+    )
     picks = mapping.choose_sources(present, mapping.TRL_KEYS, opts.column_map)
     for target, eval_ in (("accuracy", False), ("eval_accuracy", True)):
         if target not in picks and (src := _reward_pick(present, eval_)):
@@ -152,4 +186,8 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     if opts.lr is None and lrs:
         log.params["lr"] = max(lrs)
         log.params_from["lr"] = "log (peak learning_rate)"
+        log.notes.append(
+            f"lr = {max(lrs):.3g}, the peak learning_rate logged: the configured lr (before "
+            "warm-up and decay) is not in trainer_state.json; pass --lr to set it"
+        )
     return log
