@@ -35,6 +35,16 @@ def ingest(
     identity: Annotated[str, typer.Option(
         "--identity", help="A run is the same run when its file has the same 'content' "
         "(default) or the same 'path' (for a log that is still growing).")] = "content",
+    follow: Annotated[bool, typer.Option(
+        "--follow", help="Follow one log that is still being written: import new complete "
+        "lines as they appear (the run is `running`), until the file has not changed for "
+        "--idle seconds or the --pid process exited.")] = False,
+    idle: Annotated[float, typer.Option(
+        "--idle", help="--follow: stop after this many seconds without a change.")] = 30.0,
+    poll: Annotated[float, typer.Option(
+        "--poll", help="--follow: seconds between looks at the file.")] = 1.0,
+    pid: Annotated[int | None, typer.Option(
+        "--pid", help="--follow: also stop when this process (the writer) has exited.")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -52,8 +62,16 @@ def ingest(
         seed=seed, column_map=parse_map(column_map or []), skip_bad=skip_bad,
         max_bytes=max_bytes, identity=identity,
     )
+    if follow:
+        _check_follow(paths, idle, poll, pid)
     store = Store.open(db)
-    results = ingest_files(store, paths, opts)
+    if follow:
+        from twoclocks_cli.ingest.follow import follow_file
+
+        echo = None if as_json else (lambda line: typer.echo(line))
+        results = [follow_file(store, paths[0], opts, idle=idle, poll=poll, echo=echo, pid=pid)]
+    else:
+        results = ingest_files(store, paths, opts)
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in results], indent=2))
         return
@@ -75,3 +93,18 @@ def ingest(
             typer.echo(f"  not imported ({len(r.unmapped)} keys with no store name): {shown}")
         for note in r.notes:
             typer.echo(f"  note: {note}")
+
+
+def _check_follow(paths: list[Path], idle: float, poll: float, pid: int | None) -> None:
+    """--follow takes one file and positive, finite waits."""
+    import math
+
+    from twoclocks_cli.errors import ConfigError
+
+    if len(paths) != 1:
+        raise ConfigError(f"--follow follows one file, got {len(paths)}")
+    for name, v in (("--idle", idle), ("--poll", poll)):
+        if not (math.isfinite(v) and 0 < v <= 86_400):
+            raise ConfigError(f"{name} {v}: must be a number of seconds in (0, 86400]")
+    if pid is not None and pid < 1:
+        raise ConfigError(f"--pid {pid}: must be a positive process id")

@@ -137,8 +137,12 @@ def _run_name(path: Path) -> str:
     return f"{path.parent.name}/{path.name}"[-200:] if path.parent.name else path.name[-200:]
 
 
-def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str) -> tuple[int, str]:
-    """Find or create the sweep and the run; returns (run id, created|updated|unchanged)."""
+def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str,
+                keep_metrics: bool = False) -> tuple[int, str]:
+    """Find or create the sweep and the run; returns (run id, created|updated|unchanged).
+
+    An updated run loses its metrics (the mapping may have changed) unless `keep_metrics`
+    (`--follow`: the same file grew; its values are upserted)."""
     from sqlalchemy import delete, select
 
     from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep
@@ -169,16 +173,22 @@ def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str) -> tuple[int, str
         run.config = plan.config
         for k, v in plan.columns.items():
             setattr(run, k, v)
-        s.execute(delete(Metric).where(Metric.run_id == run.id))  # mapping may have changed
+        if not keep_metrics:
+            s.execute(delete(Metric).where(Metric.run_id == run.id))  # mapping may have changed
         return run.id, "updated"
 
 
-def _write(store, run_id: int, plan: _Plan) -> None:
-    """Upsert every value in batches (bounded memory); the caller marks a failure."""
+def _write(store, run_id: int, plan: _Plan, skip: dict | None = None) -> int:
+    """Upsert every value in batches (bounded memory), but the steps whose values `skip` already
+    holds as they are; returns the steps written. The caller marks a failure."""
+    n = 0
     with store.metric_writer(run_id) as writer:
         for step in sorted(plan.log.steps):
-            if plan.log.steps[step]:
-                writer.log(step, plan.samples[step], plan.log.steps[step])
+            values = plan.log.steps[step]
+            if values and (skip is None or skip.get(step) != (plan.samples[step], values)):
+                writer.log(step, plan.samples[step], values)
+                n += 1
+    return n
 
 
 def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestResult]:

@@ -1,0 +1,109 @@
+"""`twoclocks ingest PATH --follow`: import a log that is still being written, incrementally.
+
+Each time the file changes, it is parsed again: only complete lines count (a partial last line
+waits for its newline, see the parsers' cut-last-line rule) and only steps whose values are new
+or changed are upserted, so any number of followers of one file — or a follower restarted —
+never duplicates a row. A file that shrinks was rewritten or truncated: its run is imported
+afresh. The run is `running` while followed and `completed` once the file has not changed for
+`idle` seconds. The run is identified by the file's path (`--identity path`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from twoclocks_cli.ingest import base
+from twoclocks_cli.ingest.importer import IngestResult, _resolve, _upsert_run, _write, parse_file
+
+
+@dataclasses.dataclass
+class _Followed:
+    """What the follower knows of the file and its run between polls."""
+
+    size: int | None = None
+    mtime: float | None = None
+    run_id: int | None = None
+    written: dict = dataclasses.field(default_factory=dict)  # step -> (samples, values)
+    last: IngestResult | None = None
+
+
+def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
+                poll: float = 1.0, echo: Callable[[str], None] | None = None,
+                clock: Callable[[], float] = time.monotonic,
+                pid: int | None = None) -> IngestResult:
+    """Follow `path` until it has not changed for `idle` seconds (or, with `pid`, until that
+    process — the one writing it — has exited and the last change is read)."""
+    opts = dataclasses.replace(opts, identity="path")
+    state = _Followed()
+    quiet_since = clock()
+    while True:
+        stat = path.stat() if path.is_file() else None
+        changed = stat is not None and (stat.st_size, stat.st_mtime) != (state.size, state.mtime)
+        if changed:
+            shrank = state.size is not None and stat.st_size < state.size
+            state.size, state.mtime = stat.st_size, stat.st_mtime
+            quiet_since = clock()
+            n = _sync(store, path, opts, state, fresh=shrank)
+            if echo and n:
+                echo(f"{path}: run {state.run_id}: {n} new step(s), "
+                     f"{len(state.written)} in all" + (" (the file was rewritten)" if shrank
+                                                       else ""))
+        elif clock() - quiet_since >= idle or (pid is not None and not _alive(pid)):
+            break
+        time.sleep(poll)
+    if state.run_id is None:
+        raise base.NoStepsError(
+            f"{path}: no training step appeared within {idle:g} s of the last change "
+            "(--idle waits longer)")
+    from twoclocks_cli.store.models import RunStatus
+
+    store.set_status(state.run_id, RunStatus.completed,
+                     message=f"followed {path}: unchanged for {idle:g} s")
+    state.last.action = "followed"
+    return state.last
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie child counts as exited)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def _sync(store, path: Path, opts, state: _Followed, fresh: bool) -> int:
+    """Parse the file again and upsert what is new; returns the number of steps written."""
+    from twoclocks_cli.store.models import RunStatus
+
+    try:
+        plan = _resolve(parse_file(path, opts), opts)
+    except base.NoStepsError:
+        return 0  # no step yet (the run is starting): wait
+    run_id, _ = _upsert_run(store, plan, opts.sweep, opts.fmt, keep_metrics=not fresh)
+    if fresh or run_id != state.run_id:
+        state.written = {} if fresh else state.written
+    state.run_id = run_id
+    n = _write(store, run_id, plan, skip=state.written)
+    state.written = {s: (plan.samples[s], v) for s, v in plan.log.steps.items() if v}
+    if store.get_run(run_id).status != RunStatus.running.value:
+        store.set_status(run_id, RunStatus.running, message=f"following {path}")
+    log = plan.log
+    state.last = IngestResult(
+        path=str(path), format=log.fmt, sweep=opts.sweep, run_id=run_id, action="followed",
+        steps=len(log.steps), rows=sum(len(v) for v in log.steps.values()),
+        params_from=plan.config["ingest"]["params_from"], sources=dict(log.sources),
+        unmapped=sorted(log.unmapped), skipped_lines=[[ln, why] for ln, why in log.bad_lines],
+        duplicates=log.duplicates, notes=plan.notes, **plan.columns)
+    return n
