@@ -62,7 +62,8 @@ def parse_url(url: str) -> URL:
     if parsed.port is not None and not 0 < parsed.port < 65536:
         raise StoreError(f"database URL {mask_url(parsed)!r}: port {parsed.port} is not in "
                          "1..65535")
-    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    # from the name itself: get_backend_name() loads the dialect (NoSuchModuleError for http://)
+    backend, _, driver = parsed.drivername.partition("+")
     if backend == "postgresql" and driver in ("psycopg2", "psycopg", ""):
         parsed = parsed.set(drivername="postgresql+psycopg")
     elif backend == "sqlite" and driver in ("pysqlite", ""):
@@ -102,6 +103,30 @@ def _check_sqlite_path(parsed: URL) -> None:
         raise StoreError(f"database file {path} is a folder ({masked})")
     if path.exists() and not os.access(path, os.W_OK):
         raise StoreError(f"database file {path} is read-only ({masked})")
+    if path.is_file() and path.stat().st_size > 0:
+        _check_sqlite_file(path, masked)
+
+
+def _check_sqlite_file(path: Path, masked: str) -> None:
+    """Refuse a file that is not SQLite, or SQLite with tables but no alembic_version, before
+    our connection switches it to WAL mode (that would change someone else's file)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+        try:
+            names = {row[0] for row in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"database {masked}: {exc}") from None
+    if names and "alembic_version" not in names:
+        tables = sorted(names)
+        shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+        raise StoreError(f"database {masked} has tables ({shown}) but no twoclocks revision: it "
+                         "is not a twoclocks store; use another --db")
 
 
 def _sqlite_pragmas(engine: Engine) -> None:
