@@ -54,10 +54,13 @@ def test_a_last_line_cut_mid_write_is_left_out_with_a_note():
 
 
 def test_rounded_lr_is_not_data_and_a_resumed_log_says_so():
-    log = _parse("verl_resumed_rounded.log", group_size=1)
+    log = _parse("verl_resumed_rounded.log")
     assert sorted(log.steps) == [101, 102, 103, 104, 105]
     assert all("lr" not in v for v in log.steps.values())  # actor/lr:0.000 x 5
-    assert log.params == {"batch_prompts": 16, "lr": 5e-7}  # the command line's lr
+    # the command line's lr and prompts; an old PPO log states no rollout.n: verl's n = 1
+    assert log.params == {"batch_prompts": 16, "lr": 5e-7, "group_size": 1}
+    assert log.params_from["group_size"] == "verl default (rollout.n not in the log)"
+    assert any("verl's default n = 1" in n for n in log.notes)
     assert any("0.000 at 5 step(s)" in n for n in log.notes)
     assert any("first training step is 101" in n for n in log.notes)
     # test_score/<source> without the val/ prefix is the held-out score
@@ -145,3 +148,27 @@ def test_a_csv_cut_mid_number_never_stores_the_prefix(tmp_path):
     log = parse_file(f, IngestOptions(fmt="csv"))
     assert sorted(log.steps) == [1, 2] and log.steps[2]["reward_mean"] == pytest.approx(0.934)
     assert any("ends mid-line (line 4" in n for n in log.notes)
+
+
+def test_grpo_without_rollout_n_still_asks_for_the_group_size(tmp_path):
+    f = tmp_path / "grpo.log"
+    f.write_text("+ python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo "
+                 "data.train_batch_size=16\nstep:1 - critic/score/mean:0.2\n")
+    log = parse_file(f, IngestOptions(fmt="verl"))
+    assert "group_size" not in log.params  # GRPO needs n > 1: never defaulted to 1
+    proc = twoclocks("ingest", str(f), "-f", "verl", "--db", f"sqlite:///{tmp_path / 's.db'}")
+    assert_one_line_error(proc, "pass --group-size")
+
+
+def test_old_verl_first_update_at_step_0_shifts_the_samples(tmp_path):
+    f = tmp_path / "old.log"
+    f.write_text("+ python3 -m verl.trainer.main_ppo data.train_batch_size=4 "
+                 "actor_rollout_ref.rollout.n=2\n"
+                 + "".join(f"step:{s} - critic/score/mean:{0.1 * s:.1f}\n" for s in range(3)))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    proc = twoclocks("ingest", str(f), "-f", "verl", "--db", url, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert any("first update is logged as step 0" in n for n in json.loads(proc.stdout)[0]["notes"])
+    with sqlite3.connect(tmp_path / "s.db") as con:
+        rows = con.execute("select step, samples from metrics order by step").fetchall()
+    assert rows == [(0, 8), (1, 16), (2, 24)]  # (step + 1) x 4 prompts x 2

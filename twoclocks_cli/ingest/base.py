@@ -50,6 +50,7 @@ class ParsedLog:
     bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (line number, why)
     duplicates: int = 0  # (step, key) values logged more than once; the last one wins
     notes: list[str] = field(default_factory=list)  # what the parser left out or doubted, in words
+    step_offset: int = 0  # samples = (step + offset) x batch (1: the first update is step 0)
     batch_hint: str = ""  # where this format keeps the batch size, for the "pass --batch-..." error
 
     def put(self, step: int, values: dict[str, float]) -> None:

@@ -103,7 +103,7 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
             + (f"; {log.batch_hint}" if log.batch_hint else "")
         )
     for s in missing:
-        samples[s] = s * batch
+        samples[s] = (s + log.step_offset) * batch
     digest = hashlib.sha256(log.fmt.encode() + b"\0")
     if opts.identity == "path":
         digest.update(str(log.path.resolve()).encode())

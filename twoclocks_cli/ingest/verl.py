@@ -242,9 +242,11 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     _add_validation(records, initial, final, present)
     _note_gaps(log, records, rounded_lr)
     params, origin = _header_params(header)
+    _default_group_size(header, params, origin, log)
     log.params.update(params)
     log.params_from.update(origin)
     picks = mapping.choose_sources(present, mapping.VERL_KEYS, opts.column_map)
+    _first_update_at_zero(log, records, picks)
     evals = set()
     for step, values in records:
         mapped = mapping.apply(values, picks)
@@ -288,3 +290,25 @@ def _note_gaps(log: ParsedLog, records, rounded_lr: int) -> None:
             f"actor/lr printed as 0.000 at {rounded_lr} step(s) (rounded away by the printer): "
             "those lr values were not imported; the run's lr comes from the config or --lr"
         )
+
+
+def _default_group_size(header, params: dict, origin: dict, log: ParsedLog) -> None:
+    """A log that never states rollout.n ran with verl's default n = 1 (old PPO logs) — unless
+    it is GRPO, which needs n > 1: then the group size stays unknown (pass --group-size)."""
+    if "group_size" in params:
+        return
+    text = "\n".join(line for _, line in header)
+    if re.search(r"adv_estimator[\"':= ]+['\"]?grpo", text):
+        return
+    params["group_size"], origin["group_size"] = 1, "verl default (rollout.n not in the log)"
+    log.notes.append("actor_rollout_ref.rollout.n is not in the log: verl's default n = 1 "
+                     "(one completion per prompt, PPO) is used; --group-size sets it")
+
+
+def _first_update_at_zero(log: ParsedLog, records, picks: dict) -> None:
+    """Old verl logged its first update as step 0: samples then lag one batch unless shifted."""
+    reward = picks.get("reward_mean")
+    if reward and any(s == 0 and reward in r for s, r in records):
+        log.step_offset = 1
+        log.notes.append("the first update is logged as step 0 (old verl): samples = (step + 1) "
+                         "x prompts x n")
