@@ -112,3 +112,24 @@ def test_the_report_writes_one_notation_for_censored_clocks(doc, tmp_path):
     text = _clock_text(b32.failure)  # no seed at B=32 failed: a lower bound
     assert b32.failure.median is None and text.startswith("≥ ")
     assert f"{b32.failure.lower_bound:,.0f}" in text
+
+
+def test_analyze_on_an_unchanged_sweep_stores_no_second_row(tmp_path):
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    for b, tau in ((8, 300.0), (16, 420.0)):
+        for seed in (0, 1):
+            x = np.arange(60) * b
+            _ingest(tmp_path, url, "same", b, 0.8 * (1 - np.exp(-x / (tau + 10 * seed))), seed)
+
+    def analyze(*extra):
+        proc = twoclocks("analyze", "same", "--db", url, "--json", "--bootstrap", "100", *extra)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["analysis_id"]
+
+    first, again = analyze(), analyze()
+    other = analyze("--target", "frac:0.4")
+    assert first == again and other != first
+    with sqlite3.connect(tmp_path / "store.db") as con:
+        assert con.execute("select count(*) from analyses").fetchone() == (2,)

@@ -159,3 +159,35 @@ def test_report_reuses_the_stored_analysis_until_the_sweep_changes(tmp_path, sql
     assert report("syn", "--out", tmp_path / "d", "--reanalyze", "--db", sqlite_url).exit_code == 0
     d = _used(tmp_path / "d")
     assert d["how"] == "analysed" and d["target"] == "frac:0.5" and d["id"] > b["id"]
+
+
+def test_report_names_what_was_trained_and_warns_on_a_tiny_eval_set(tmp_path, sqlite_url):
+    """A grpo run's model, data, reward and eval size are on the page (the trainer's defaults
+    filled in where the cell left them out); an eval set of 64 problems is warned about."""
+    from trainer.config import TrainConfig
+    from twoclocks_cli.store import Store
+    from twoclocks_cli.store.models import Run, Sweep
+
+    store = Store.open(sqlite_url)
+    with store.session() as s:
+        sweep = Sweep(name="g", backend="grpo", config={})
+        s.add(sweep)
+        s.flush()
+        for seed, eval_size in ((0, 64), (1, 1024)):
+            s.add(Run(sweep_id=sweep.id, cell_id=f"c{seed}", name=f"r{seed}", backend="grpo",
+                      status="planned", batch_samples=32, batch_prompts=4, group_size=8,
+                      lr=1e-4, seed=seed,
+                      config={"model": "builtin:tiny-arith", "eval_size": eval_size,
+                              "prompts_per_batch": 4, "group_size": 8, "lr": 1e-4}))
+    for run in store.list_runs("g"):
+        with store.metric_writer(run.id) as w:
+            for step in range(1, 6):
+                w.log(step, 32 * step, {"reward_mean": 0.1 * step})
+    r = report("g", "--db", sqlite_url, "--out", tmp_path / "rep")
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "rep" / "index.html").read_text()
+    section = page[page.index("What was trained"):page.index("<h2>Plots")]
+    assert "builtin:tiny-arith" in section and "64, 1024" in section
+    assert TrainConfig.model_fields["dataset"].default in section  # the default, filled in
+    assert TrainConfig.model_fields["reward"].default in section
+    assert "an eval set of 64 problems" in section and "0.062" in section  # 0.5 / sqrt(64)

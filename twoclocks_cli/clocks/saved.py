@@ -8,9 +8,16 @@ from twoclocks_cli.store.models import Analysis
 
 
 def save_analysis(store, sweep_name: str, result: dict) -> int:
-    """Store one analysis result of `sweep_name`; returns its id."""
+    """Store one analysis result of `sweep_name`; returns its id. An analysis identical to the
+    sweep's latest stored one (same options, same result) is not stored again: its id is
+    returned, so re-running `analyze` on an unchanged sweep adds no row."""
     sweep = store.get_sweep(sweep_name)
+    result = {k: v for k, v in result.items() if k != "analysis_id"}
     with store.session() as s:
+        latest = s.scalar(select(Analysis).where(Analysis.sweep_id == sweep.id)
+                          .order_by(Analysis.created_at.desc(), Analysis.id.desc()).limit(1))
+        if latest is not None and latest.result == result:
+            return latest.id
         row = Analysis(sweep_id=sweep.id, options=result.get("options", {}), result=result)
         s.add(row)
         s.flush()

@@ -198,6 +198,53 @@ def _summary(data: ReportData) -> str:
     return "".join(out)
 
 
+SETTING_KEYS = ("model", "dataset", "eval_dataset", "eval_size", "reward", "max_new_tokens")
+TINY_EVAL = 200  # held-out problems below which one eval's binomial SE exceeds ~0.035
+
+
+def run_setting(run) -> dict[str, str]:
+    """What a run trained on, in words: model, data, eval set, reward (defaults filled in from the
+    trainer's config; ingested and simulated runs say where they came from)."""
+    cfg = run.config or {}
+    if run.backend == "sim":
+        return {"model": "the theory model (sim backend)", "dataset": "-", "reward": "-",
+                "eval_size": str((cfg.get("sim") or {}).get("eval_samples", "default"))}
+    if isinstance(cfg.get("ingest"), dict):
+        ing = cfg["ingest"]
+        return {"model": f"imported {ing.get('format')} log", "dataset": str(ing.get("path")),
+                "reward": "as logged", "eval_size": "as logged"}
+    from trainer.config import TrainConfig
+
+    fields = TrainConfig.model_fields
+    out = {}
+    for key in SETTING_KEYS:
+        value = cfg.get(key, fields[key].default if key in fields else None)
+        if value is not None:
+            out[key] = str(value)
+    return out
+
+
+def _setting_html(data: ReportData) -> str:
+    """The distinct settings across runs (one row per key), and a warning on a tiny eval set."""
+    values: dict[str, list[str]] = {}
+    for run in data.runs:
+        for k, v in run_setting(run).items():
+            values.setdefault(k, [])
+            if v not in values[k]:
+                values[k].append(v)
+    if not values:
+        return "<p>—</p>"
+    rows = [[k, ", ".join(v)] for k, v in values.items()]
+    out = _table(["setting", "value (every distinct one across runs)"], rows, left=2)
+    sizes = [int(v) for v in values.get("eval_size", []) if v.isdigit()]
+    if sizes and min(sizes) < TINY_EVAL:
+        se = 0.5 / min(sizes) ** 0.5
+        out += (f'<p class="warn">warning: an eval set of {min(sizes)} problems: one evaluation\'s '
+                f"standard error is up to {se:.3f}; gains smaller than ~3x that are noise "
+                "(a larger eval_size makes the clocks readable)</p>")
+    return out
+
+
 def _schedule_html(data: ReportData) -> str:
     s = data.schedule
     if s is None:
@@ -231,6 +278,7 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
         f"<p class='sub'>{len(data.runs)} runs · twoclocks {html.escape(__version__)} · "
         f"generated {now}. Every clock is counted in samples (sampled completions).</p>",
         "<h2>Summary</h2>", _summary(data),
+        "<h2>What was trained</h2>", _setting_html(data),
     ]
     for w in a.warnings if a else []:
         out.append(f'<p class="warn">warning: {html.escape(w)}</p>')
