@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.support.cli import twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks
 
 
 def _ingest(tmp_path, url, sweep, batch, values, seed, group=4):
@@ -133,3 +133,32 @@ def test_analyze_on_an_unchanged_sweep_stores_no_second_row(tmp_path):
     assert first == again and other != first
     with sqlite3.connect(tmp_path / "store.db") as con:
         assert con.execute("select count(*) from analyses").fetchone() == (2,)
+
+
+def test_several_sweeps_side_by_side_are_each_sweeps_own_analysis(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    for sweep, scale in (("lr-a", 1.0), ("lr-b", 1.6)):
+        for b, tau in ((8, 300.0), (16, 420.0)):
+            for seed in (0, 1):
+                x = np.arange(60) * b
+                y = 0.8 * (1 - np.exp(-x / (scale * tau + 10 * seed)))
+                _ingest(tmp_path, url, sweep, b, y, seed)
+    args = ("--db", url, "--bootstrap", "100", "--no-store")
+    both = twoclocks("analyze", "lr-a", "lr-b", "--json", *args)
+    assert both.returncode == 0, both.stderr
+    docs = json.loads(both.stdout)["sweeps"]
+    for doc, name in zip(docs, ("lr-a", "lr-b"), strict=True):
+        alone = json.loads(twoclocks("analyze", name, "--json", *args).stdout)
+        assert doc["sweep"] == name
+        assert [b["progress"] for b in doc["batches"]] == [b["progress"] for b in alone["batches"]]
+        assert doc["critical_batch"]["recommended"] == alone["critical_batch"]["recommended"]
+    # the slower sweep's clocks are longer at every batch (the curves were made so)
+    a, b = ([x["progress"]["median"] for x in d["batches"]] for d in docs)
+    assert all(y > x for x, y in zip(a, b, strict=True))
+    table = twoclocks("analyze", "lr-a", "lr-b", *args)
+    assert table.returncode == 0 and "sweeps side by side" in table.stdout
+    assert "lr-a" in table.stdout and "lr-b" in table.stdout
+    bad = twoclocks("analyze", "lr-a", "lr-b", "--plot", str(tmp_path / "p.png"), *args)
+    assert_one_line_error(bad, "--csv and --plot take one sweep")
+    missing = twoclocks("analyze", "lr-a", "nope", *args)
+    assert missing.returncode != 0 and "nope" in missing.stderr

@@ -77,6 +77,37 @@ def render(doc: dict) -> None:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
 
+def render_side_by_side(docs: list[dict]) -> None:
+    """Several sweeps' clocks and B_crit in one table (rows: sweep x batch size)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from twoclocks_cli.clocks.result import Analysis
+
+    con = Console()
+    table = Table(title="sweeps side by side (same analysis options); clocks in samples, "
+                        "median [90% bootstrap]")
+    for col in ("sweep", "target", "batch", "lr", "runs", "progress clock", "failure clock"):
+        table.add_column(col)
+    summary = Table(title="per sweep")
+    for col in ("sweep", "recommended B_crit", "source", "failure-clock slope", "verdict"):
+        summary.add_column(col)
+    for a in map(Analysis.of, docs):
+        for i, b in enumerate(a.batches):
+            table.add_row(a.sweep if i == 0 else "", f"{a.target.value:.4g}" if i == 0 else "",
+                          f"{b.batch_samples:g}", ", ".join(f"{x:.3g}" for x in b.lr) or "-",
+                          str(b.n_runs), _clock(b.progress), _clock(b.failure))
+        inv, rec = a.invariance, a.critical.recommended
+        summary.add_row(a.sweep, _est(rec), rec.source or "-",
+                        f"{_fmt(inv.slope, 3)} [{_fmt(inv.low, 3)}, {_fmt(inv.high, 3)}]",
+                        inv.verdict)
+    con.print(table)
+    con.print(summary)
+    for a in map(Analysis.of, docs):
+        for w in a.warnings:
+            con.print(f"[yellow]warning ({a.sweep}):[/yellow] {w}")
+
+
 def _est(e) -> str:
     """'36 [30, 41]', '>= 512', '<= 8', or 'none' (a critical.Estimate)."""
     return "none" if e.b_crit is None else e.text()
@@ -134,8 +165,11 @@ def write_csv(doc: dict, path: str) -> None:
 
 
 def analyze(
-    sweep: Annotated[
-        str | None, typer.Argument(help="Sweep name (default: the only sweep).")
+    sweeps: Annotated[
+        list[str] | None, typer.Argument(
+            metavar="[SWEEP]...",
+            help="Sweep name (default: the only sweep); several sweeps are analysed with the "
+                 "same options and put side by side.")
     ] = None,
     metric: Annotated[
         str | None,
@@ -222,7 +256,25 @@ def analyze(
         theory=theory,
     )
     store = Store.open(db)
-    name = resolve_sweep(store, sweep)
+    if sweeps and len(sweeps) > 1:
+        if csv or plot:
+            from twoclocks_cli.errors import ConfigError
+
+            raise ConfigError("--csv and --plot take one sweep; several sweeps are compared "
+                              "side by side (drop --csv/--plot, or name one sweep)")
+        names = [store.get_sweep(n).name for n in dict.fromkeys(sweeps)]  # NotFound first
+        docs = [analyze_sweep(store, n, opts).to_json() for n in names]
+        if store_result:
+            for n, d in zip(names, docs, strict=True):
+                d["analysis_id"] = save_analysis(store, n, d)
+        if as_json:
+            import json
+
+            typer.echo(json.dumps({"sweeps": docs}, indent=2, allow_nan=False))
+        else:
+            render_side_by_side(docs)
+        return
+    name = resolve_sweep(store, sweeps[0] if sweeps else None)
     result = analyze_sweep(store, name, opts)
     data = result.to_json()
     if store_result:
