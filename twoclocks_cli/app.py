@@ -72,6 +72,7 @@ _COMMANDS = [
     ("analyze", "analyze", "analyze"),
     ("schedule", "schedule", "schedule"),
     ("suggest", "suggest", "suggest"),
+    ("probe", "probe", "probe"),
     ("theory", "theory", "theory"),
     ("schedule-config", "compare", "schedule_config"),
     ("compare", "compare", "compare"),

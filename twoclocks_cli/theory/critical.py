@@ -37,8 +37,12 @@ def predict_critical_batch(
     cap: float | None = None,
     seeds: int = 32,
     seed: int = 12345,
+    start=None,
 ) -> dict:
-    """B_crit of the model for this optimizer, lr rule, target progress and cap (a dict)."""
+    """B_crit of the model for this optimizer, lr rule, target progress and cap (a dict).
+
+    `start` (a one-row SimState): the *local* B_crit from that state — every simulation branches
+    from it and counts samples from the branch point (Merrill et al.'s direct measurement)."""
 
     def sweep(batches, n_seeds, budget):
         batches = np.asarray(batches, float)
@@ -52,6 +56,7 @@ def predict_critical_batch(
             cap=cap,
             seed=seed,
             stop_at_target=True,
+            start=start,
         )
 
     e_min = _clock(sweep([1.0], 4 * seeds, MAX_SMALL_SAMPLES))  # the yardstick: most seeds

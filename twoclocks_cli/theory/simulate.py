@@ -72,6 +72,21 @@ class SimState:
             rng=rng,
         )
 
+    def branch(self, rows: int, seed: int) -> SimState:
+        """`rows` copies of this one-row state with fresh noise (seeded): branches from here.
+
+        The collapse time keeps its samples axis; callers that count samples from the branch
+        point shift both (see theory.sweep.simulate_sweep)."""
+        if self.theta.shape[0] != 1:
+            raise ValueError("branch() needs a one-row state")
+
+        def rep(a):
+            return np.repeat(a, rows, axis=0).copy()
+
+        return SimState(cfg=self.cfg, theta=rep(self.theta), theta0=rep(self.theta0),
+                        m=rep(self.m), v=rep(self.v), t=rep(self.t), samples=rep(self.samples),
+                        collapsed_at=rep(self.collapsed_at), rng=np.random.default_rng(seed))
+
     # -- dynamics --------------------------------------------------------------------------
 
     def step(self, batch, lr, cap=None, active=None, grad_terms=True) -> StepInfo:

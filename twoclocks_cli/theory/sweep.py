@@ -44,8 +44,12 @@ def simulate_sweep(
     cap=None,
     seed: int = 0,
     stop_at_target: bool = False,
+    start: SimState | None = None,
 ) -> SweepResult:
-    """Run len(batches) x seeds rows to `budget` samples each (or until all reach `target`)."""
+    """Run len(batches) x seeds rows to `budget` samples each (or until all reach `target`).
+
+    `start` (a one-row state): every row branches from it — same parameters, moments and drift
+    origin, fresh noise — and clocks and budget count the samples since the branch point."""
     batches = np.asarray(batches, float)
     lrs = np.broadcast_to(np.asarray(lrs, float), batches.shape)
     caps = None if cap is None else np.broadcast_to(np.asarray(cap, float), batches.shape)
@@ -53,9 +57,13 @@ def simulate_sweep(
     lr = np.repeat(lrs, seeds)
     cp = None if caps is None else np.repeat(caps, seeds)
     rows = b.size
-    state = SimState.start(cfg, rows, seed)
+    state = SimState.start(cfg, rows, seed) if start is None else start.branch(rows, seed)
+    offset = state.samples.copy()  # the branch point (0 from a fresh start)
+    state.samples = state.samples - offset
+    state.collapsed_at = state.collapsed_at - offset  # nan (not collapsed) stays nan
     n_prog = np.full(rows, np.nan)
-    prev_p = state.progress(np.full(rows, cfg.loss0))
+    prev_p = state.progress(np.full(rows, cfg.loss0) if start is None else
+                            0.5 * np.sum(cfg.h * state.theta**2, axis=1))
     prev_s = np.zeros(rows)
     n_steps = int(np.ceil(budget / batches.min()))
     for _ in range(n_steps):
