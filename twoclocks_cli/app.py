@@ -24,16 +24,35 @@ class _Group(TyperGroup):
         except TwoclocksError as err:
             typer.echo(f"error: {_line(err)}", err=True)
             raise typer.Exit(err.exit_code) from None
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except Exception as err:  # a bug: one line here, the traceback in a log file
+        except Exception as err:
+            if _is_usage_error(err):  # a bad option value: one line too, not a usage box
+                where = err.ctx.command_path if getattr(err, "ctx", None) else "twoclocks"
+                typer.echo(f"error: {where}: {_line(err.format_message())} (see '{where} "
+                           "--help')", err=True)
+                raise typer.Exit(2) from None
+            if _from_cli_framework(err):  # Exit, Abort, help: typer/click handle them
+                raise
+            # a bug: one line here, the traceback in a log file
             from twoclocks_cli.crash import EXIT_CODE, one_line
 
             typer.echo(one_line(err), err=True)
             raise typer.Exit(EXIT_CODE) from None
 
 
-def _line(err: TwoclocksError) -> str:
+def _from_cli_framework(err: BaseException) -> bool:
+    """An exit or usage error of typer or click (typer >= 0.16 has its own vendored classes,
+    so `click.ClickException` alone misses `typer.Exit` and typer's BadParameter)."""
+    return type(err).__module__.split(".")[0] in ("typer", "click")
+
+
+def _is_usage_error(err: BaseException) -> bool:
+    """A click/typer UsageError (bad option value, unknown option), not the no-args help."""
+    names = {c.__name__ for c in type(err).__mro__}
+    return (_from_cli_framework(err) and "UsageError" in names
+            and "NoArgsIsHelpError" not in names)
+
+
+def _line(err: TwoclocksError | str) -> str:
     """A project error's message as the one line it must be."""
     text = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
     return text or type(err).__name__

@@ -105,3 +105,27 @@ def test_unknown_sweep_is_one_line(tmp_path):
     assert_one_line_error(
         twoclocks("runs", "list", "--sweep", "ghost", "--db", f"sqlite:///{tmp_path}/a.db"),
         "no sweep named 'ghost'")
+
+
+def test_a_commands_own_typer_exit_keeps_its_code_and_is_not_a_crash():
+    """typer.Exit is not a click Exit (typer >= 0.16): the CLI's group must pass it through
+    (e.g. `sweep --wait` exits 1 when cells failed), not report an internal error."""
+    import typer
+    from typer.testing import CliRunner
+
+    from twoclocks_cli.app import _Group
+
+    app = typer.Typer(cls=_Group)
+
+    @app.command()
+    def fails() -> None:
+        typer.echo("2 cell(s) failed", err=True)
+        raise typer.Exit(1)
+
+    @app.command()
+    def other() -> None:
+        pass
+
+    r = CliRunner().invoke(app, ["fails"])
+    assert r.exit_code == 1
+    assert "internal error" not in r.output and "crash" not in r.output
