@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from typing import Annotated
 
 import typer
 from typer.testing import CliRunner
@@ -25,6 +26,14 @@ def _app() -> typer.Typer:
     @app.command()
     def bad() -> None:
         raise ConfigError("first part\nsecond part")
+
+    @app.command()
+    def leave(code: int = 3) -> None:
+        raise typer.Exit(code)
+
+    @app.command()
+    def ranged(x: Annotated[float, typer.Option(min=0.2)] = 1.0) -> None:
+        typer.echo(x)
 
     return app
 
@@ -57,3 +66,17 @@ def test_the_log_falls_back_to_the_temp_folder(tmp_path):
                          env={"TWOCLOCKS_CRASH_DIR": str(blocked / "sub"), "TMPDIR": str(tmp_path),
                               "PATH": "/usr/bin:/bin"}).stdout
     assert f"the full traceback is in {tmp_path}/twoclocks-crash-" in out
+
+
+def test_exits_and_usage_errors_are_not_crashes(tmp_path):
+    """typer's own Exit keeps its code; a bad option value (typer >= 0.16 vendors click's
+    classes) is a one-line error with exit 2, not an internal error."""
+    env = {"TWOCLOCKS_CRASH_DIR": str(tmp_path)}
+    assert CliRunner().invoke(_app(), ["leave", "--code", "3"], env=env).exit_code == 3
+    result = CliRunner().invoke(_app(), ["ranged", "--x", "0.01"], env=env)
+    assert result.exit_code == 2 and "internal error" not in result.output
+    lines = result.stderr.strip().splitlines()  # one line, not click's usage box
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: root ranged: Invalid value for '--x'")
+    assert "0.2" in lines[0] and lines[0].endswith("(see 'root ranged --help')")
+    assert list(tmp_path.iterdir()) == []
