@@ -4,17 +4,25 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import DbOption
+from twoclocks_cli.options import DbOption, JsonOption
 
 app = typer.Typer(
     help="Database schema: upgrade, current revision, downgrade.", no_args_is_help=True
 )
 
 
+def _say(as_json: bool, text: str, **data) -> None:
+    """One line for a person, or one JSON object (the masked URL, never a password)."""
+    import json
+
+    typer.echo(json.dumps(data) if as_json else text)
+
+
 @app.command()
 def upgrade(
     revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Migrate the database forward (to head by default)."""
     from twoclocks_cli.store.engine import make_engine, mask_url, resolve_url
@@ -25,11 +33,12 @@ def upgrade(
     before = current_revision(engine)
     do_upgrade(engine, revision)
     after = current_revision(engine)
-    typer.echo(f"{mask_url(engine.url)}: {before or 'empty'} -> {after}")
+    _say(as_json, f"{mask_url(engine.url)}: {before or 'empty'} -> {after}",
+         url=mask_url(engine.url), before=before, after=after)
 
 
 @app.command()
-def current(db: DbOption = None) -> None:
+def current(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Print the database's schema revision and this twoclocks' head."""
     from twoclocks_cli.store.engine import make_engine, mask_url, resolve_url
     from twoclocks_cli.store.migrate import current_revision, head_revision
@@ -38,13 +47,15 @@ def current(db: DbOption = None) -> None:
     rev = current_revision(engine)
     head = head_revision()
     state = "up to date" if rev == head else ("empty" if rev is None else "out of date")
-    typer.echo(f"{mask_url(engine.url)}: revision {rev or 'none'} (head {head}, {state})")
+    _say(as_json, f"{mask_url(engine.url)}: revision {rev or 'none'} (head {head}, {state})",
+         url=mask_url(engine.url), revision=rev, head=head, state=state)
 
 
 @app.command()
 def downgrade(
     revision: Annotated[str, typer.Argument(help="Target revision, or 'base' for empty.")],
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Migrate the database back to REVISION."""
     from twoclocks_cli.store.engine import make_engine, mask_url, resolve_url
@@ -55,4 +66,5 @@ def downgrade(
     before = current_revision(engine)
     do_downgrade(engine, revision)
     after = current_revision(engine) or "base"
-    typer.echo(f"{mask_url(engine.url)}: {before or 'empty'} -> {after}")
+    _say(as_json, f"{mask_url(engine.url)}: {before or 'empty'} -> {after}",
+         url=mask_url(engine.url), before=before, after=after)
