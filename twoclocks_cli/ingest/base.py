@@ -99,21 +99,41 @@ def to_number(value) -> float:
 
     Raises ValueError for anything else (lists, dicts, words).
     """
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return float(value.strip())
+    try:
+        if isinstance(value, bool):
+            return float(value)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            return float(value.strip())
+    except OverflowError:  # an int beyond a float's range, e.g. 10**400
+        raise ValueError(f"number {_short(value)} is out of a float's range") from None
     raise ValueError(f"not a number: {value!r}")
 
 
-def to_step(value) -> int:
-    """A step index: a non-negative integer (12, 12.0 or '12'); ValueError otherwise."""
-    v = to_number(value)
-    if not math.isfinite(v) or v < 0 or v != int(v):
-        raise ValueError(f"step must be a non-negative integer, got {value!r}")
+STEP_MAX = 2**31 - 1  # metrics.step is INTEGER (32-bit on PostgreSQL)
+SAMPLES_MAX = 2**63 - 1  # metrics.samples is BIGINT
+
+
+def to_step(value, limit: int = STEP_MAX) -> int:
+    """A step index (or, with limit=SAMPLES_MAX, a sample count): a non-negative integer
+    (12, 12.0 or '12') the store's column holds; ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        v: float | int = value  # exact: no float rounding of a huge int
+    else:
+        v = to_number(value)
+        if not math.isfinite(v) or v != int(v):
+            raise ValueError(f"step must be a non-negative integer, got {_short(value)}")
+    if v < 0:
+        raise ValueError(f"step must be a non-negative integer, got {_short(value)}")
+    if v > limit:
+        raise ValueError(f"{_short(value)} is above {limit}, the most the store holds")
     return int(v)
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class NoStepsError(ConfigError):

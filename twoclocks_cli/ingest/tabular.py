@@ -16,6 +16,7 @@ from pathlib import Path
 from twoclocks_cli.errors import ConfigError
 from twoclocks_cli.ingest import mapping
 from twoclocks_cli.ingest.base import (
+    SAMPLES_MAX,
     IngestOptions,
     ParsedLog,
     decode_text,
@@ -177,7 +178,7 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
                 break
         if bad is None and samples_col and not _missing(record.get(samples_col)):
             try:
-                log.samples[step] = to_step(record[samples_col])
+                log.samples[step] = to_step(record[samples_col], limit=SAMPLES_MAX)
             except (ValueError, TypeError):
                 bad = f"column {samples_col!r} is {record[samples_col]!r}, not a sample count"
         if bad:

@@ -21,6 +21,7 @@ from twoclocks_cli.ingest.base import (
     decode_text,
     new_log,
     read_bytes,
+    to_number,
     to_step,
 )
 
@@ -153,9 +154,16 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
             if k in _NOT_METRICS:
                 continue
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                numbers[k] = float(v)
+                try:
+                    numbers[k] = to_number(v)
+                except ValueError as exc:  # 10**400: beyond a float
+                    log.bad(where, f"log_history[{i}] {k!r}: {exc}")
+                    numbers = None
+                    break
             elif v is not None:
                 others[k] = v
+        if numbers is None:
+            continue
         present.update(numbers)
         records.append((i, step, numbers, others))
 
