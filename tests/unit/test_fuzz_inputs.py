@@ -4,7 +4,8 @@ Every case is an input the CLI must refuse: exactly one line on stderr (`error: 
 2 (a project error: a traceback's exit 1 fails the case), no traceback, and the store it was
 pointed at byte-for-byte the same (SQLite dump before/after). Cases: sweep configs (`plan` and
 `sweep`), training configs (`train`; each is first checked to fail validation, so no case can
-ever start training), database URLs across commands. tests/unit/test_sweep_config_fuzz.py
+ever start training), database URLs across commands, and import files (CSV, JSONL, TRL) whose
+steps, sample counts or values the store cannot hold. tests/unit/test_sweep_config_fuzz.py
 mutates configs into valid and invalid ones alike; this suite only builds invalid ones.
 """
 
@@ -323,3 +324,58 @@ def test_bad_database_urls_are_refused_by_every_command(tmp_path_factory, seeded
     for path, data in files.items():  # the foreign and garbage files are left as they were
         assert path.read_bytes() == data, (url, command)
     assert not (case.root / "twoclocks-runs").exists()
+
+
+# --- import files ----------------------------------------------------------------------------
+
+BAD_STEP = st.one_of(st.integers(I32 + 1, 10**25), st.integers(-10**6, -1),
+                     st.floats(0.5, 1e6).filter(lambda x: x != int(x)),
+                     st.sampled_from(["x", "1e400", "nan", "inf", ""]))
+BAD_SAMPLES = st.one_of(st.integers(I64 + 1, 10**30), st.sampled_from([1e30, -8, 2.5, "many"]))
+WORDS = st.sampled_from(["x", "[1]", "abc", "1e3x"])  # (a CSV '1e999' is inf: a legal value)
+HUGE_JSON_INT = st.integers(10**309, 10**400)  # a JSON int beyond a float
+
+
+@st.composite
+def bad_logs(draw):
+    """(file name, text, format): a few good steps and one bad line at a drawn position."""
+    fmt = draw(st.sampled_from(["csv", "jsonl", "trl"]))
+    n = draw(st.integers(1, 6))
+    rows = [{"step": i, "reward_mean": round(0.1 * i, 3), "samples": 8 * (i + 1)}
+            for i in range(n)]
+    where = draw(st.integers(0, n))
+    field = draw(st.sampled_from(["step", "samples", "value"] if fmt != "trl"
+                                 else ["step", "value"]))
+    bad = dict(rows[where - 1] if where else rows[0])
+    if field == "step":
+        bad["step"] = draw(BAD_STEP)
+    elif field == "samples":
+        bad["samples"] = draw(BAD_SAMPLES)
+    else:
+        bad["reward_mean"] = draw({"csv": WORDS, "jsonl": st.one_of(WORDS, HUGE_JSON_INT),
+                                   "trl": HUGE_JSON_INT}[fmt])
+    rows.insert(where, bad)
+    if fmt == "csv":
+        body = "step,reward_mean,samples\n" + "".join(
+            f"{r['step']},{r['reward_mean']},{r['samples']}\n" for r in rows)
+        return "log.csv", body, fmt
+    if fmt == "jsonl":
+        import json
+
+        return "log.jsonl", "".join(json.dumps(r) + "\n" for r in rows), fmt
+    import json
+
+    history = [{"step": r["step"], "reward": r["reward_mean"]} for r in rows]
+    return "trainer_state.json", json.dumps({"log_history": history, "train_batch_size": 4,
+                                             "global_step": n}), fmt
+
+
+@settings(FUZZ, max_examples=120)
+@given(log=bad_logs())
+def test_import_files_with_numbers_the_store_cannot_hold_are_refused(tmp_path_factory, seeded,
+                                                                      log):
+    case = _case(tmp_path_factory, seeded)
+    name, text, fmt = log
+    (case.root / name).write_text(text)
+    case.refuses(["ingest", str(case.root / name), "--format", fmt, "--db", case.url,
+                  "--group-size", "4", "--batch-prompts", "2"], "nothing was written", what=log)
