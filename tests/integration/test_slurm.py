@@ -204,8 +204,8 @@ def test_status_reconciles_a_job_killed_outside_twoclocks(sweep):
         store.close()
     pid = int(re.search(r"pid (\d+)", msg).group(1))
     os.kill(pid, signal.SIGKILL)  # like the OOM killer: the job cannot report
-    snap = _wait(lambda: (s := _status(url, "kil"))["sweeps"]["kil"].get("failed") and s,
+    snap = _wait(lambda: (s := _status(url, "kil"))["sweeps"]["kil"].get("lost") and s,
                  timeout=120)
     (row,) = snap["runs"]
-    assert row["status"] == "failed" and "without reporting" in row["error"], row
+    assert row["status"] == "lost" and "without reporting" in row["error"], row
     assert snap["queries"] in ({"slurm": 1}, {})
