@@ -127,18 +127,19 @@ def test_training_reward_rises(tiny_model, tmp_path):
 
 def test_kill9_then_resume_is_exact(tiny_model, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    cell = dict(
-        prompts_per_batch=4,
+    cell = dict(  # the shape of examples/tiny-arith-train.toml, shorter
+        prompts_per_batch=16,
         group_size=8,
-        lr=2e-4,
-        sample_budget=32 * 24,
+        lr=1e-4,
+        sample_budget=128 * 12,
         seed=5,
-        eval_every_samples=256,
+        eval_every_samples=512,
         eval_size=32,
         kl_init_every=2,
         checkpoint_every_steps=4,
         num_minibatches=2,
-        threads=1,
+        micro_batch_size=64,
+        threads=2,  # the examples' setting: exact only with deterministic kernels (loop.py)
     )
     ref = _run_cell(url, _store_run(url, cell), tmp_path / "ref")
     killed_id = _store_run(url, cell)
@@ -147,10 +148,10 @@ def test_kill9_then_resume_is_exact(tiny_model, tmp_path):
 
     store = Store.open(url)
     deadline = time.monotonic() + 600
-    while (store.max_step(killed_id) or 0) < 10 and victim.poll() is None:
+    while (store.max_step(killed_id) or 0) < 6 and victim.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    victim.send_signal(signal.SIGKILL)  # past checkpoint 8, between checkpoints
+    victim.send_signal(signal.SIGKILL)  # past checkpoint 4, between checkpoints
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
     resumed = _run_cell(url, killed_id, tmp_path / "killed")
@@ -162,7 +163,7 @@ def test_kill9_then_resume_is_exact(tiny_model, tmp_path):
     a, b = _metrics(url, killed_id - 1), _metrics(url, killed_id)
     assert set(a) == set(b)
     steps = sorted({s for s, _ in b})
-    assert steps == list(range(0, 25))  # eval at step 0, then 24 steps: none missing
+    assert steps == list(range(0, 13))  # eval at step 0, then 12 steps: none missing
     diff = [(k, a[k], b[k]) for k in a if k[1] not in TIMING and a[k] != b[k]]
     assert not diff, diff[:5]
 
