@@ -114,3 +114,19 @@ def test_a_store_seen_mid_migration_waits_instead_of_calling_itself_out_of_date(
     finally:
         thread.join()
     assert results == [False] and current_revision(engine) == head_revision()
+
+
+def test_the_models_match_the_migrations(db_url):
+    """After `upgrade head`, Alembic's autogenerate finds nothing to add, drop or retype: the
+    SQLAlchemy models and the migration scripts describe the same schema (both backends)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from twoclocks_cli.store.models import Base
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        diff = compare_metadata(ctx, Base.metadata)
+    assert diff == [], diff
