@@ -27,7 +27,8 @@ def _as_user(cmd: list[str], user: str | None) -> list[str]:
 class PgServer:
     """Start with `start()`, stop with `stop()`; `url(db)` gives a psycopg URL with a password."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_connections: int = 200) -> None:
+        self.max_connections = max_connections
         self.root = Path(tempfile.mkdtemp(prefix="twoclocks-pg-"))
         self.data = self.root / "data"
         self.port = _free_port()
@@ -53,12 +54,25 @@ class PgServer:
             os.chown(pwfile, pw.pw_uid, pw.pw_gid)
         self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "tc", "--auth=scram-sha-256",
                   f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync")
-        opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c fsync=off "
-                f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
-                f"-c unix_socket_directories={self.root}")
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", opts, "-w", "-t", "30",
-                  "-l", str(self.root / "log"), "start")
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", self._opts(), "-w", "-t",
+                  "30", "-l", str(self.root / "log"), "start")
         return self
+
+    def _opts(self) -> str:
+        return (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c fsync=off "
+                f"-c synchronous_commit=off -c full_page_writes=off "
+                f"-c max_connections={self.max_connections} "
+                f"-c unix_socket_directories={self.root}")
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the server at once (clients see their connections dropped), stay down `down_s`
+        seconds, start it again on the same port and data."""
+        import time
+
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        time.sleep(down_s)
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", self._opts(), "-w", "-t",
+                  "60", "-l", str(self.root / "log"), "start")
 
     def url(self, db: str = "postgres", password: str = PASSWORD) -> str:
         return f"postgresql+psycopg://tc:{password}@127.0.0.1:{self.port}/{db}"

@@ -155,12 +155,17 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _sqlite_pragmas(engine)
     else:
+        from sqlalchemy.pool import NullPool
+
+        from twoclocks_cli.store import pgretry
+
         try:
-            engine = create_engine(
+            engine = create_engine(  # no pool: a connection lives only while it is used
                 parsed,
-                pool_pre_ping=True,
+                poolclass=NullPool,
                 connect_args={"connect_timeout": 10},
             )
+            pgretry.install(engine)
         except NoSuchModuleError:
             raise StoreError(f"no driver for {masked}") from None
         except ModuleNotFoundError:

@@ -59,6 +59,7 @@ class MetricWriter:
         self.batch_rows = batch_rows
         self.retries = retries
         self.rows_written = 0
+        self.retries_used = 0  # failed attempts that were retried (a full or restarting server)
         self._buf: dict[tuple[int, str], tuple[int, float | None]] = {}
         self._closed = False
         self._postgres = engine.dialect.name == "postgresql"
@@ -82,19 +83,29 @@ class MetricWriter:
         """Write every buffered row now (one transaction), retrying transient failures."""
         if not self._buf:
             return
+        from twoclocks_cli.store.pgretry import Backoff, transient
+
         run_id = self.run_id
         rows = [(run_id, step, key, s, v) for (step, key), (s, v) in self._buf.items()]
-        for attempt in range(self.retries + 1):
+        backoff, attempt = Backoff(), 0
+        while True:
             try:
-                self._write(rows)
+                self._write(rows)  # one transaction: a failed batch wrote nothing
                 break
             except (OperationalError, DBAPIError) as exc:
-                if attempt == self.retries:
+                # a full or restarting server: keep the buffer and wait (bounded); anything
+                # else gets the short retry it always had
+                reached = getattr(self.engine, "info_reached", {}).get("reached", False)
+                patient = self._postgres and transient(exc, reached)
+                attempt += 1
+                if not (backoff.wait() if patient else attempt <= self.retries):
                     raise StoreError(
                         f"writing {len(rows)} metric rows of run {run_id} failed: "
                         + describe_db_error(exc, self.engine.url)
                     ) from None
-                time.sleep(min(0.1 * 2**attempt, 5.0))
+                if not patient:
+                    time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
+        self.retries_used += attempt  # failed attempts before this batch landed
         self.rows_written += len(rows)
         self._buf.clear()
 
