@@ -33,7 +33,32 @@ def snapshot(store, sweep: str | None) -> dict:
         runs = store.list_runs(sweep)
         steps = sweeps.last_steps(store, [r.id for r in runs])
         out["runs"] = [{**run_record(r), "last_step": steps.get(r.id)} for r in runs]
+    else:  # runs of `twoclocks train` (no sweep) are shown too
+        alone = [r for r in store.list_runs() if r.sweep_id is None]
+        steps = sweeps.last_steps(store, [r.id for r in alone])
+        out["standalone"] = [{**run_record(r), "last_step": steps.get(r.id)} for r in alone]
     return out
+
+
+def standalone_table(snap: dict):
+    """The runs of `twoclocks train` (not in any sweep), or None when there are none."""
+    from rich.table import Table
+
+    rows = snap.get("standalone") or []
+    if not rows:
+        return None
+    table = Table(title=f"runs of `twoclocks train` (no sweep): {len(rows)}")
+    for col in ("run", "name", "B", "lr", "status", "step"):
+        table.add_column(col, justify="right" if col in ("run", "B", "lr", "step") else "left",
+                         no_wrap=True)
+    table.add_column("error", overflow="fold")
+    for r in rows:
+        st = r["status"]
+        table.add_row(str(r["id"]), str(r["name"] or "-"), str(r["batch_samples"] or "-"),
+                      f"{r['lr']:.3g}" if r["lr"] else "-", f"[{STYLE.get(st, 'white')}]{st}[/]",
+                      str(r["last_step"] if r["last_step"] is not None else "-"),
+                      (r["error"] or "")[:80])
+    return table
 
 
 def sweep_table(snap: dict, sweep: str):
@@ -116,7 +141,14 @@ def status(
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
-    if watch and not as_json:
+    if watch and as_json:  # one JSON object per line per refresh, until nothing runs
+        while True:
+            snap = snapshot(store, sweep)
+            typer.echo(json.dumps(snap, default=str))
+            if not waiting(snap, sweep):
+                return
+            time.sleep(interval)
+    if watch:
         follow(store, sweep, interval)
         return
     snap = snapshot(store, sweep)
@@ -125,5 +157,8 @@ def status(
         return
     from rich.console import Console
 
-    Console().print(sweep_table(snap, sweep) if sweep else sweeps_table(snap))
+    con = Console()
+    con.print(sweep_table(snap, sweep) if sweep else sweeps_table(snap))
+    if sweep is None and (alone := standalone_table(snap)) is not None:
+        con.print(alone)
     _notes(snap)
