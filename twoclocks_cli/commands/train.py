@@ -176,13 +176,21 @@ def train(
             message=f"twoclocks train {config}" + (" --extend" if extend else ""),
         )
         writer = store.metric_writer(run_id)
+    start = _checkpoint_step(workdir)
+    if dist.rank == 0 and start is not None:
+        typer.echo(f"resuming run {run_id} from its checkpoint at step {start} "
+                   f"({_samples_at(store, run_id, start):,} samples) in {workdir}", err=True)
     try:
-        status = _train_with_bar(cfg, writer, workdir, run_id, dist.rank == 0, extend)
+        status = _train_with_bar(cfg, writer, workdir, run_id, dist.rank == 0, extend,
+                                 _samples_at(store, run_id, start) if start else 0)
     except BaseException as err:
         if dist.rank == 0:
             state = RunStatus.cancelled if isinstance(err, KeyboardInterrupt) else RunStatus.failed
             writer.close()
             store.set_status(run_id, state, message=str(err)[:500], error=str(err)[:2000])
+        if isinstance(err, KeyboardInterrupt) and dist.rank == 0:
+            _say_how_to_resume(store, run_id, workdir, config, db)
+            raise typer.Exit(130) from None
         if isinstance(err, TwoclocksError | KeyboardInterrupt | SystemExit):
             raise
         raise TwoclocksError(f"run {run_id} failed: {type(err).__name__}: {err}") from None
@@ -195,8 +203,49 @@ def train(
         )
 
 
-def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend: bool) -> str:
-    """Run the loop under a rich progress bar (samples/budget, reward, accuracy, ETA)."""
+def _checkpoint_step(workdir: Path) -> int | None:
+    """The step of the newest complete checkpoint in `workdir`, or None."""
+    from trainer import checkpoint
+
+    path = checkpoint.latest(workdir) if Path(workdir).exists() else None
+    try:
+        return int(path.name.split("-")[-1]) if path is not None else None
+    except ValueError:
+        return None
+
+
+def _samples_at(store, run_id: int, step: int | None) -> int:
+    """Samples the run had consumed at `step`, from its stored metrics (0 when unknown)."""
+    if not step or store is None:
+        return 0
+    s = store.load_metric([run_id], "batch_samples").get(run_id)
+    if s is None:
+        return 0
+    hit = [int(x) for st, x in zip(s.steps, s.samples, strict=True) if st == step]
+    return hit[-1] if hit else 0
+
+
+def _say_how_to_resume(store, run_id: int, workdir: Path, config: Path, db) -> None:
+    """After Ctrl-C: where the checkpoint is and the exact command that resumes."""
+    from twoclocks_cli.store.engine import mask_url
+
+    step = _checkpoint_step(workdir)
+    if step is not None:
+        where = (f"the last checkpoint is step {step} "
+                 f"({_samples_at(store, run_id, step):,} samples) in {workdir}")
+    else:
+        where = f"no checkpoint was written yet in {workdir}"
+    cmd = f"twoclocks train {config} --workdir {workdir}" + (f" --db {mask_url(db)}" if db else "")
+    typer.echo(f"run {run_id} interrupted: {where}; resume with: {cmd}", err=True)
+
+
+def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend: bool,
+                    start_samples: int = 0) -> str:
+    """Run the loop under a rich progress bar (samples/budget, reward, accuracy, ETA); when
+    stdout is not a terminal (a SLURM log), one plain line every `$TWOCLOCKS_PROGRESS_S`
+    seconds (default 30) instead."""
+    import sys
+
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -212,6 +261,9 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
 
     if not show:
         return train(cfg, writer, workdir, extend=extend)
+    if not sys.stdout.isatty():
+        return train(cfg, writer, workdir, extend=extend,
+                     on_step=_plain_progress(run_id, start_samples))
 
     class Rate(ProgressColumn):
         """Samples per second over rich's recent window ('-' until there are two updates)."""
@@ -231,7 +283,8 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
         TimeRemainingColumn(),
     )
     with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("train", total=cfg.sample_budget, reward="-", acc="-", eval="-")
+        task = bar.add_task("train", total=cfg.sample_budget, reward="-", acc="-", eval="-",
+                            completed=start_samples)
 
         def on_step(p) -> None:
             fields = {"reward": f"{p.reward:.3f}", "acc": f"{p.accuracy:.3f}"}
@@ -240,3 +293,35 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
             bar.update(task, completed=min(p.samples, p.budget), **fields)
 
         return train(cfg, writer, workdir, on_step=on_step, extend=extend)
+
+
+def _plain_progress(run_id: int, start_samples: int):
+    """An on_step callback printing one plain line every $TWOCLOCKS_PROGRESS_S seconds (and at
+    the last step): samples, reward, accuracy, eval, samples/s and ETA, for logs."""
+    import sys
+    import time
+
+    try:
+        every = max(0.0, float(os.environ.get("TWOCLOCKS_PROGRESS_S", "30")))
+    except ValueError:
+        every = 30.0
+    t0 = time.monotonic()
+    state = {"last": None, "eval": "-"}
+
+    def on_step(p) -> None:
+        now = time.monotonic()
+        if p.eval_accuracy is not None:
+            state["eval"] = f"{p.eval_accuracy:.3f}"
+        done = p.samples >= p.budget
+        if state["last"] is not None and now - state["last"] < every and not done:
+            return
+        state["last"] = now
+        rate = (p.samples - start_samples) / max(now - t0, 1e-9)
+        eta = (p.budget - p.samples) / rate if rate > 0 else float("nan")
+        eta_txt = "-" if eta != eta else time.strftime("%H:%M:%S", time.gmtime(eta))
+        typer.echo(f"run {run_id}: {p.samples:,}/{p.budget:,} samples  step {p.step}  reward "
+                   f"{p.reward:.3f}  acc {p.accuracy:.3f}  eval {state['eval']}  "
+                   f"{rate:,.0f} samples/s  ETA {eta_txt}", nl=True)
+        sys.stdout.flush()
+
+    return on_step

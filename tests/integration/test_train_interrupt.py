@@ -1,0 +1,72 @@
+"""`twoclocks train` in a log (stdout not a terminal) and interrupted with Ctrl-C (SIGINT to the
+real process): plain progress lines, then where the checkpoint is and the exact command that
+resumes; that command resumes from the checkpoint's step and says so."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from trainer.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(0)
+
+CONFIG = """model = "builtin:tiny-arith"
+dataset = "builtin:arithmetic"
+group_size = 8
+prompts_per_batch = 4
+sample_budget = 768
+lr = 1e-4
+max_new_tokens = 12
+eval_every_samples = 256
+eval_size = 32
+checkpoint_every_steps = 4
+threads = 1
+"""
+
+
+def _start(args, cwd):
+    env = {**os.environ, "TWOCLOCKS_PROGRESS_S": "0"}  # a line per step
+    return subprocess.Popen([sys.executable, "-m", "twoclocks_cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_ctrl_c_says_how_to_resume_and_the_resume_says_where_from(tmp_path, tiny_model):
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(CONFIG)
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    wd = tmp_path / "wd"
+    proc = _start(["train", str(cfg), "--db", db, "--workdir", str(wd)], tmp_path)
+    deadline = time.monotonic() + 600
+    while not any((wd / "checkpoints").glob("step-00000008*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    lines = [ln for ln in out.splitlines() if ln.startswith("run 1: ")]
+    assert lines and re.match(r"run 1: [\d,]+/768 samples  step \d+  reward", lines[0])
+    m = re.search(r"run 1 interrupted: the last checkpoint is step (\d+) \(([\d,]+) samples\) "
+                  r"in (\S+); resume with: (.+)$", err.strip().splitlines()[-1])
+    assert m, err
+    step, samples = int(m.group(1)), int(m.group(2).replace(",", ""))
+    assert step >= 8 and samples == step * 32
+    again = _start(shlex.split(m.group(4))[1:], tmp_path)  # the printed command, as given
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    assert f"resuming run 1 from its checkpoint at step {step} ({samples:,} samples)" in err
+    first = next(ln for ln in out.splitlines() if ln.startswith("run 1: "))
+    assert int(first.split()[2].split("/")[0].replace(",", "")) > samples
+    assert "run 1 completed" in out
