@@ -418,8 +418,36 @@ def load_config(path: str | Path) -> TrainConfig:
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     cfg = TrainConfig.from_dict(data, source=str(path))
-    module = cfg.reward.split(":", 1)[0]
-    if cfg.reward != "math-verify" and not _module_found(module):  # this process trains
-        raise ConfigError(f"{path}: key 'reward' = {cfg.reward!r}: module {module!r} is not "
-                          "importable here (not on sys.path / PYTHONPATH)")
+    if cfg.reward != "math-verify":  # this process trains: the reward must load, now
+        _check_reward(cfg.reward, path)
     return cfg
+
+
+def reward_search_dirs(config_path: Path) -> None:
+    """A reward `module:function` is imported from the config file's directory and the working
+    directory too (after sys.path / PYTHONPATH, so nothing installed is shadowed)."""
+    import os
+    import sys
+
+    for d in (str(Path(config_path).resolve().parent), os.getcwd()):
+        if d not in sys.path:
+            sys.path.append(d)
+
+
+def _check_reward(spec: str, path: Path) -> None:
+    """Import the reward's module and find its function before anything is written."""
+    import importlib
+
+    reward_search_dirs(path)
+    module, _, name = spec.partition(":")
+    where = (f"{path}: key 'reward' = {spec!r}: module {module!r}")
+    _module_found.cache_clear()
+    if not _module_found(module):
+        raise ConfigError(f"{where} is not importable (looked on sys.path / PYTHONPATH, in "
+                          f"{Path(path).resolve().parent} and in the working directory)")
+    try:
+        func = getattr(importlib.import_module(module), name, None)
+    except Exception as err:  # noqa: BLE001 - the user's module failed while importing
+        raise ConfigError(f"{where} fails to import: {type(err).__name__}: {err}") from None
+    if not callable(func):
+        raise ConfigError(f"{where} has no function {name!r}")

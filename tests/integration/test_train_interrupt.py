@@ -70,3 +70,31 @@ def test_ctrl_c_says_how_to_resume_and_the_resume_says_where_from(tmp_path, tiny
     first = next(ln for ln in out.splitlines() if ln.startswith("run 1: "))
     assert int(first.split()[2].split("/")[0].replace(",", "")) > samples
     assert "run 1 completed" in out
+
+
+def test_a_reward_module_beside_the_config_loads_without_pythonpath(tmp_path, tiny_model):
+    import sqlite3
+
+    conf_dir, elsewhere = tmp_path / "exp", tmp_path / "cwd"
+    conf_dir.mkdir()
+    elsewhere.mkdir()
+    (conf_dir / "myreward.py").write_text(
+        "def half(completions, problems):\n    return [0.5 for _ in completions]\n")
+    db = tmp_path / "s.db"
+    bad = conf_dir / "bad.toml"
+    bad.write_text(CONFIG.replace("sample_budget = 768", "sample_budget = 64")
+                   + 'reward = "myreward:nothere"\n')
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = [sys.executable, "-m", "twoclocks_cli", "train"]
+    proc = subprocess.run([*run, str(bad), "--db", f"sqlite:///{db}"], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "has no function 'nothere'" in proc.stderr, proc.stderr
+    assert not db.exists()  # refused before the store was touched
+    good = conf_dir / "good.toml"
+    good.write_text(bad.read_text().replace("myreward:nothere", "myreward:half"))
+    proc = subprocess.run([*run, str(good), "--db", f"sqlite:///{db}"], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with sqlite3.connect(db) as con:
+        rewards = [v for (v,) in con.execute("select value from metrics where key='reward_mean'")]
+    assert rewards and all(v == 0.5 for v in rewards)  # the user's function, nothing else
