@@ -67,20 +67,10 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
 
 
 def _alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie child counts as exited)."""
-    import os
+    """Whether process `pid` (the writer) still runs: the launcher's own check."""
+    from twoclocks_cli.launch.local import pid_alive
 
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return True
+    return pid_alive(pid)
 
 
 def _sync(store, path: Path, opts, state: _Followed, fresh: bool) -> int:
