@@ -172,3 +172,19 @@ def test_old_verl_first_update_at_step_0_shifts_the_samples(tmp_path):
     with sqlite3.connect(tmp_path / "s.db") as con:
         rows = con.execute("select step, samples from metrics order by step").fetchall()
     assert rows == [(0, 8), (1, 16), (2, 24)]  # (step + 1) x 4 prompts x 2
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--lr", "inf"], "--lr inf: must be a finite number > 0"),
+    (["--lr", "-1e-3"], "--lr -0.001: must be a finite number > 0"),
+    (["--sweep", ""], "--sweep '': a sweep name"),
+    (["--sweep", "a b"], "--sweep 'a b': a sweep name"),
+    (["--group-size", "0"], "--group-size 0: must be in 1..2147483647"),
+    (["--seed", "-2"], "--seed -2: must be in 0..2147483647"),
+])
+def test_bad_ingest_options_are_one_line_and_write_nothing(tmp_path, args, needle):
+    db = tmp_path / "s.db"
+    proc = twoclocks("ingest", str(FIX / "verl_new.log"), "-f", "verl", "--db", f"sqlite:///{db}",
+                     *args)
+    assert_one_line_error(proc, needle)
+    assert not db.exists() or _runs(db) == 0

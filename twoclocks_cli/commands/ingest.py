@@ -57,6 +57,7 @@ def ingest(
         raise ConfigError(f"--format {fmt!r}: allowed are {', '.join(FORMATS)}")
     if max_bytes < 1:
         raise ConfigError(f"--max-bytes {max_bytes}: must be positive")
+    _check_options(sweep, lr, batch_prompts, group_size, seed)
     opts = IngestOptions(
         fmt=fmt, sweep=sweep, batch_prompts=batch_prompts, group_size=group_size, lr=lr,
         seed=seed, column_map=parse_map(column_map or []), skip_bad=skip_bad,
@@ -108,3 +109,22 @@ def _check_follow(paths: list[Path], idle: float, poll: float, pid: int | None) 
             raise ConfigError(f"{name} {v}: must be a number of seconds in (0, 86400]")
     if pid is not None and pid < 1:
         raise ConfigError(f"--pid {pid}: must be a positive process id")
+
+
+def _check_options(sweep: str, lr, batch_prompts, group_size, seed) -> None:
+    """The run columns given on the command line, checked like a sweep config's."""
+    import math
+    import re
+
+    from twoclocks_cli.errors import ConfigError
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", sweep):
+        raise ConfigError(f"--sweep {sweep!r}: a sweep name is 1-200 letters, digits, '.', '_' "
+                          "or '-', starting with a letter or digit")
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"--lr {lr}: must be a finite number > 0")
+    for name, v in (("--batch-prompts", batch_prompts), ("--group-size", group_size)):
+        if v is not None and not 1 <= v <= 2**31 - 1:
+            raise ConfigError(f"{name} {v}: must be in 1..2147483647")
+    if seed is not None and not 0 <= seed <= 2**31 - 1:
+        raise ConfigError(f"--seed {seed}: must be in 0..2147483647")
