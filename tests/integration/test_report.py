@@ -186,7 +186,7 @@ def test_report_names_what_was_trained_and_warns_on_a_tiny_eval_set(tmp_path, sq
     r = report("g", "--db", sqlite_url, "--out", tmp_path / "rep")
     assert r.exit_code == 0, r.output
     page = (tmp_path / "rep" / "index.html").read_text()
-    section = page[page.index("What was trained"):page.index("<h2>Plots")]
+    section = page[page.index("What was trained"):page.index("<h2>Clock table")]
     assert "builtin:tiny-arith" in section and "64, 1024" in section
     assert TrainConfig.model_fields["dataset"].default in section  # the default, filled in
     assert TrainConfig.model_fields["reward"].default in section

@@ -80,7 +80,7 @@ def draw_curves(ax, curves: dict, batch_of: dict, metric: str, a: Analysis | Non
         if row.failure.samples is not None:
             ax.axvline(row.failure.samples, color=col, ls=":", lw=1)
     if a and a.target.value is not None:
-        ax.axhline(a.target.value, color="k", ls="--", lw=0.8,
+        ax.axhline(a.target.value, color=FAILURE_COLOUR, ls="--", lw=1.2,
                    label=f"target {a.target.value:.3g}")
     ax.set(xlabel="samples (completions)", ylabel=metric,
            title="progress (o = progress clock, dotted = failure clock)")

@@ -278,7 +278,6 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
         f"<p class='sub'>{len(data.runs)} runs · twoclocks {html.escape(__version__)} · "
         f"generated {now}. Every clock is counted in samples (sampled completions).</p>",
         "<h2>Summary</h2>", _summary(data),
-        "<h2>What was trained</h2>", _setting_html(data),
     ]
     for w in a.warnings if a else []:
         out.append(f'<p class="warn">warning: {html.escape(w)}</p>')
@@ -290,6 +289,7 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
                    f"alt='{html.escape(titles[name])}'>")
     if not images:
         out.append("<p class='warn'>No metric has been logged yet: nothing to plot.</p>")
+    out += ["<h2>What was trained</h2>", _setting_html(data)]
     out += _clock_tables(data)
     out.append("<h2>Fits</h2>")
     out.append(f"<pre>{html.escape(json.dumps(a.raw.get('critical_batch'), indent=2))}</pre>"
