@@ -136,5 +136,15 @@ class MetricWriter:
     def __enter__(self) -> MetricWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            # Ctrl-C / SIGINT / SystemExit while writing: the interrupted transaction may still
+            # hold SQLite's write lock in this process, and a flush now would wait on it for the
+            # whole busy timeout (a `cancel` of a debug sweep hung so). The buffered rows are
+            # after the last checkpoint (backends flush before they checkpoint), so a resume
+            # replays them: drop them rather than risk the wait.
+            self._buf.clear()
+            self._closed = True
+            atexit.unregister(self.close)
+            return
         self.close()
