@@ -51,14 +51,24 @@ class DebugExecutor:
 
     def run(self, sub: Submission) -> None:
         """Execute the submitted cells now (called after they were marked submitted)."""
+        import gc
+
         for run_id, workdir in sub.runs:
+            interrupted = False
             try:
                 CellJob(sub.db_url, run_id, workdir)()
             except KeyboardInterrupt:
-                if not _cancelled(sub.db_url, run_id):
-                    raise  # a real Ctrl-C
-                typer.echo(f"run {run_id} cancelled by twoclocks cancel; stopping", err=True)
-                return
+                interrupted = True
+            if not interrupted:
+                continue
+            # Outside the except block the interrupt's traceback — and the frames holding the
+            # interrupted cell's database connection, possibly mid-transaction with SQLite's
+            # write lock — are gone; collect them so the lock is released before we read.
+            gc.collect()
+            if not _cancelled(sub.db_url, run_id):
+                raise KeyboardInterrupt  # a real Ctrl-C
+            typer.echo(f"run {run_id} cancelled by twoclocks cancel; stopping", err=True)
+            return
 
     def query(self, job_ids: list[str]) -> dict[str, JobInfo]:
         return process_states(job_ids)
