@@ -49,8 +49,14 @@ def test_ctrl_c_says_how_to_resume_and_the_resume_says_where_from(tmp_path, tiny
     db = f"sqlite:///{tmp_path / 's.db'}"
     wd = tmp_path / "wd"
     proc = _start(["train", str(cfg), "--db", db, "--workdir", str(wd)], tmp_path)
+    from trainer import checkpoint
+
+    def complete_step():  # the newest checkpoint with its done-marker (a dir alone is partial)
+        path = checkpoint.latest(wd)
+        return int(path.name.split("-")[-1]) if path else 0
+
     deadline = time.monotonic() + 600
-    while not any((wd / "checkpoints").glob("step-00000008*")) and time.monotonic() < deadline:
+    while complete_step() < 8 and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
