@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.support.cli import twoclocks
+from tests.support.cli import running_pids, twoclocks
 from twoclocks_cli.store import Store
 
 CONFIG = """\
@@ -119,7 +119,6 @@ def test_retry_failed_resubmits_only_the_failed_cell(tmp_path):
 @pytest.mark.slow
 def test_local_reconcile_a_killed_cell_and_cancel_the_rest(tmp_path):
     import os
-    import re
     import signal
     import time
 
@@ -131,20 +130,8 @@ def test_local_reconcile_a_killed_cell_and_cancel_the_rest(tmp_path):
     open(cfg, "w").write(text.replace("group_size = 8", "group_size = 1"))
     assert twoclocks("sweep", cfg, "--db", url).returncode == 0
 
-    def running_pids():
-        store = Store.open(url)
-        try:
-            out = {}
-            for r in store.list_runs("long"):
-                msgs = [e.message for e in store.events(r.id) if e.to_status == "running"]
-                if r.status == "running" and msgs:
-                    out[r.id] = int(re.search(r"pid (\d+)", msgs[-1]).group(1))
-            return out
-        finally:
-            store.close()
-
     deadline = time.monotonic() + 60
-    while len(pids := running_pids()) < 2:
+    while len(pids := running_pids(url, "long", "id")) < 2:
         assert time.monotonic() < deadline, "cells did not start"
         time.sleep(0.3)
     victim, other = sorted(pids)

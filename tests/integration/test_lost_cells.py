@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import twoclocks
+from tests.support.cli import running_pids, twoclocks
 from twoclocks_cli.store import Store
 
 pytestmark = pytest.mark.slow
@@ -205,20 +204,8 @@ def test_a_cell_that_raised_stays_failed_while_a_lost_one_resumes(tmp_path):
     store.close()
     assert twoclocks("sweep", cfg, "--db", url).returncode == 0
 
-    def running_pids():
-        s = Store.open(url)
-        try:
-            out = {}
-            for r in s.list_runs("mix"):
-                msgs = [e.message for e in s.events(r.id) if e.to_status == "running"]
-                if r.status == "running" and msgs:
-                    out[r.cell_id] = int(re.search(r"pid (\d+)", msgs[-1]).group(1))
-            return out
-        finally:
-            s.close()
-
     deadline = time.monotonic() + 60
-    while len(pids := running_pids()) < 2:
+    while len(pids := running_pids(url, "mix", "cell_id")) < 2:
         assert time.monotonic() < deadline, _runs(url, "mix")
         time.sleep(0.2)
     victim = sorted(pids)[0]

@@ -27,3 +27,22 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, code
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+def running_pids(url: str, sweep: str, key: str = "id") -> dict:
+    """{run.<key>: pid} of the running cells of `sweep`, from the pid each one reported in its
+    last 'running' event (the process a test may kill)."""
+    import re
+
+    from twoclocks_cli.store import Store
+
+    store = Store.open(url)
+    try:
+        out = {}
+        for r in store.list_runs(sweep):
+            msgs = [e.message for e in store.events(r.id) if e.to_status == "running"]
+            if r.status == "running" and msgs:
+                out[getattr(r, key)] = int(re.search(r"pid (\d+)", msgs[-1]).group(1))
+        return out
+    finally:
+        store.close()

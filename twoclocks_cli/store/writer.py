@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from twoclocks_cli.errors import StoreError
 from twoclocks_cli.store.engine import describe_db_error
+from twoclocks_cli.store.pgretry import Backoff, transient
 
 SQLITE_UPSERT = (
     "INSERT INTO metrics (run_id, step, key, samples, value) VALUES (?, ?, ?, ?, ?) "
@@ -83,8 +84,6 @@ class MetricWriter:
         """Write every buffered row now (one transaction), retrying transient failures."""
         if not self._buf:
             return
-        from twoclocks_cli.store.pgretry import Backoff, transient
-
         run_id = self.run_id
         rows = [(run_id, step, key, s, v) for (step, key), (s, v) in self._buf.items()]
         backoff, attempt = Backoff(), 0
