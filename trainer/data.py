@@ -175,6 +175,9 @@ def _jsonl_rows(path: Path, qk: str, ak: str):
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{path}: line {lineno}: not valid JSON ({e.msg})") from None
+            except RecursionError:  # json's decoder recurses once per nesting level
+                raise ConfigError(f"{path}: line {lineno}: not a problem row: JSON nested too "
+                                  "deeply (a row is one flat object)") from None
             if not isinstance(row, dict):
                 raise ConfigError(f"{path}: line {lineno}: expected a JSON object")
             for k in (qk, ak):

@@ -91,6 +91,8 @@ def test_load_jsonl_and_csv(tmp_path):
         ("bad.jsonl", '{"question": "1+1", "answer": 2}\n\n[1, 2]\n', "line 3"),
         ("bad.jsonl", '{"question": "", "answer": 2}\n', "line 1"),
         ("bad.jsonl", '{"question": "1+1", "answer": null}\n', "line 1"),
+        ("deep.jsonl", '{"question": "1+1", "answer": 2}\n' + "[" * 100_000 + "\n",
+         "line 2: not a problem row: JSON nested too deeply"),
         ("bad.csv", "question,answer\n1+1,2\n2+2\n", "line 3"),
         ("bad.csv", "question,answer\n1+1,2\n2+2,\n", "line 3"),
         ("bad.csv", "question,solution\n1+1,2\n", "missing column 'answer'"),
