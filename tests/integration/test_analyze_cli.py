@@ -340,7 +340,6 @@ def test_clocks_also_in_steps_prompts_and_seconds(tmp_path):
 def test_analyze_and_store_on_both_backends(store):
     """The same synthetic sweep analysed on SQLite and PostgreSQL: known McCandlish B_crit."""
     from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
-    from twoclocks_cli.clocks.saved import latest_analysis, save_analysis
 
     def curve(x, b, seed):  # samples-to-0.5 = ln2 * 1000 * (1 + b/64): B_crit = 64
         return 1 - np.exp(-x / (1000 * (1 + b / 64)))
@@ -349,8 +348,8 @@ def test_analyze_and_store_on_both_backends(store):
     result = analyze_sweep(store, "both", AnalysisOptions(target="0.5", smoothing="none"))
     fit = result.to_json()["critical_batch"]["mccandlish"]
     assert fit["b_crit"] == pytest.approx(64, rel=0.05)
-    save_analysis(store, "both", result.to_json())
-    assert latest_analysis(store, "both")["critical_batch"]["mccandlish"]["b_crit"] == fit["b_crit"]
+    store.save_analysis("both", result.to_json())
+    assert store.latest_analysis("both")["critical_batch"]["mccandlish"]["b_crit"] == fit["b_crit"]
 
 
 def test_each_collapse_rule_fires_and_the_earliest_wins(tmp_path):

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 from tests.support.curves import ingest, make_curve
 from twoclocks_cli.app import app
-from twoclocks_cli.clocks.saved import save_analysis
 from twoclocks_cli.store import Store
 from twoclocks_cli.store.engine import parse_url
 
@@ -54,9 +53,9 @@ def filled(url, tmp_path):
         return {"options": {}, "runs": [{"run_id": c.run_id, "status": "completed"}
                                         for c in curves]}
 
-    ids = {"A1": save_analysis(store, "a", result(a)),
-           "A2": save_analysis(store, "a", result(a[1:])),
-           "B1": save_analysis(store, "b", result(b))}
+    ids = {"A1": store.save_analysis("a", result(a)),
+           "A2": store.save_analysis("a", result(a[1:])),
+           "B1": store.save_analysis("b", result(b))}
     store.close()
     return url, a, b, ids
 

@@ -25,12 +25,11 @@ def test_analyses_table_up_down_up(db_url):
 
 
 def test_saved_analysis_roundtrip(store):
-    from twoclocks_cli.clocks.saved import latest_analysis, save_analysis
     from twoclocks_cli.store import Sweep
 
     with store.session() as s:
         s.add(Sweep(name="s", backend="sim", config={}))
-    assert latest_analysis(store, "s") is None
-    save_analysis(store, "s", {"options": {"a": 1}, "x": 1})
-    save_analysis(store, "s", {"options": {"a": 2}, "x": 2})
-    assert latest_analysis(store, "s")["x"] == 2
+    assert store.latest_analysis("s") is None
+    store.save_analysis("s", {"options": {"a": 1}, "x": 1})
+    store.save_analysis("s", {"options": {"a": 2}, "x": 2})
+    assert store.latest_analysis("s")["x"] == 2

@@ -230,7 +230,6 @@ def analyze(
 ) -> None:
     """Measure the progress and failure clocks of a sweep and fit the critical batch size."""
     from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
-    from twoclocks_cli.clocks.saved import save_analysis
     from twoclocks_cli.store import Store
 
     opts = AnalysisOptions(
@@ -266,7 +265,7 @@ def analyze(
         docs = [analyze_sweep(store, n, opts).to_json() for n in names]
         if store_result:
             for n, d in zip(names, docs, strict=True):
-                d["analysis_id"] = save_analysis(store, n, d)
+                d["analysis_id"] = store.save_analysis(n, d)
         if as_json:
             import json
 
@@ -278,7 +277,7 @@ def analyze(
     result = analyze_sweep(store, name, opts)
     data = result.to_json()
     if store_result:
-        data["analysis_id"] = save_analysis(store, name, data)
+        data["analysis_id"] = store.save_analysis(name, data)
     if csv:
         write_csv(data, csv)
     if plot:
@@ -297,12 +296,7 @@ def resolve_sweep(store, sweep: str | None) -> str:
 
     if sweep is not None:
         return store.get_sweep(sweep).name
-    from sqlalchemy import select
-
-    from twoclocks_cli.store.models import Sweep
-
-    with store.session() as s:
-        names = list(s.scalars(select(Sweep.name).order_by(Sweep.name)).all())
+    names = store.sweep_names()
     if len(names) == 1:
         return names[0]
     if not names:

@@ -56,13 +56,12 @@ def compare(
 ) -> None:
     """Both clocks of a schedule run beside the sweep's constant-batch clocks (same options)."""
     from twoclocks_cli.clocks.compare import compare_schedule
-    from twoclocks_cli.clocks.saved import latest_analysis
     from twoclocks_cli.errors import AnalysisError
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
     name = store.get_sweep(sweep).name
-    analysis = latest_analysis(store, name)
+    analysis = store.latest_analysis(name)
     if analysis is None:
         raise AnalysisError(f"sweep {name!r} has no stored analysis: run `twoclocks analyze "
                             f"{name}` first")

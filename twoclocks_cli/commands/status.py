@@ -28,14 +28,14 @@ def snapshot(store, sweep: str | None) -> dict:
         store.get_sweep(sweep)
     ref = sweeps.refresh(store, sweep)
     out = {"queries": ref.queries, "reconciled": ref.fixed, "problems": ref.problems,
-           "sweeps": {k: dict(v) for k, v in sweeps.counts(store, sweep).items()}}
+           "sweeps": {k: dict(v) for k, v in store.status_counts(sweep).items()}}
     if sweep is not None:
         runs = store.list_runs(sweep)
-        steps = sweeps.last_steps(store, [r.id for r in runs])
+        steps = store.last_steps([r.id for r in runs])
         out["runs"] = [{**run_record(r), "last_step": steps.get(r.id)} for r in runs]
     else:  # runs of `twoclocks train` (no sweep) are shown too
         alone = [r for r in store.list_runs() if r.sweep_id is None]
-        steps = sweeps.last_steps(store, [r.id for r in alone])
+        steps = store.last_steps([r.id for r in alone])
         out["standalone"] = [{**run_record(r), "last_step": steps.get(r.id)} for r in alone]
     return out
 

@@ -16,16 +16,12 @@ app = typer.Typer(help="Sweeps in the store.", no_args_is_help=True)
 @app.command("list")
 def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     """List sweeps with their cell counts by status."""
-    from sqlalchemy import select
-
     from twoclocks_cli.commands.status import ORDER
-    from twoclocks_cli.launch import sweeps
-    from twoclocks_cli.store import Store, Sweep
+    from twoclocks_cli.store import Store
 
     store = Store.open(db)
-    counts = sweeps.counts(store)
-    with store.session() as s:
-        rows = list(s.scalars(select(Sweep).order_by(Sweep.id)))
+    counts = store.status_counts()
+    rows = store.all_sweeps()
     records = [{"id": w.id, "name": w.name, "backend": w.backend, "executor": w.executor,
                 "folder": w.folder, "created_at": w.created_at.isoformat(),
                 "cells": dict(counts.get(w.name, {}))} for w in rows]

@@ -40,7 +40,6 @@ def _resume_row(store, cfg, workdir: Path, extend: bool) -> int:
     from trainer import checkpoint
     from twoclocks_cli.errors import ConfigError, NotFoundError
     from twoclocks_cli.launch import owner
-    from twoclocks_cli.store.models import Run
 
     rec = owner.read(workdir) or {}
     here = owner.store_identity(store.engine.url)
@@ -69,8 +68,7 @@ def _resume_row(store, cfg, workdir: Path, extend: bool) -> int:
         if why:
             raise ConfigError(why)
     if config != run.config:  # --extend: the run row says what the run is now trained to
-        with store.session() as s:
-            s.get(Run, run.id).config = config
+        store.set_run_config(run.id, config)
     return run.id
 
 
@@ -83,7 +81,6 @@ def _run_row(store, cfg, name: str, workdir: Path | None, extend: bool = False
     from trainer import checkpoint
     from twoclocks_cli.errors import ConfigError
     from twoclocks_cli.launch import owner
-    from twoclocks_cli.store.models import Run
 
     if workdir is not None and owner.read(workdir) is not None:
         return _resume_row(store, cfg, workdir, extend), workdir
@@ -96,23 +93,11 @@ def _run_row(store, cfg, name: str, workdir: Path | None, extend: bool = False
     config = cfg.model_dump(mode="json")
     uid = uuid.uuid4().hex[:8]
     phase = cfg.phase_at(0)[1]
-    with store.session() as s:
-        run = Run(
-            cell_id=f"train-{owner.config_hash(config)}-{uid}",
-            name=name,
-            backend="grpo",
-            batch_prompts=phase.prompts_per_batch,
-            group_size=cfg.group_size,
-            batch_samples=phase.prompts_per_batch * cfg.group_size,
-            lr=phase.lr,
-            clip_low=phase.clip_eps_low,
-            clip_high=phase.clip_eps_high,
-            seed=cfg.seed,
-            config=config,
-        )
-        s.add(run)
-        s.flush()
-        run_id, cell_id = run.id, run.cell_id
+    cell_id = f"train-{owner.config_hash(config)}-{uid}"
+    run_id = store.create_run(cell_id, name, "grpo", config, {
+        "batch_prompts": phase.prompts_per_batch, "group_size": cfg.group_size,
+        "batch_samples": phase.prompts_per_batch * cfg.group_size, "lr": phase.lr,
+        "clip_low": phase.clip_eps_low, "clip_high": phase.clip_eps_high, "seed": cfg.seed})
     workdir = workdir if workdir is not None else Path("twoclocks-train") / f"run-{run_id}-{uid}"
     owner.write(workdir, {"store": owner.store_identity(store.engine.url), "run_id": run_id,
                           "cell_id": cell_id, "config_hash": owner.config_hash(config)})

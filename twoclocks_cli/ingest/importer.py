@@ -143,39 +143,9 @@ def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str,
 
     An updated run loses its metrics (the mapping may have changed) unless `keep_metrics`
     (`--follow`: the same file grew; its values are upserted)."""
-    from sqlalchemy import delete, select
-
-    from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep
-
-    with store.session() as s:
-        sweep = s.scalar(select(Sweep).where(Sweep.name == sweep_name))
-        if sweep is None:
-            sweep = Sweep(name=sweep_name, backend=fmt, config={"ingested": True})
-            s.add(sweep)
-            s.flush()
-        elif sweep.backend not in base.FORMATS:
-            raise ConfigError(
-                f"sweep {sweep_name!r} holds {sweep.backend} runs made by twoclocks; "
-                f"import into another sweep (--sweep NAME)"
-            )
-        run = s.scalar(select(Run).where(Run.sweep_id == sweep.id, Run.cell_id == plan.cell_id))
-        if run is None:
-            run = Run(sweep_id=sweep.id, cell_id=plan.cell_id, name=_run_name(plan.log.path),
-                      backend=fmt, config=plan.config, status=RunStatus.planned.value,
-                      **plan.columns)
-            s.add(run)
-            s.flush()
-            return run.id, "created"
-        if run.config == plan.config and all(
-            getattr(run, k) == v for k, v in plan.columns.items()
-        ) and run.status == RunStatus.completed.value:
-            return run.id, "unchanged"
-        run.config = plan.config
-        for k, v in plan.columns.items():
-            setattr(run, k, v)
-        if not keep_metrics:
-            s.execute(delete(Metric).where(Metric.run_id == run.id))  # mapping may have changed
-        return run.id, "updated"
+    return store.upsert_import_run(sweep_name, fmt, base.FORMATS, plan.cell_id,
+                                   _run_name(plan.log.path), plan.config, plan.columns,
+                                   keep_metrics)
 
 
 def _write(store, run_id: int, plan: _Plan, skip: dict | None = None) -> int:

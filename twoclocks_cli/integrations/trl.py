@@ -120,10 +120,6 @@ class TwoClocksCallback(TrainerCallback):
 
     def _attach(self, args, prompts: int | None) -> int:
         """The run named `name` in `sweep` (created with the trainer's settings when missing)."""
-        from sqlalchemy import select
-
-        from twoclocks_cli.store.models import Run, RunStatus, Sweep, apply_status
-
         name = self.name or str(args.run_name or args.output_dir)
         cell = hashlib.sha256(f"trl-callback\0{name}".encode()).hexdigest()[:32]
         lr = self.lr if self.lr is not None else float(args.learning_rate)
@@ -140,20 +136,5 @@ class TwoClocksCallback(TrainerCallback):
                           "gradient_accumulation_steps": args.gradient_accumulation_steps,
                           "num_iterations": getattr(args, "num_iterations", 1),
                           "world_size": getattr(args, "world_size", 1)}}
-        with self._store.session() as s:
-            sweep = s.scalar(select(Sweep).where(Sweep.name == self.sweep))
-            if sweep is None:
-                sweep = Sweep(name=self.sweep, backend=BACKEND, config={"callback": True})
-                s.add(sweep)
-                s.flush()
-            elif sweep.backend != BACKEND:
-                raise ConfigError(f"sweep {self.sweep!r} holds {sweep.backend} runs: a TRL "
-                                  "callback run goes into another sweep (sweep=NAME)")
-            run = s.scalar(select(Run).where(Run.sweep_id == sweep.id, Run.cell_id == cell))
-            if run is None:
-                run = Run(sweep_id=sweep.id, cell_id=cell, name=name, backend=BACKEND,
-                          config=config, status=RunStatus.planned.value, **columns)
-                s.add(run)
-                s.flush()
-            s.add(apply_status(run, RunStatus.running, message="TRL trainer started"))
-            return run.id
+        return self._store.attach_running(self.sweep, BACKEND, cell, name, config, columns,
+                                          "TRL trainer started")

@@ -18,7 +18,6 @@ from pathlib import Path
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from twoclocks_cli.launch import owner
-from twoclocks_cli.launch.state import transition
 from twoclocks_cli.store.models import RunStatus
 
 # set by the local runner so a local job id names its runner and its own process
@@ -71,7 +70,7 @@ class CellJob(Checkpointable):
                     f"requeues {self.requeues}; "
                     + (f"resuming after step {resume} (checkpoint {ckpt})" if resume
                        else "starting"))
-            if not transition(store, self.run_id, RunStatus.running,
+            if not store.transition(self.run_id, RunStatus.running,
                               {RunStatus.planned, RunStatus.submitted, RunStatus.running}, note,
                               job_id=job_id, host=host, attempts=run.attempts + 1, error=None):
                 return store.get_run(self.run_id).status  # cancelled or given up meanwhile
@@ -79,12 +78,12 @@ class CellJob(Checkpointable):
                 owner.claim(Path(self.workdir), self.owner(store, run))
                 status = RunStatus(run_cell(store, self.run_id, Path(self.workdir)))
             except Exception as exc:  # the backend's error is the run's outcome
-                transition(store, self.run_id, RunStatus.failed, {RunStatus.running},
+                store.transition(self.run_id, RunStatus.failed, {RunStatus.running},
                            "backend raised", error=one_line(exc)[:2000])
                 return RunStatus.failed.value
             if status not in (RunStatus.completed, RunStatus.diverged):
                 status = RunStatus.failed
-            transition(store, self.run_id, status, {RunStatus.running}, "backend returned")
+            store.transition(self.run_id, status, {RunStatus.running}, "backend returned")
             return status.value
         finally:
             store.close()

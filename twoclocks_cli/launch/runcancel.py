@@ -13,7 +13,7 @@ import socket
 import time
 
 from twoclocks_cli.errors import LaunchError
-from twoclocks_cli.launch.state import ACTIVE, transition
+from twoclocks_cli.launch.state import ACTIVE
 from twoclocks_cli.store.models import RunStatus
 
 STOP_WAIT_S = 10.0  # how long to wait for a killed cell process to go away
@@ -48,7 +48,7 @@ def cancel_run(store, run) -> str:
     reason = why_not(run)
     if reason is not None:
         raise LaunchError(reason)
-    transition(store, run.id, RunStatus.cancelled, ACTIVE, "cancelled by twoclocks runs delete")
+    store.transition(run.id, RunStatus.cancelled, ACTIVE, "cancelled by twoclocks runs delete")
     run = store.get_run(run.id)  # the job id now: the cell may have started meanwhile
     parts = (run.job_id or "").split(":")
     if len(parts) < 4 or parts[0] != "local" or parts[1] != socket.gethostname():

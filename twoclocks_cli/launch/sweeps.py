@@ -6,19 +6,17 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import func, select
-
 from twoclocks_cli.config.models import SweepConfig
 from twoclocks_cli.config.plan import Plan
-from twoclocks_cli.errors import ConfigError, LaunchError
+from twoclocks_cli.errors import LaunchError
 from twoclocks_cli.launch.base import JobState, Submission
-from twoclocks_cli.launch.state import ACTIVE, PENDING, RETRYABLE, transition, transition_many
-from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep
+from twoclocks_cli.launch.state import ACTIVE, PENDING, RETRYABLE
+from twoclocks_cli.store.models import Run, RunStatus
+from twoclocks_cli.store.registry import NewCell
 
 UNKNOWN_GRACE_S = 120  # a job id the scheduler never heard of this long after submission: lost
 WAITING = frozenset({RunStatus.submitted, RunStatus.running})
@@ -86,50 +84,24 @@ class Registered:
 def register(store, plan: Plan, source: str) -> Registered:
     """Create the sweep and its new cells in ONE transaction (all or nothing)."""
     cfg = plan.config
-    with store.session() as s:
-        sweep = s.scalar(select(Sweep).where(Sweep.name == cfg.name))
-        if sweep is not None and sweep.backend != cfg.backend:
-            raise ConfigError(f"{source}: key 'backend' = {cfg.backend!r}: sweep {cfg.name!r} "
-                              f"already exists with backend {sweep.backend!r}; use a new name")
-        # unique per registration: another store's sweep of the same name never shares (and
-        # resumes from) these checkpoints
-        folder = str(Path(cfg.workdir).resolve() / f"{cfg.name}-{uuid.uuid4().hex[:8]}")
-        if sweep is None:
-            sweep = Sweep(name=cfg.name, backend=cfg.backend, folder=folder,
-                          config=redacted(cfg.model_dump(mode="json")))
-            s.add(sweep)
-            s.flush()
-        else:
-            sweep.config = redacted(cfg.model_dump(mode="json"))
-            sweep.folder = sweep.folder or folder  # e.g. a sweep created by an ingest
-        have = {r.cell_id: r for r in s.scalars(select(Run).where(Run.sweep_id == sweep.id))}
-        new = 0
-        for cell in plan.cells:
-            if cell.cell_id in have:
-                continue
-            run = Run(sweep_id=sweep.id, cell_id=cell.cell_id, name=cell.name,
-                      backend=cfg.backend, batch_prompts=cell.prompts,
-                      group_size=cell.group_size, batch_samples=cell.batch_samples, lr=cell.lr,
-                      clip_low=cell.clip_low, clip_high=cell.clip_high, seed=cell.seed,
-                      config=cell.config, status=RunStatus.planned.value)
-            s.add(run)
-            have[cell.cell_id] = run
-            new += 1
-        s.flush()
-        ids = {c.cell_id: have[c.cell_id].id for c in plan.cells}
-        return Registered(cfg.name, sweep.folder, new, len(plan.cells) - new, ids)
+    # unique per registration: another store's sweep of the same name never shares (and
+    # resumes from) these checkpoints
+    folder = str(Path(cfg.workdir).resolve() / f"{cfg.name}-{uuid.uuid4().hex[:8]}")
+    cells = [NewCell(c.cell_id, c.name, {
+        "batch_prompts": c.prompts, "group_size": c.group_size, "batch_samples": c.batch_samples,
+        "lr": c.lr, "clip_low": c.clip_low, "clip_high": c.clip_high, "seed": c.seed},
+        c.config) for c in plan.cells]
+    reg = store.register_cells(cfg.name, cfg.backend, redacted(cfg.model_dump(mode="json")),
+                               folder, cells, source)
+    return Registered(cfg.name, reg.folder, reg.new, reg.existing, reg.runs)
 
 
 def to_submit(store, reg: Registered, retry_failed: bool) -> list[Run]:
     """Runs of the current plan to send: planned and lost ones (reconciled first, so a job that
     vanished since the last look counts as lost), plus failed/cancelled with retry."""
     refresh(store, reg.sweep)
-    wanted = {s.value for s in PENDING}
-    if retry_failed:
-        wanted |= {s.value for s in RETRYABLE}
-    with store.session() as s:
-        q = select(Run).where(Run.id.in_(list(reg.runs.values())), Run.status.in_(wanted))
-        return list(s.scalars(q.order_by(Run.id)))
+    wanted = PENDING | RETRYABLE if retry_failed else PENDING
+    return store.runs_with_status(reg.runs.values(), wanted)
 
 
 def submit(store, reg: Registered, runs: list[Run], executor, db_url: str) -> dict[int, str]:
@@ -144,26 +116,20 @@ def submit(store, reg: Registered, runs: list[Run], executor, db_url: str) -> di
     # until the executor answers, the job id names this process: if it dies here, the
     # reconciler finds the runs lost instead of leaving them submitted forever
     placeholder = f"{SUBMITTING}:{socket.gethostname()}:{os.getpid()}"
-    sent = set(transition_many(store, [r.id for r in runs], RunStatus.submitted,
+    sent = set(store.transition_many([r.id for r in runs], RunStatus.submitted,
                                PENDING | RETRYABLE, f"submitting via {executor.name}",
                                job_id=placeholder, error=None))
     sub = Submission(sub.folder, sub.db_url, [x for x in sub.runs if x[0] in sent], sub.sweep)
     try:
         job_ids = executor.submit(sub)
     except Exception as exc:
-        transition_many(store, sent, RunStatus.planned, {RunStatus.submitted},
+        store.transition_many(sent, RunStatus.planned, {RunStatus.submitted},
                         f"submission failed: {' '.join(str(exc).split())[:300]}")
         if isinstance(exc, LaunchError):
             raise
         raise LaunchError(f"submitting {len(sent)} cell(s) via {executor.name} failed: "
                           f"{' '.join(str(exc).split())[:300]}") from None
-    with store.session() as s:
-        sweep = s.scalar(select(Sweep).where(Sweep.name == reg.sweep))
-        sweep.executor = executor.name
-        for rid, jid in job_ids.items():
-            run = s.get(Run, rid)
-            if run.status == RunStatus.submitted.value and run.job_id == placeholder:
-                run.job_id = jid
+    store.record_jobs(reg.sweep, executor.name, job_ids, placeholder)
     if hasattr(executor, "run"):  # debug: execute now, in this process
         executor.run(sub)
     return job_ids
@@ -210,12 +176,7 @@ def refresh(store, sweep: str | None = None) -> Refresh:
     unknown to the scheduler) makes its run `lost`, which a plain rerun resumes; a cell that
     raised was marked `failed` by its job; a job cancelled outside twoclocks: `cancelled`."""
     out = Refresh()
-    with store.session() as s:
-        q = select(Run.id, Run.job_id, Run.status, Run.submitted_at).where(
-            Run.status.in_([x.value for x in WAITING]), Run.job_id.is_not(None))
-        if sweep is not None:
-            q = q.join(Sweep, Run.sweep_id == Sweep.id).where(Sweep.name == sweep)
-        rows = s.execute(q).all()
+    rows = store.jobs_with_status(WAITING, sweep, submitted_only=True)
     if not rows:
         return out
     by_kind: dict[str, list] = {}
@@ -253,7 +214,7 @@ def refresh(store, sweep: str | None = None) -> Refresh:
             else:
                 to, msg = RunStatus.lost, (f"job {r.job_id} ended without reporting "
                                            f"({info.detail or 'no result'})")
-            if transition(store, r.id, to, WAITING, f"reconciled: {msg}", job_id_is=r.job_id,
+            if store.transition(r.id, to, WAITING, f"reconciled: {msg}", job_id_is=r.job_id,
                           error=msg if to is RunStatus.lost else None):
                 out.fixed.append((r.id, to.value))
     return out
@@ -264,12 +225,8 @@ def cancel(store, sweep: str) -> tuple[int, list[str]]:
     stop the jobs of the active ones (one call per kind)."""
     store.get_sweep(sweep)  # NotFoundError names the known sweeps
     stoppable = ACTIVE | {RunStatus.lost}
-    with store.session() as s:
-        rows = s.execute(select(Run.id, Run.job_id, Run.status)
-                         .join(Sweep, Run.sweep_id == Sweep.id)
-                         .where(Sweep.name == sweep,
-                                Run.status.in_([x.value for x in stoppable]))).all()
-    changed = set(transition_many(store, [r.id for r in rows], RunStatus.cancelled, stoppable,
+    rows = store.jobs_with_status(stoppable, sweep)
+    changed = set(store.transition_many([r.id for r in rows], RunStatus.cancelled, stoppable,
                                   "cancelled by twoclocks cancel"))
     done = [r for r in rows if r.id in changed]
     by_kind: dict[str, set] = {}
@@ -284,26 +241,3 @@ def cancel(store, sweep: str) -> tuple[int, list[str]]:
         except (KeyError, LaunchError) as exc:
             problems.append(f"{kind}: {exc}")
     return len(done), problems
-
-
-def counts(store, sweep: str | None = None) -> dict[str, Counter]:
-    """Status counts per sweep name."""
-    with store.session() as s:
-        q = (select(Sweep.name, Run.status, func.count()).join(Run, Run.sweep_id == Sweep.id)
-             .group_by(Sweep.name, Run.status))
-        if sweep is not None:
-            q = q.where(Sweep.name == sweep)
-        out: dict[str, Counter] = {}
-        for name, status, n in s.execute(q):
-            out.setdefault(name, Counter())[status] = n
-    return out
-
-
-def last_steps(store, run_ids: list[int]) -> dict[int, int]:
-    """The last logged step of each run (one query)."""
-    if not run_ids:
-        return {}
-    with store.session() as s:
-        q = (select(Metric.run_id, func.max(Metric.step)).where(Metric.run_id.in_(run_ids))
-             .group_by(Metric.run_id))
-        return {rid: step for rid, step in s.execute(q)}

@@ -12,7 +12,9 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from twoclocks_cli.errors import ConfigError, NotFoundError, StoreError
+from twoclocks_cli.store.analyses import AnalysisQueries
 from twoclocks_cli.store.engine import describe_db_error, make_engine, mask_url, resolve_url
+from twoclocks_cli.store.lifecycle import LifecycleQueries
 from twoclocks_cli.store.migrate import ensure_schema
 from twoclocks_cli.store.models import (
     Analysis,
@@ -23,6 +25,7 @@ from twoclocks_cli.store.models import (
     Sweep,
     apply_status,
 )
+from twoclocks_cli.store.registry import RegistryQueries
 from twoclocks_cli.store.writer import MetricWriter
 
 
@@ -35,8 +38,11 @@ class Series:
     values: np.ndarray
 
 
-class Store:
-    """A connected, schema-checked database. Build with `Store.open(url)`."""
+class Store(RegistryQueries, LifecycleQueries, AnalysisQueries):
+    """A connected, schema-checked database. Build with `Store.open(url)`.
+
+    The Store owns every query and write; the mixins group them by concept (registry: creating
+    sweeps and runs; lifecycle: status changes and reconciliation; analyses)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
