@@ -24,6 +24,8 @@ from twoclocks_cli.errors import ConfigError
 BACKENDS = {
     "sim": "twoclocks_cli.backends.sim:run",
     "grpo": "trainer.backend:run",
+    "trl": "twoclocks_cli.backends.trl:run",
+    "command": "twoclocks_cli.backends.command:run",
 }
 
 

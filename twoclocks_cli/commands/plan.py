@@ -1,4 +1,7 @@
-"""`twoclocks plan CONFIG`: the cells a sweep config resolves to, with warnings; `--json`."""
+"""`twoclocks plan CONFIG`: the cells a sweep config resolves to, with warnings; `--json`.
+
+For the command backend each cell's exact command line follows the table; for the trl backend
+the GRPOConfig fields the sweep sets."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ def load_plan(config: Path):
     from twoclocks_cli.config import load_config, plan
 
     cfg = load_config(config)
-    return plan(cfg, str(config))
+    return plan(cfg, str(config), config_dir=str(Path(config).parent))
 
 
 def plan_table(p, title: str):
@@ -37,6 +40,27 @@ def plan_table(p, title: str):
     return table
 
 
+def cell_lines(p) -> dict[str, str]:
+    """cell id -> what its backend runs: the command line (command), the GRPOConfig fields the
+    sweep sets (trl); empty for the other backends."""
+    backend = p.config.backend
+    if backend == "command":
+        from twoclocks_cli.backends.command import command_line
+
+        return {c.cell_id: command_line(c.config) for c in p.cells}
+    if backend == "trl":
+        from twoclocks_cli.backends.trl import OWNED, grpo_args
+
+        out = {}
+        for c in p.cells:
+            args = grpo_args(c.config, "<workdir>")
+            shown = {k: v for k, v in args.items() if k in OWNED and k != "output_dir"}
+            out[c.cell_id] = "GRPOConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) \
+                + ")"
+        return out
+    return {}
+
+
 def print_warnings(warnings: list[str]) -> None:
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
@@ -45,14 +69,18 @@ def print_warnings(warnings: list[str]) -> None:
 def plan_cmd(config: ConfigArg, as_json: JsonOption = False) -> None:
     """Show the cells CONFIG resolves to (lr by the scaling rule, steps, identity) and warnings."""
     p = load_plan(config)
+    lines = cell_lines(p)
+    key = "command" if p.config.backend == "command" else "grpo_config"
     if as_json:
+        cells = [{**c.record(), **({key: lines[c.cell_id]} if lines else {})} for c in p.cells]
         typer.echo(json.dumps({"sweep": p.config.name, "backend": p.config.backend,
-                               "sample_budget": p.config.sample_budget,
-                               "cells": [c.record() for c in p.cells],
+                               "sample_budget": p.config.sample_budget, "cells": cells,
                                "warnings": p.warnings}, indent=2))
         return
     from rich.console import Console
 
     Console().print(plan_table(p, f"sweep {p.config.name}: {len(p.cells)} cells, backend "
                                   f"{p.config.backend}, {p.config.sample_budget} samples each"))
+    for cid, line in lines.items():  # plain lines, never wrapped: they can be copied
+        typer.echo(f"cell {cid[:10]}: {line}")
     print_warnings(p.warnings)

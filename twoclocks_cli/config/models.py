@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from twoclocks_cli.config.limits import INT64_MAX, Int32
 
@@ -95,12 +96,72 @@ class Slurm(_Strict):
         default_factory=dict, description="Additional sbatch options, e.g. {exclusive = true}.")
 
 
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+ENTRY_PATTERN = rf"^(builtin:[a-z0-9-]+|{_IDENT}(\.{_IDENT})*:{_IDENT})$"  # module:function
+
+
+class Trl(_Strict):
+    """The `trl` backend: a user function builds a TRL GRPOTrainer from the GRPOConfig of a cell."""
+
+    entry: str = Field(
+        description="`module:function` taking a trl.GRPOConfig and returning a trainer, or "
+        "`builtin:tiny-arith` (the project's tiny model on the arithmetic task).")
+    python_path: list[str] = Field(
+        default_factory=list, description="Folders the entry module is imported from (relative "
+        "to the config file; the config file's folder is always searched).")
+    processes: Int32 = Field(
+        1, gt=0, description="Processes the trainer runs on (its world size); a cell's P*G "
+        "completions are split over processes x gradient_accumulation_steps.")
+    checkpoint_every_steps: Int32 = Field(
+        10, gt=0, description="GRPOConfig save_steps: a checkpoint in the cell's workdir every N "
+        "optimizer steps (a rerun resumes from the latest).")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Fixed GRPOConfig fields for every cell (those the "
+        "sweep sets — batch, G, lr, clip, seed, max_steps, output_dir — are refused).")
+
+    @field_validator("entry")
+    @classmethod
+    def _entry_form(cls, value: str) -> str:
+        if not re.match(ENTRY_PATTERN, value):
+            raise ValueError("must be module:function (e.g. my_trainers:make_trainer) or "
+                             "builtin:tiny-arith")
+        return value
+
+
+class Command(_Strict):
+    """The `command` backend: any trainer run as a shell command whose log is followed live."""
+
+    preset: Literal["verl"] | None = Field(
+        None, description="verl: appends the verl overrides of the cell (batch, n, lr, clip, "
+        "steps, checkpoint folder, console logger, seed) and sets the log format and resume "
+        "flag.")
+    template: str = Field(
+        min_length=1, description="The command, with placeholders {prompts} {group_size} {lr} "
+        "{clip_low} {clip_high} {seed} {total_steps} {workdir} ({{ and }} for braces); run by "
+        "bash in the cell's workdir.")
+    log_format: Literal["verl", "jsonl", "csv"] | None = Field(
+        None, description="How the log is parsed (the ingest parsers): verl, jsonl or csv "
+        "(default: the preset's; required without one).")
+    log_source: str = Field(
+        "stdout", min_length=1, description="stdout, or the path of the log file the command "
+        "writes (placeholders allowed, e.g. \"{workdir}/metrics.jsonl\").")
+    resume_args: str | None = Field(
+        None, description="Appended to the command when the cell runs again (a requeue or a "
+        "rerun); default: the preset's (verl: trainer.resume_mode=auto), else nothing.")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment variables set for the command.")
+    poll_s: float = Field(1.0, gt=0, le=600, description="Seconds between reads of the log.")
+
+
 class SweepConfig(_Strict):
     """One sweep: a name, a backend, a sample budget, an lr scaling rule and a grid."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
                       description="Sweep name: letters, digits, . _ - (unique in the store).")
-    backend: Literal["grpo", "sim"] = Field(description="Which backend runs the cells.")
+    backend: Literal["trl", "command", "grpo", "sim"] = Field(
+        description="Which backend runs the cells: grpo (the embedded trainer), sim (the theory "
+        "model), trl (a TRL GRPOTrainer, [trl]) or command (any trainer's command line, "
+        "[command]).")
     sample_budget: int = Field(gt=0, le=INT64_MAX,
                                description="Samples per cell, equal across batch sizes.")
     scaling: Scaling = Field(description="The lr scaling rule.")
@@ -109,6 +170,9 @@ class SweepConfig(_Strict):
         default_factory=dict, description="Fixed grpo trainer options passed to every cell.")
     sim: dict[str, Any] = Field(
         default_factory=dict, description="Fixed sim model options (the cell's `sim` table).")
+    trl: Trl | None = Field(None, description="The trl backend's entry point and GRPOConfig.")
+    command: Command | None = Field(
+        None, description="The command backend's command template and log.")
     executor: Literal["local", "slurm", "debug", "auto"] = Field(
         "auto", description="local, slurm, debug (in-process, blocking) or auto (slurm when "
         "sbatch is on PATH, else local).")

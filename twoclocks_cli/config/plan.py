@@ -2,7 +2,8 @@
 
 A cell is the backend's config dict with the common keys (prompts_per_batch, group_size, lr,
 clip_eps_low, clip_eps_high, seed, sample_budget) plus the trainer options (grpo: top level)
-or a `sim` table (sim). Its identity is the sha256 of its canonical JSON, so the same config
+or a `sim` table (sim), or the `trl` / `command` table (trl, command; the trl table's
+`python_path` made absolute). Its identity is the sha256 of its canonical JSON, so the same config
 plans the same ids in every process.
 """
 
@@ -15,6 +16,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from twoclocks_cli.config.limits import (
@@ -198,41 +200,55 @@ def _combinations(cfg: SweepConfig, axes: dict[str, list], source: str) -> list[
             for combo in itertools.product(*groups)]
 
 
+TABLES = {"grpo": "trainer", "sim": "sim", "trl": "trl", "command": "command"}
+
+
 def _check_overrides(cfg: SweepConfig, source: str) -> None:
-    """Overrides may not set what the grid/scaling own, nor target the other backend."""
-    other = "sim" if cfg.backend == "grpo" else "trainer"
-    if getattr(cfg, other) or getattr(cfg.grid, other):
-        where = other if getattr(cfg, other) else f"grid.{other}"
-        raise ConfigError(f"{source}: key {where!r}: the {cfg.backend} backend does not read "
-                          f"[{other}] options; use [{'trainer' if other == 'sim' else 'sim'}]")
+    """Overrides may not set what the grid/scaling own, nor target another backend."""
+    own = TABLES[cfg.backend]
+    for table in TABLES.values():
+        if table == own:
+            continue
+        grid = getattr(cfg.grid, table, None)
+        if getattr(cfg, table) or grid:
+            where = table if getattr(cfg, table) else f"grid.{table}"
+            raise ConfigError(f"{source}: key {where!r}: the {cfg.backend} backend does not read "
+                              f"[{table}] options; use [{own}]")
+    if own in ("trl", "command") and getattr(cfg, own) is None:
+        raise ConfigError(f"{source}: key {own!r} is required with backend = {cfg.backend!r} "
+                          f"(a [{own}] table; see the README's Sweeps section)")
+    if own not in ("trainer", "sim"):
+        return
     adam = cfg.scaling.adam_adjust
     owned = {
         "trainer": set(COMMON_KEYS) | {"rollout_batch_size", "phases"}
         | ({"adam_beta1", "adam_beta2", "adam_epsilon"} if adam else set()),
         "sim": {"beta1", "beta2", "adam_eps"} if adam else set(),
-    }[cfg.backend if cfg.backend == "sim" else "trainer"]
-    table = "sim" if cfg.backend == "sim" else "trainer"
-    for where, opts in ((table, getattr(cfg, table)), (f"grid.{table}", getattr(cfg.grid, table))):
+    }[own]
+    for where, opts in ((own, getattr(cfg, own)), (f"grid.{own}", getattr(cfg.grid, own))):
         for key in opts:
             if key in owned:
                 raise ConfigError(f"{source}: key '{where}.{key}': set by the sweep itself "
                                   "(grid, scaling, sample_budget); remove it here")
 
 
-def plan(cfg: SweepConfig, source: str = "config") -> Plan:
+def plan(cfg: SweepConfig, source: str = "config", config_dir: str | None = None) -> Plan:
     """Resolve every cell of `cfg`; raise ConfigError for impossible grids, list warnings.
 
     Every cell is validated as its backend will read it, so a sweep that plans never fails a
-    cell on its config.
+    cell on its config. `config_dir` (default: the folder of `source` when it is a file, else
+    the working directory) is where relative `trl.python_path` folders start.
     """
     _check_overrides(cfg, source)
     _check_paths(cfg, source)
     axes = _axes(cfg, source)
     cells: list[Cell] = []
     seen: set[str] = set()
-    check = _sim_checker(cfg, source) if cfg.backend == "sim" else _grpo_checker(cfg, source)
+    check = {"sim": _sim_checker, "grpo": _grpo_checker, "trl": _trl_checker,
+             "command": _command_checker}[cfg.backend](cfg, source)
+    extra = _backend_table(cfg, source, config_dir)
     for combo in _combinations(cfg, axes, source):
-        cell = _resolve(cfg, combo, source)
+        cell = _resolve(cfg, combo, source, extra)
         if cell.cell_id not in seen:
             check(cell)
             seen.add(cell.cell_id)
@@ -325,11 +341,54 @@ def _sim_checker(cfg: SweepConfig, source: str):
     return check
 
 
+def _backend_table(cfg: SweepConfig, source: str, config_dir: str | None) -> dict:
+    """The `trl` or `command` table every cell of those backends carries (validated)."""
+    if cfg.backend == "trl":
+        from twoclocks_cli.backends import trl
+
+        table = cfg.trl.model_dump(mode="json")
+        base = Path(config_dir) if config_dir else (
+            Path(source).parent if Path(source).is_file() else Path.cwd())
+        if not table["entry"].startswith("builtin:"):  # the job imports from these folders
+            table["python_path"] = list(dict.fromkeys(
+                [str(base.resolve())] + [str((base / d).resolve()) for d in table["python_path"]]))
+        trl.check_entry(table["entry"], table["python_path"], source)
+        trl.check_args(table["args"], cfg.scaling.adam_adjust, source)
+        return {"trl": table}
+    if cfg.backend == "command":
+        from twoclocks_cli.backends import command
+
+        table = cfg.command.model_dump(mode="json")
+        command.check(table, source)
+        return {"command": command.resolved(table)}
+    return {}
+
+
+def _trl_checker(cfg: SweepConfig, source: str):
+    """Each trl cell's GRPOConfig arguments can be formed (its batch splits)."""
+    from twoclocks_cli.backends import trl
+
+    def check(cell: Cell) -> None:
+        trl.grpo_args(cell.config, "workdir", _cell_source(cfg, cell, source))
+
+    return check
+
+
+def _command_checker(cfg: SweepConfig, source: str):
+    """Each command cell's command line can be formed."""
+    from twoclocks_cli.backends import command
+
+    def check(cell: Cell) -> None:
+        command.command_line(cell.config)
+
+    return check
+
+
 def _cell_source(cfg: SweepConfig, cell: Cell, source: str) -> str:
     return f"{source} (cell batch {cell.prompts}x{cell.group_size}, seed {cell.seed})"
 
 
-def _resolve(cfg: SweepConfig, combo: dict, source: str) -> Cell:
+def _resolve(cfg: SweepConfig, combo: dict, source: str, extra: dict | None = None) -> Cell:
     """One combination of axis values → a resolved Cell."""
     g = int(combo["group_size"])
     if cfg.grid.batch_unit == "samples":
@@ -369,6 +428,14 @@ def _resolve(cfg: SweepConfig, combo: dict, source: str) -> Cell:
         if adam:
             sim.update(beta1=adam["beta1"], beta2=adam["beta2"], adam_eps=adam["eps"])
         cell["sim"] = sim
+    elif cfg.backend in ("trl", "command"):
+        cell.update(json.loads(json.dumps(extra or {})))  # a copy per cell
+        if adam and cfg.backend == "trl":
+            cell["trl"]["args"].update(adam_beta1=adam["beta1"], adam_beta2=adam["beta2"],
+                                       adam_epsilon=adam["eps"])
+        elif adam:
+            cell.update(adam_beta1=adam["beta1"], adam_beta2=adam["beta2"],
+                        adam_epsilon=adam["eps"])
     else:
         cell.update({**cfg.trainer, **options})
         if adam:
@@ -385,6 +452,8 @@ def _resolve(cfg: SweepConfig, combo: dict, source: str) -> Cell:
                               "value)") from None
         raise ConfigError(f"{source}: a cell option cannot be stored as JSON: {exc}") from None
     steps = cfg.sample_budget // samples
+    if cfg.backend in ("trl", "command"):  # these engines run ceil(budget / batch) batches
+        steps = -(-cfg.sample_budget // samples)
     name = f"{cfg.name}-p{prompts}-g{g}-s{seed}-{cid[:6]}"
     return Cell(cell_id=cid, name=name, prompts=prompts, group_size=g, batch_samples=samples,
                 lr=lr, clip_low=low, clip_high=high, seed=seed, steps=steps,
@@ -413,6 +482,8 @@ def _nonfinite_key(cell: dict, prefix: str = "") -> tuple[str, float] | None:
 def _written_as(cfg: SweepConfig, key: str) -> str:
     """The config key a cell key came from: trainer.X / grid.trainer.X / sim.X / grid.sim.X."""
     table, _, name = key.partition(".")
+    if table in ("trl", "command") and name:
+        return key
     if table == "sim" and name:
         return f"grid.sim.{name}" if name.split("[")[0] in cfg.grid.sim else key
     head = key.split(".")[0].split("[")[0]
@@ -449,7 +520,8 @@ def _warnings(cfg: SweepConfig, cells: list[Cell]) -> list[str]:
                 out.append(f"clipping varies ({len(clips)} settings) but {len(single)} cell(s) "
                            "make one on-policy update per batch (ppo_epochs * num_minibatches "
                            "= 1): the ratio is exactly 1 and clipping cannot bind there")
-        elif not any("cap_per_clip" in c.config.get("sim", {}) for c in cells):
+        elif cfg.backend == "sim" and \
+                not any("cap_per_clip" in c.config.get("sim", {}) for c in cells):
             out.append(f"clipping varies ({len(clips)} settings) but the sim backend makes one "
                        "update per batch and sim.cap_per_clip is not set: clipping cannot bind")
     return out

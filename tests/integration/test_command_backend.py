@@ -1,0 +1,174 @@
+"""`backend = "command"` with the verl preset, on a real subprocess (tests/support/verl_writer.py,
+which prints verl's console format with Ray prefixes at a steady pace, checkpoints, resumes with
+trainer.resume_mode=auto and crashes once on one cell): rows appear while the command runs,
+exit codes become statuses, a rerun after the crash resumes with no duplicate row and every
+stored value equals the fixture's truth. Also: `plan` prints the verl example's exact command
+lines, and a bad [command] table is one line with nothing written."""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.verl_writer import truth
+
+ROOT = Path(__file__).parents[2]
+WRITER = ROOT / "tests" / "support" / "verl_writer.py"
+P, G, STEPS = 2, 4, 12
+
+CONFIG = """\
+name = "cmd"
+backend = "command"
+sample_budget = {budget}
+executor = "local"
+workdir = "{workdir}"
+min_steps = 4
+[scaling]
+reference_batch = 8
+reference_lr = 0.001
+[grid]
+batch = [{p}]
+group_size = {g}
+seeds = [0, 1]
+[command]
+preset = "verl"
+template = "{python} {writer} +fixture.pace=0.3 +fixture.save_freq=4 +fixture.crash_at=6 \
++fixture.crash_seed=1"
+[local]
+max_parallel = 2
+"""
+
+
+def _config(tmp_path: Path) -> Path:
+    path = tmp_path / "cmd.toml"
+    path.write_text(CONFIG.format(budget=P * G * STEPS - 3, workdir=tmp_path / "runs", p=P, g=G,
+                                  python=sys.executable, writer=WRITER))
+    return path
+
+
+def _runs(db: Path) -> dict[int, tuple]:
+    """seed -> (run id, status, error)."""
+    with sqlite3.connect(db) as con:
+        return {seed: (rid, status, error) for rid, seed, status, error in con.execute(
+            "select id, seed, status, error from runs")}
+
+
+def _rows(db: Path, run_id: int) -> dict[tuple[int, str], tuple[int, float]]:
+    with sqlite3.connect(db) as con:
+        rows = con.execute("select step, key, samples, value from metrics where run_id=?",
+                           (run_id,)).fetchall()
+    assert len(rows) == len({(s, k) for s, k, *_ in rows})
+    return {(s, k): (n, v) for s, k, n, v in rows}
+
+
+def _check_truth(rows: dict, lr: float, steps: range) -> None:
+    assert {s for s, _ in rows} == set(steps)
+    for step in steps:
+        for key, value in truth(step, lr).items():
+            assert rows[(step, key)] == (step * P * G, pytest.approx(value)), (step, key)
+
+
+def test_a_verl_command_streams_rows_crashes_and_resumes_on_rerun(tmp_path):
+    cfg = _config(tmp_path)
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    proc = twoclocks("sweep", str(cfg), "--db", url, timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    live, deadline = [], time.monotonic() + 120
+    while time.monotonic() < deadline:  # watch the store while the commands run
+        runs = _runs(db)
+        if all(st in ("completed", "failed") for _, st, _ in runs.values()):
+            break
+        rid, status, _ = runs[0]
+        n = len({s for s, _ in _rows(db, rid)})
+        if status == "running" and 0 < n < STEPS:
+            live.append(n)
+        time.sleep(0.2)
+    runs = _runs(db)
+    assert len(set(live)) >= 2, live  # rows landed step by step while the command ran
+    lr = 0.001  # batch 8 = the reference batch
+    ok_id, ok_status, _ = runs[0]
+    assert ok_status == "completed", runs
+    steps = math.ceil((P * G * STEPS - 3) / (P * G))
+    assert steps == STEPS
+    _check_truth(_rows(db, ok_id), lr, range(1, STEPS + 1))
+    bad_id, bad_status, error = runs[1]
+    assert bad_status == "failed", runs
+    assert "exited with code 1" in error and "RuntimeError: simulated crash before step 6" \
+        in error and "\n" not in error, error
+    _check_truth(_rows(db, bad_id), lr, range(1, 6))  # steps 1-5 logged before the crash
+
+    rerun = twoclocks("sweep", str(cfg), "--db", url, "--retry-failed", "--wait", timeout=180)
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
+    runs = _runs(db)
+    assert runs[1][1] == "completed" and runs[0][0] == ok_id, runs
+    _check_truth(_rows(db, bad_id), lr, range(1, STEPS + 1))  # each step once, the truth
+    logs = next((tmp_path / "runs").glob("cmd-*/cells/*/logs/attempt-2.cmd")).parent
+    assert "trainer.resume_mode=auto" in (logs / "attempt-2.cmd").read_text()
+    assert "trainer.resume_mode" not in (logs / "attempt-1.cmd").read_text()
+    second = (logs / "attempt-2.out").read_text()
+    assert "Resuming from global_step_4" in second  # verl's own resume, from its checkpoint
+    assert re.findall(r"step:(\d+) -", second)[0] == "5"  # step 5 replayed, upserted once
+
+
+def test_plan_prints_the_verl_example_commands():
+    proc = twoclocks("plan", str(ROOT / "examples" / "verl-gsm8k-slurm.toml"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("cell ")]
+    prompts = [32, 64, 128, 256, 512]  # the 16x range
+    assert len(lines) == len(prompts)
+    for p, line in zip(prompts, lines, strict=True):
+        lr = 1e-6 * math.sqrt(p * 8 / 1024)
+        words = line.split(": ", 1)[1].split()
+        want = [f"data.train_batch_size={p}", "actor_rollout_ref.rollout.n=8",
+                f"actor_rollout_ref.actor.optim.lr={lr!r}",
+                "actor_rollout_ref.actor.clip_ratio_low=0.2",
+                "actor_rollout_ref.actor.clip_ratio_high=0.28",
+                f"trainer.total_training_steps={math.ceil(102_400 / (p * 8))}",
+                'trainer.default_local_dir="$TWOCLOCKS_WORKDIR"/checkpoints',
+                "trainer.logger=\"['console']\"", "data.seed=0",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={p}",
+                "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B"]
+        for w in want:
+            assert w in words, (w, line)
+        assert words[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+        assert "trainer.resume_mode=auto" not in words  # only when a cell runs again
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (("+fixture.pace", "{steps} +fixture.pace"), ["command.template", "{steps}", "{total_steps}"]),
+    (("[command]", "[command]\nlog_source = \"{workdir}/{oops}.jsonl\""),
+     ["command.log_source", "{oops}"]),
+    (("preset = \"verl\"", "preset = \"verl\"\nresume_args = \"x={seeds}\""),
+     ["command.resume_args", "{seeds}"]),
+    (("+fixture.pace", "data.train_batch_size=4 +fixture.pace"),
+     ["command.template", "data.train_batch_size", "preset"]),
+    (("+fixture.pace", "{prompts +fixture.pace"), ["command.template", "literal braces"]),
+    (("preset = \"verl\"", ""), ["command.log_format", "verl, jsonl, csv"]),
+    (("preset = \"verl\"", "preset = \"verl\"\nlog_format = \"parquet\""),
+     ["command.log_format", "'verl', 'jsonl' or 'csv'"]),
+    (("[command]", "[trl]\nentry = \"builtin:tiny-arith\"\n[command]"),
+     ["'trl'", "does not read", "[command]"]),
+])
+def test_a_bad_command_table_is_one_line_and_writes_nothing(tmp_path, edit, needles):
+    cfg = _config(tmp_path)
+    cfg.write_text(cfg.read_text().replace(*edit))
+    db = tmp_path / "never.db"
+    proc = twoclocks("sweep", str(cfg), "--db", f"sqlite:///{db}", timeout=120)
+    assert_one_line_error(proc, str(cfg), *needles)
+    assert not db.exists()
+
+
+def test_the_command_table_is_required(tmp_path):
+    cfg = _config(tmp_path)
+    text = cfg.read_text()
+    cfg.write_text(text[:text.index("[command]")] + text[text.index("[local]"):])
+    proc = twoclocks("plan", str(cfg), timeout=120)
+    assert_one_line_error(proc, "key 'command' is required")
