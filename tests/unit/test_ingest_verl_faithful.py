@@ -188,3 +188,53 @@ def test_bad_ingest_options_are_one_line_and_write_nothing(tmp_path, args, needl
                      *args)
     assert_one_line_error(proc, needle)
     assert not db.exists() or _runs(db) == 0
+
+
+def _verl_with_counts(tmp_path, counts, steps=None):
+    """A GRPO verl log (4 prompts x n=2 = 8 per step) whose steps log rollout/total_num_samples."""
+    f = tmp_path / "dapo.log"
+    steps = steps or list(range(1, len(counts) + 1))
+    f.write_text(
+        "+ python3 -m recipe.dapo.main_dapo algorithm.adv_estimator=grpo data.train_batch_size=4 "
+        "actor_rollout_ref.rollout.n=2\n"
+        + "".join(f"(TaskRunner pid=311) step:{s} - critic/score/mean:{0.1 * s:.1f} - "
+                  f"rollout/total_num_samples:{c} - train/num_gen_batches:2\n"
+                  for s, c in zip(steps, counts, strict=True)))
+    return f
+
+
+def test_the_logs_own_running_sample_count_wins(tmp_path):
+    # dynamic sampling: 12, 10, 14 samples consumed at steps 1-3 (not 8 = 4 prompts x n 2)
+    log = parse_file(_verl_with_counts(tmp_path, [12, 22, 36]), IngestOptions(fmt="verl"))
+    assert log.samples == {1: 12, 2: 22, 3: 36}
+    assert log.sources["samples"] == "rollout/total_num_samples"
+    assert "rollout/total_num_samples" not in log.unmapped
+    assert any("a running total" in n for n in log.notes)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    proc = twoclocks("ingest", str(tmp_path / "dapo.log"), "-f", "verl", "--db", url)
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(tmp_path / "s.db") as con:
+        rows = con.execute("select distinct step, samples from metrics order by step").fetchall()
+    assert rows == [(1, 12), (2, 22), (3, 36)]
+
+
+def test_per_step_sample_counts_are_summed(tmp_path):
+    # per step 12, 10, 10, 14: not increasing by half a batch a step -> a per-step count
+    log = parse_file(_verl_with_counts(tmp_path, [12, 10, 10, 14]), IngestOptions(fmt="verl"))
+    assert log.samples == {1: 12, 2: 22, 3: 32, 4: 46}
+    assert any("per-step counts, summed" in n for n in log.notes)
+    # an unchanging per-step count (no group filtered) is not a running total either
+    log = parse_file(_verl_with_counts(tmp_path, [8, 8, 8]), IngestOptions(fmt="verl"))
+    assert log.samples == {1: 8, 2: 16, 3: 24}
+
+
+def test_trl_step_time_and_token_count_are_mapped(tmp_path):
+    state = {"global_step": 2, "log_history": [
+        {"step": s, "reward": 0.1 * s, "learning_rate": 1e-6, "step_time": 3.5 + s,
+         "num_tokens": 2048.0 * s, "epoch": 0.01 * s} for s in (1, 2)]}
+    f = tmp_path / "trainer_state.json"
+    f.write_text(json.dumps(state, indent=1))
+    log = parse_file(f, IngestOptions(fmt="trl"))
+    assert log.steps[2]["time_step_s"] == 5.5 and log.steps[2]["num_tokens"] == 4096.0
+    assert log.sources["time_step_s"] == "step_time" and log.sources["num_tokens"] == "num_tokens"
+    assert not ({"step_time", "num_tokens"} & log.unmapped)

@@ -28,6 +28,8 @@ TRL_KEYS: dict[str, tuple[str, ...]] = {
     "grad_norm": ("grad_norm",),
     "loss": ("loss",),
     "lr": ("learning_rate",),
+    "time_step_s": ("step_time",),  # seconds per optimizer step (TRL >= 0.20)
+    "num_tokens": ("num_tokens",),  # tokens seen so far, prompts and completions (running total)
 }
 
 VERL_KEYS: dict[str, tuple[str, ...]] = {
@@ -57,6 +59,7 @@ STORE_KEYS = (
     "clip_frac_high", "approx_kl", "zero_std_frac", "resp_len_mean", "resp_len_max",
     "truncated_frac", "time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s", "loss",
     "nonfinite", "eval_n", "grad_l1_micro", "grad_l1_full", "grad_sign_dot", "grad_l1_diff",
+    "time_step_s", "num_tokens",
 )
 
 # Columns a table may use for its x axes (besides what --map names).

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from twoclocks_cli.ingest import mapping
 from twoclocks_cli.ingest.base import (
+    SAMPLES_MAX,
     IngestOptions,
     NoStepsError,
     ParsedLog,
@@ -41,6 +42,9 @@ _SCALED = re.compile(r"^(.+)\(([0-9.]+(?:[eE][+-]?\d+)?)\)$")  # key(1e-4): unit
 _ROUNDED_ZERO = re.compile(r"^-?0\.0+$")  # 0.000: a value rounded away by the printer
 _NUMPY_IN_DICT = re.compile(r"(?:np|numpy)\.\w+\(([^()]*)\)")
 _LR_KEYS = ("actor/lr",)
+# the log's own count of samples consumed (recipes with dynamic sampling / filtered groups use
+# more than prompts x n per step); cumulative, or per step when it is not non-decreasing
+_SAMPLES_KEYS = ("rollout/total_num_samples",)
 _PARAMS = {  # run column -> (dotted config path, type)
     "batch_prompts": ("data.train_batch_size", int),
     "group_size": ("actor_rollout_ref.rollout.n", int),
@@ -201,7 +205,7 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     text = data.decode("utf-8", errors="replace")
     del data
     known = {c for cands in mapping.VERL_KEYS.values() for c in cands} | set(
-        opts.column_map.values())
+        opts.column_map.values()) | set(_SAMPLES_KEYS)
     header: list[tuple[str, str]] = []
     records: list[tuple[int, dict[str, float]]] = []
     present: set[str] = set()
@@ -247,6 +251,7 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     log.params_from.update(origin)
     picks = mapping.choose_sources(present, mapping.VERL_KEYS, opts.column_map)
     _first_update_at_zero(log, records, picks)
+    _logged_samples(log, records, present)
     evals = set()
     for step, values in records:
         mapped = mapping.apply(values, picks)
@@ -256,7 +261,7 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         log.put(step, mapped)
     if evals:
         picks = {**picks, "eval_accuracy": "val-core/<source>/reward/mean@N or val/test_score"}
-    log.sources = picks
+    log.sources = {**picks, **log.sources}
     log.unmapped = mapping.unmapped(present, picks, ignore=evals)
     return log
 
@@ -303,6 +308,46 @@ def _default_group_size(header, params: dict, origin: dict, log: ParsedLog) -> N
     params["group_size"], origin["group_size"] = 1, "verl default (rollout.n not in the log)"
     log.notes.append("actor_rollout_ref.rollout.n is not in the log: verl's default n = 1 "
                      "(one completion per prompt, PPO) is used; --group-size sets it")
+
+
+def _logged_samples(log: ParsedLog, records, present: set) -> None:
+    """The samples axis from the log's own count (`rollout/total_num_samples`): it wins over
+    step x prompts x n. Non-decreasing values are a running total; otherwise they are per-step
+    counts, summed (from the file's first step: a resumed log's earlier steps are missing)."""
+    key = next((k for k in _SAMPLES_KEYS if k in present), None)
+    if key is None:
+        return
+    counted = [(step, values.pop(key)) for step, values in records if key in values]
+    counted = [(step, v) for step, v in counted if v == v and v >= 0]
+    if not counted:
+        return
+    running = _is_running_total(counted, log.params)
+    total = 0.0
+    for step, v in counted:
+        total = v if running else total + v
+        log.samples[step] = to_step(round(total), limit=SAMPLES_MAX)
+    present.discard(key)
+    log.sources = {**log.sources, "samples": key}
+    how = "a running total" if running else "per-step counts, summed"
+    log.notes.append(f"samples from the log's {key} ({how}), not step x prompts x n")
+
+
+def _is_running_total(counted: list[tuple[int, float]], params: dict) -> bool:
+    """Whether logged sample counts are a running total rather than per-step counts: a total
+    increases at every step and, with the batch P x n known, by at least half a batch per step
+    (per-step counts hover around one batch)."""
+    pairs = list(zip(counted, counted[1:], strict=False))
+    if not pairs or not all(b > a for (_, a), (_, b) in pairs):
+        return len(counted) == 1 and counted[0][0] > 1 and _batch(params) is not None and \
+            counted[0][1] >= 1.5 * _batch(params)
+    batch = _batch(params)
+    (s0, v0), (s1, v1) = counted[0], counted[-1]
+    return batch is None or v1 - v0 >= 0.5 * batch * (s1 - s0)
+
+
+def _batch(params: dict) -> float | None:
+    p, n = params.get("batch_prompts"), params.get("group_size")
+    return float(p) * float(n) if p and n else None
 
 
 def _first_update_at_zero(log: ParsedLog, records, picks: dict) -> None:
