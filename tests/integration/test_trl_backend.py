@@ -1,0 +1,191 @@
+"""`backend = "trl"`: real TRL GRPOTrainers on the tiny model on CPU, as sweep cells on the local
+executor. A 2-cell sweep through a user's own `module:function` entry (found beside the config)
+completes, every optimizer step is stored once at the trainer's own samples with the values of
+the trainer's own log_history (from its last checkpoint), `analyze` runs on it; a kill -9 of the
+whole process tree mid-cell and a plain rerun resume from the latest checkpoint with each step
+stored once, equal to the resumed trainer's log_history."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_lost_cells import _kill_tree
+from tests.support.cli import twoclocks
+
+pytest.importorskip("trl", reason="the trl extra is not installed")
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).parents[2]
+
+CONFIG = """\
+name = "{name}"
+backend = "trl"
+sample_budget = {budget}
+executor = "local"
+workdir = "{workdir}"
+min_steps = 2
+[scaling]
+reference_batch = 8
+reference_lr = 1e-4
+[grid]
+batch = {batch}
+group_size = 4
+seeds = [0]
+[trl]
+entry = "{entry}"
+checkpoint_every_steps = {every}
+[trl.args]
+use_cpu = true
+bf16 = false
+gradient_checkpointing = false
+max_completion_length = 12
+beta = 0.0
+lr_scheduler_type = "constant"
+dataloader_num_workers = 0
+[local]
+max_parallel = 2
+"""
+
+USER_ENTRY = '''
+from twoclocks_cli.backends.trl_tiny import tiny_arith_trainer
+
+
+def make_trainer(args):
+    """A user's own entry: the built-in pieces, plus a mark that this function built it."""
+    with open(args.output_dir + ".entry", "a") as fh:
+        fh.write(f"{args.per_device_train_batch_size} {args.num_generations} {args.max_steps}\\n")
+    return tiny_arith_trainer(args)
+'''
+
+
+def _config(tmp_path: Path, name: str, batch: str, budget: int, entry: str, every: int) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(CONFIG.format(name=name, budget=budget, workdir=tmp_path / "runs",
+                                  batch=batch, entry=entry, every=every))
+    return path
+
+
+def _runs(db: Path) -> list[tuple]:
+    with sqlite3.connect(db) as con:
+        return con.execute("select id, batch_prompts, lr, status, error, cell_id from runs "
+                           "order by batch_prompts").fetchall()
+
+
+def _rows(db: Path, run_id: int) -> dict[tuple[int, str], tuple[int, float]]:
+    with sqlite3.connect(db) as con:
+        rows = con.execute("select step, key, samples, value from metrics where run_id=?",
+                           (run_id,)).fetchall()
+    assert len(rows) == len({(s, k) for s, k, *_ in rows})
+    return {(s, k): (n, v) for s, k, n, v in rows}
+
+
+def _cell_dir(tmp_path: Path, cell_id: str) -> Path:
+    return next((tmp_path / "runs").glob(f"*/cells/{cell_id[:16]}"))
+
+
+def _history(cell: Path, steps: int) -> dict[int, dict]:
+    """The trainer's own logs, step -> log, from its last checkpoint's trainer_state.json."""
+    state = json.loads((cell / "trl" / f"checkpoint-{steps}" / "trainer_state.json").read_text())
+    return {h["step"]: h for h in state["log_history"] if "loss" in h}
+
+
+def _check_against_history(rows: dict, hist: dict, steps: int, batch: int, lr: float) -> None:
+    """Every step 1..steps stored once, at step x batch samples, with the trainer's values."""
+    assert sorted(hist) == list(range(1, steps + 1))
+    assert {s for s, _ in rows} == set(range(1, steps + 1))
+    for step, h in hist.items():
+        assert rows[(step, "loss")] == (step * batch, pytest.approx(h["loss"], abs=1e-9))
+        assert rows[(step, "lr")][1] == pytest.approx(lr)
+        assert rows[(step, "reward_mean")][1] == pytest.approx(h["reward"])
+        assert rows[(step, "resp_len_mean")][1] == pytest.approx(h["completions/mean_length"])
+
+
+def test_a_two_cell_trl_sweep_through_a_user_entry_stores_every_step_once(tmp_path):
+    (tmp_path / "my_trainers.py").write_text(USER_ENTRY)
+    cfg = _config(tmp_path, "trl2", "[2, 4]", 48, "my_trainers:make_trainer", every=3)
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    proc = twoclocks("sweep", str(cfg), "--db", url, "--wait", timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    runs = _runs(db)
+    assert [(p, st) for _, p, _, st, _, _ in runs] == [(2, "completed"), (4, "completed")], runs
+    for rid, prompts, lr, _, _, cell_id in runs:
+        batch = prompts * 4
+        steps = -(-48 // batch)  # ceil: 6 and 3 optimizer steps
+        assert lr == pytest.approx(1e-4 * (batch / 8) ** 0.5)
+        cell = _cell_dir(tmp_path, cell_id)
+        # the user's function built the trainer, with the GRPOConfig the cell asks for
+        assert (cell / "trl.entry").read_text() == f"{batch} 4 {steps}\n"
+        _check_against_history(_rows(db, rid), _history(cell, steps), steps, batch, lr)
+    out = twoclocks("analyze", "trl2", "--db", url, timeout=300)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "sweep trl2" in out.stdout
+
+
+def _latest_ckpt(cell: Path | None) -> int:
+    """The newest checkpoint step whose trainer_state.json is complete (0: none)."""
+    if cell is None or not (cell / "trl").is_dir():
+        return 0
+    best = 0
+    for p in (cell / "trl").glob("checkpoint-*"):
+        try:
+            json.loads((p / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        best = max(best, int(p.name.split("-")[1]))
+    return best
+
+
+def _max_step(db: Path) -> int:
+    try:
+        with sqlite3.connect(db, timeout=5) as con:
+            return int(con.execute("select coalesce(max(step), 0) from metrics").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0  # not created yet
+
+
+def test_kill9_mid_cell_then_a_plain_rerun_resumes_from_the_checkpoint(tmp_path):
+    steps, every = 40, 5
+    cfg = _config(tmp_path, "trlk", "[2]", 8 * steps, "builtin:tiny-arith", every=every)
+    db = tmp_path / "k.db"
+    url = f"sqlite:///{db}"
+    cli = [sys.executable, "-m", "twoclocks_cli", "sweep", str(cfg), "--db", url, "--wait"]
+    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    deadline, cell = time.monotonic() + 300, None
+    while True:  # kill after a checkpoint (>= 10) and with steps logged past it
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        if cell is None and (tmp_path / "runs").is_dir():
+            cell = next((tmp_path / "runs").glob("*/cells/*"), None)
+        ckpt = _latest_ckpt(cell)
+        if ckpt >= 2 * every and _max_step(db) > ckpt:
+            break
+        time.sleep(0.05)
+    killed_at = _max_step(db)
+    assert killed_at < steps, "the cell finished before the kill"
+    _kill_tree(proc.pid)
+    proc.communicate(timeout=60)
+    rerun = twoclocks("sweep", str(cfg), "--db", url, "--wait", timeout=600, cwd=ROOT)
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
+    (rid, _, lr, status, _, cell_id), = _runs(db)
+    assert status == "completed"
+    with sqlite3.connect(db) as con:
+        events = [e for e, in con.execute("select to_status from run_events where run_id=? "
+                                          "order by id", (rid,))]
+    assert "lost" in events, events  # the kill was seen as a lost job, resumed by a plain rerun
+    cell = _cell_dir(tmp_path, cell_id)
+    lines = (cell / "trl-attempts.jsonl").read_text().splitlines()
+    attempts = [json.loads(line) for line in lines]
+    assert attempts[0]["resume_from"] is None
+    resumed = int(attempts[1]["resume_from"].split("-")[1])
+    assert len(attempts) == 2 and 2 * every <= resumed < killed_at, (attempts, killed_at)
+    # the resumed trainer's log_history holds attempt 1's logs up to its checkpoint and attempt
+    # 2's after it: the store equals it at every step, each once
+    _check_against_history(_rows(db, rid), _history(cell, steps), steps, 8, lr)
+    print(f"\nkilled at step {killed_at}, resumed from checkpoint-{resumed}, {steps} steps once")
