@@ -189,3 +189,52 @@ def test_kill9_mid_cell_then_a_plain_rerun_resumes_from_the_checkpoint(tmp_path)
     # 2's after it: the store equals it at every step, each once
     _check_against_history(_rows(db, rid), _history(cell, steps), steps, 8, lr)
     print(f"\nkilled at step {killed_at}, resumed from checkpoint-{resumed}, {steps} steps once")
+
+
+NO_TORCH = """
+import sys
+from pathlib import Path
+from twoclocks_cli.commands.plan import cell_lines, load_plan
+p = load_plan(Path(sys.argv[1]))
+for line in cell_lines(p).values():
+    print(line)
+assert "torch" not in sys.modules and "trl" not in sys.modules, "plan imported torch/trl"
+"""
+
+
+def test_plan_shows_each_cells_grpo_config_without_importing_torch():
+    example = ROOT / "examples" / "trl-tiny-sweep.toml"
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH, str(example)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for prompts, line in zip([2, 8], lines, strict=True):  # 8 and 32 completions, budget 256
+        batch = prompts * 4
+        assert f"per_device_train_batch_size={batch}," in line
+        assert f"max_steps={256 // batch}," in line and "num_generations=4," in line
+        assert f"learning_rate={1e-4 * (batch / 8) ** 0.5!r}," in line
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (('entry = "builtin:tiny-arith"', 'entry = "not_a_module_xyz:make"'),
+     ["trl.entry", "'not_a_module_xyz' is not importable"]),
+    (('entry = "builtin:tiny-arith"', 'entry = "builtin:huge"'), ["trl.entry", "unknown builtin"]),
+    (('entry = "builtin:tiny-arith"', 'entry = "make a trainer"'),
+     ["trl.entry", "module:function"]),
+    (("use_cpu = true", "use_cpu = true\nper_device_train_batch_size = 4"),
+     ["trl.args.per_device_train_batch_size", "set by the sweep"]),
+    (("use_cpu = true", "use_cpu = true\nnum_generation = 4"),
+     ["trl.args.num_generation", "did you mean 'num_generations'"]),
+    (("use_cpu = true", "use_cpu = true\ngradient_accumulation_steps = 3"),
+     ["grid.batch", "divisible by 3"]),
+    (("[trl]", "[trainer]\nmodel = \"x\"\n[trl]"), ["'trainer'", "does not read"]),
+])
+def test_a_bad_trl_table_is_one_line_and_writes_nothing(tmp_path, edit, needles):
+    from tests.support.cli import assert_one_line_error
+
+    cfg = _config(tmp_path, "bad", "[2]", 64, "builtin:tiny-arith", every=4)
+    cfg.write_text(cfg.read_text().replace(*edit))
+    db = tmp_path / "never.db"
+    proc = twoclocks("sweep", str(cfg), "--db", f"sqlite:///{db}", timeout=120)
+    assert_one_line_error(proc, str(cfg), *needles)
+    assert not db.exists()
