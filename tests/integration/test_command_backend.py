@@ -172,3 +172,49 @@ def test_the_command_table_is_required(tmp_path):
     cfg.write_text(text[:text.index("[command]")] + text[text.index("[local]"):])
     proc = twoclocks("plan", str(cfg), timeout=120)
     assert_one_line_error(proc, "key 'command' is required")
+
+
+JSONL_WRITER = """
+import json, sys, time
+steps, batch = int(sys.argv[1]), int(sys.argv[2])
+with open("metrics.jsonl", "w") as fh:
+    fh.write(json.dumps({"cfg": {"lr": float(sys.argv[3])}}) + "\\n")
+    for step in range(1, steps + 1):
+        fh.write(json.dumps({"step": step, "samples": 1000 + step * batch,
+                             "reward_mean": step / 10}) + "\\n")
+        fh.flush()
+        time.sleep(0.05)
+print("done")
+"""
+
+
+def test_a_jsonl_log_file_the_command_writes_is_followed_at_its_own_samples(tmp_path):
+    (tmp_path / "writer.py").write_text(JSONL_WRITER)
+    cfg = tmp_path / "j.toml"
+    cfg.write_text(f"""\
+name = "jl"
+backend = "command"
+sample_budget = 40
+executor = "debug"
+workdir = "{tmp_path / 'runs'}"
+min_steps = 1
+[scaling]
+reference_batch = 8
+reference_lr = 0.01
+[grid]
+batch = [2]
+group_size = 4
+[command]
+template = "{sys.executable} {tmp_path / 'writer.py'} {{total_steps}} 8 {{lr}}"
+log_format = "jsonl"
+log_source = "{{workdir}}/metrics.jsonl"
+poll_s = 0.1
+""")
+    db = tmp_path / "j.db"
+    proc = twoclocks("sweep", str(cfg), "--db", f"sqlite:///{db}", timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (rid, status, error), = _runs(db).values()
+    assert status == "completed", error
+    rows = _rows(db, rid)
+    assert rows == {(s, "reward_mean"): (1000 + 8 * s, pytest.approx(s / 10))
+                    for s in range(1, 6)}  # ceil(40 / 8) = 5 steps, samples as logged
