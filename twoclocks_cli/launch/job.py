@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import traceback
 from pathlib import Path
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
+from twoclocks_cli.errors import TwoclocksError
 from twoclocks_cli.launch import owner
 from twoclocks_cli.store.models import RunStatus
 
@@ -41,6 +44,38 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line: type and message, newlines folded."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def cell_error(exc: BaseException, workdir: Path, attempt: int) -> str:
+    """The run's one-line error. A project error (bad input) is its message; anything else is a
+    bug: its traceback goes to the job's stderr (the job log) and to a file in the cell's
+    workdir, and the line names both, so the evidence outlives the attempt."""
+    line = one_line(exc)
+    if isinstance(exc, TwoclocksError):
+        return line[:2000]
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    print(text, file=sys.stderr, flush=True)
+    where = []
+    try:
+        path = Path(workdir) / f"traceback-attempt-{attempt}.log"
+        path.write_text(text, encoding="utf-8")
+        where.append(f"traceback: {path}")
+    except OSError:
+        pass  # e.g. the workdir itself is what failed
+    if (log := job_log()) is not None:
+        where.append(f"job log: {log}")
+    suffix = f" ({'; '.join(where)})" if where else ""
+    return line[:2000 - len(suffix)] + suffix
+
+
+def job_log() -> str | None:
+    """The stderr file submitit gives this job (None outside a submitit job, e.g. debug)."""
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().paths.stderr)
+    except Exception:  # not in a submitit job: no environment to ask
+        return None
 
 
 class CellJob(Checkpointable):
@@ -79,7 +114,7 @@ class CellJob(Checkpointable):
                 status = RunStatus(run_cell(store, self.run_id, Path(self.workdir)))
             except Exception as exc:  # the backend's error is the run's outcome
                 store.transition(self.run_id, RunStatus.failed, {RunStatus.running},
-                           "backend raised", error=one_line(exc)[:2000])
+                                 "backend raised", error=cell_error(exc, wd, run.attempts + 1))
                 return RunStatus.failed.value
             if status not in (RunStatus.completed, RunStatus.diverged):
                 status = RunStatus.failed
