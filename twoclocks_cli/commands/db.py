@@ -13,9 +13,12 @@ app = typer.Typer(
 
 def _say(as_json: bool, text: str, **data) -> None:
     """One line for a person, or one JSON object (the masked URL, never a password)."""
-    import json
+    from twoclocks_cli.render.jsonout import print_json
 
-    typer.echo(json.dumps(data) if as_json else text)
+    if as_json:
+        print_json(data)
+    else:
+        typer.echo(text)
 
 
 @app.command()

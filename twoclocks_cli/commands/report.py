@@ -1,12 +1,12 @@
 """`twoclocks report`: one self-contained HTML page (plots, clocks, fits, schedule, options)."""
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.render.jsonout import print_json
 
 
 def report(
@@ -47,6 +47,6 @@ def report(
     page = write_report(Store.open(db), opts)
     pngs = sorted(p.name for p in page.parent.glob("*.png"))
     if as_json:
-        typer.echo(json.dumps({"index": str(page), "images": pngs}, indent=2))
+        print_json({"index": str(page), "images": pngs})
     else:
         typer.echo(f"wrote {page} ({', '.join(pngs) or 'no plots'}); open it in a browser")

@@ -1,12 +1,13 @@
 """`twoclocks runs`: list runs, show one run's config, history and metrics, delete runs."""
 
 import json
-import math
 from typing import Annotated
 
 import typer
 
 from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.render.jsonout import print_json
+from twoclocks_cli.render.tables import console
 
 app = typer.Typer(help="Runs in the store.", no_args_is_help=True)
 
@@ -52,26 +53,10 @@ def run_record(run) -> dict:
 
 
 def fmt(x) -> str:
-    """A number for a table: thousands separators, 4 significant digits below 1,000."""
-    if x is None:
-        return "-"
-    if isinstance(x, int):
-        return f"{x:,}"
-    if not math.isfinite(x):
-        return str(x)
-    if x == int(x) and abs(x) < 1e15:
-        return f"{int(x):,}"
-    return f"{x:,.1f}" if abs(x) >= 1000 else f"{x:.4g}"
+    """A number for a table (the shared rule: render.tables.num)."""
+    from twoclocks_cli.render.tables import num
 
-
-def strict(x):
-    """Strict JSON values (the project's --json style): NaN and ±inf become null, in nested
-    dicts and lists too."""
-    if isinstance(x, dict):
-        return {k: strict(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [strict(v) for v in x]
-    return x if not isinstance(x, float) or math.isfinite(x) else None
+    return num(x)
 
 
 def parse_keys(text: str | None) -> list[str] | None:
@@ -113,7 +98,7 @@ def list_(
     store = Store.open(db)
     runs = store.list_runs(sweep)
     if as_json:
-        typer.echo(json.dumps([run_record(r) for r in runs], indent=2))
+        print_json([run_record(r) for r in runs])
         return
     from rich.table import Table
 
@@ -200,16 +185,6 @@ def _show_tables(rec: dict) -> list:
     return [head, config, history, metrics]
 
 
-def console():
-    """A rich console; in a log (not a terminal) tables get their full width, not 80 columns."""
-    from rich.console import Console
-
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=200)
-    return out
-
-
 @app.command("show")
 def show(
     run_ref: Annotated[str, typer.Argument(metavar="RUN", help="Run id (or a unique run name).")],
@@ -224,7 +199,7 @@ def show(
     store = Store.open(db)
     rec = show_record(store, store.find_run(run_ref), parse_keys(keys))
     if as_json:
-        typer.echo(json.dumps(strict(rec), indent=2, allow_nan=False, default=str))
+        print_json(rec)
         return
     out = console()
     for table in _show_tables(rec):
@@ -283,7 +258,7 @@ def do_delete(store, busy: list, delete_fn, cancel=None) -> tuple[list[str], dic
 def report_delete(what: str, notes: list[str], counts: dict[str, int], as_json: bool) -> None:
     """Say what was deleted (a line, or JSON with the per-table row counts)."""
     if as_json:
-        typer.echo(json.dumps({"deleted": what, "cancelled": notes, "rows": counts}, indent=2))
+        print_json({"deleted": what, "cancelled": notes, "rows": counts})
         return
     for note in notes:
         typer.echo(note)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.render.jsonout import print_json
+from twoclocks_cli.render.tables import count
 
 
 def schedule_sweep(
@@ -62,12 +63,12 @@ def schedule(
         except OSError as exc:
             raise ConfigError(f"--out {out}: {exc.strerror}") from None
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        print_json(result)
         return
     typer.echo(f"schedule for sweep {name!r}:")
     for i, ph in enumerate(result["phases"]):
         typer.echo(
-            f"  phase {i}: until {ph['until_samples']:.0f} samples: "
+            f"  phase {i}: until {count(ph['until_samples'])} samples: "
             f"{ph['prompts_per_batch']} prompts/batch, lr {ph['lr']:.4g}, "
             f"clip [{ph['clip_eps_low']}, {ph['clip_eps_high']}]"
         )

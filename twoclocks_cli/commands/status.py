@@ -3,13 +3,14 @@ scheduler (one query per refresh) so a dead job is never shown as running."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated
 
 import typer
 
 from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.render.jsonout import print_json
+from twoclocks_cli.render.tables import console, num
 
 ORDER = ("planned", "submitted", "running", "lost", "completed", "diverged", "failed",
          "cancelled")
@@ -54,10 +55,9 @@ def standalone_table(snap: dict):
     table.add_column("error", overflow="fold")
     for r in rows:
         st = r["status"]
-        table.add_row(str(r["id"]), str(r["name"] or "-"), str(r["batch_samples"] or "-"),
+        table.add_row(str(r["id"]), str(r["name"] or "-"), num(r["batch_samples"]),
                       f"{r['lr']:.3g}" if r["lr"] else "-", f"[{STYLE.get(st, 'white')}]{st}[/]",
-                      str(r["last_step"] if r["last_step"] is not None else "-"),
-                      (r["error"] or "")[:80])
+                      num(r["last_step"]), (r["error"] or "")[:80])
     return table
 
 
@@ -76,11 +76,10 @@ def sweep_table(snap: dict, sweep: str):
         job = r["job_id"] or "-"
         if ":" in job:  # local:HOST:RUNNER[:PID] / debug:HOST:PID -> kind:pid
             job = f"{job.split(':')[0]}:{job.split(':')[-1]}"
-        table.add_row(str(r["id"]), str(r["batch_prompts"]), str(r["batch_samples"]),
+        table.add_row(str(r["id"]), num(r["batch_prompts"]), num(r["batch_samples"]),
                       f"{r['lr']:.3g}" if r["lr"] else "-", str(r["seed"]),
                       f"[{STYLE.get(st, 'white')}]{st}[/]",
-                      job, str(r["attempts"]),
-                      str(r["last_step"] if r["last_step"] is not None else "-"),
+                      job, str(r["attempts"]), num(r["last_step"]),
                       (r["error"] or "")[:80])
     return table
 
@@ -93,7 +92,7 @@ def sweeps_table(snap: dict):
     for s in ORDER:
         table.add_column(s, justify="right")
     for name, counts in sorted(snap["sweeps"].items()):
-        table.add_row(name, *[str(counts.get(s, 0) or "") for s in ORDER])
+        table.add_row(name, *[num(counts[s]) if counts.get(s) else "" for s in ORDER])
     return table
 
 
@@ -105,16 +104,26 @@ def waiting(snap: dict, sweep: str | None) -> bool:
 
 def follow(store, sweep: str | None, interval: float = 2.0) -> dict:
     """Live table until nothing of `sweep` is submitted or running; returns the last snapshot."""
-    from rich.console import Console
     from rich.live import Live
 
     snap = snapshot(store, sweep)
     render = (lambda s: sweep_table(s, sweep)) if sweep else sweeps_table
-    with Live(render(snap), console=Console(), refresh_per_second=4) as live:
+    with Live(render(snap), console=console(), refresh_per_second=4) as live:
         while waiting(snap, sweep):
             time.sleep(interval)
             snap = snapshot(store, sweep)
             live.update(render(snap))
+    _notes(snap)
+    return snap
+
+
+def wait_quietly(store, sweep: str, interval: float = 2.0) -> dict:
+    """Like `follow` with nothing on stdout (for --json): poll until nothing of `sweep` is
+    submitted or running; notes on stderr; returns the last snapshot."""
+    snap = snapshot(store, sweep)
+    while waiting(snap, sweep):
+        time.sleep(interval)
+        snap = snapshot(store, sweep)
     _notes(snap)
     return snap
 
@@ -144,7 +153,7 @@ def status(
     if watch and as_json:  # one JSON object per line per refresh, until nothing runs
         while True:
             snap = snapshot(store, sweep)
-            typer.echo(json.dumps(snap, default=str))
+            print_json(snap, indent=None)
             if not waiting(snap, sweep):
                 return
             time.sleep(interval)
@@ -153,11 +162,9 @@ def status(
         return
     snap = snapshot(store, sweep)
     if as_json:
-        typer.echo(json.dumps(snap, indent=2, default=str))
+        print_json(snap)
         return
-    from rich.console import Console
-
-    con = Console()
+    con = console()
     con.print(sweep_table(snap, sweep) if sweep else sweeps_table(snap))
     if sweep is None and (alone := standalone_table(snap)) is not None:
         con.print(alone)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from twoclocks_cli.commands.runs import ForceOption, YesOption
 from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.render.jsonout import print_json
 
 app = typer.Typer(help="Sweeps in the store.", no_args_is_help=True)
 
@@ -26,11 +26,11 @@ def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
                 "folder": w.folder, "created_at": w.created_at.isoformat(),
                 "cells": dict(counts.get(w.name, {}))} for w in rows]
     if as_json:
-        typer.echo(json.dumps(records, indent=2))
+        print_json(records)
         return
     from rich.table import Table
 
-    from twoclocks_cli.commands.runs import console
+    from twoclocks_cli.render.tables import console
 
     table = Table(title=f"sweeps in {store.url}")
     for col in ("id", "sweep", "backend", "executor", "cells", "created"):
