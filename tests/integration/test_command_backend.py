@@ -8,7 +8,9 @@ lines, and a bad [command] table is one line with nothing written."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import signal
 import sqlite3
 import sys
 import time
@@ -218,3 +220,59 @@ poll_s = 0.1
     rows = _rows(db, rid)
     assert rows == {(s, "reward_mean"): (1000 + 8 * s, pytest.approx(s / 10))
                     for s in range(1, 6)}  # ceil(40 / 8) = 5 steps, samples as logged
+
+
+def _writers(workdir_root: Path) -> list[int]:
+    """pids of live fixture writers started for cells under `workdir_root`."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(c.endswith(b"verl_writer.py") for c in cmd) and \
+                f"TWOCLOCKS_WORKDIR={workdir_root}".encode() in env:
+            out.append(int(proc.name))
+    return out
+
+
+def test_a_trainer_orphaned_by_a_killed_job_is_stopped_before_the_rerun_resumes(tmp_path):
+    """The job process alone is killed -9: bash dies with it, but the trainer bash had forked
+    (with an EXIT trap, `trap true EXIT; python ...` is not exec'd) lives on, logging steps
+    no job reads. The plain rerun stops it before the resumed command starts (one trainer per
+    workdir) and stores what it logged: every step once, none lost."""
+    from tests.support.cli import running_pids
+
+    cfg = _config(tmp_path)
+    text = cfg.read_text().replace("seeds = [0, 1]", "seeds = [0]")
+    text = text.replace("+fixture.pace=0.3", "+fixture.pace=2.0")  # outlives the rerun's start
+    cfg.write_text(text.replace('template = "', 'template = "trap true EXIT; '))
+    db = tmp_path / "o.db"
+    url = f"sqlite:///{db}"
+    assert twoclocks("sweep", str(cfg), "--db", url, timeout=120).returncode == 0
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "the command made no progress"
+        pids = running_pids(url, "cmd") if db.exists() else {}
+        rid = next(iter(pids), None)
+        if rid is not None and len({s for s, _ in _rows(db, rid)}) >= 2:
+            break
+        time.sleep(0.1)
+    root = tmp_path / "runs"
+    orphan = _writers(root)
+    assert len(orphan) == 1, orphan
+    os.kill(pids[rid], signal.SIGKILL)
+    time.sleep(1.0)
+    assert _writers(root) == orphan  # the trainer outlived its job: the path under test
+    rerun = twoclocks("sweep", str(cfg), "--db", url, "--wait", timeout=180)
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
+    assert orphan[0] not in _writers(root)
+    first = next(root.glob("cmd-*/cells/*/logs/attempt-1.out")).read_text()
+    assert "step:12 -" not in first  # it was stopped, it did not run to its end
+    (rid2, status, _), = _runs(db).values()
+    assert (rid2, status) == (rid, "completed")
+    _check_truth(_rows(db, rid), 0.001, range(1, STEPS + 1))

@@ -28,6 +28,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import string
 import subprocess
 import time
@@ -258,10 +259,13 @@ def run(cell: dict, writer, workdir: Path):
     env = {**os.environ, **(table.get("env") or {}), WORKDIR_VAR: str(workdir)}
     poll = float(table.get("poll_s") or 1.0)
     (logs / f"attempt-{attempt}.cmd").write_text(cmd + "\n")
+    _stop_previous(logs, attempt)
+    _catch_up(cell, workdir, attempt, table["log_format"], writer)
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
         proc = subprocess.Popen(["bash", "-c", cmd], cwd=workdir, env=env, stdout=out,
                                 stderr=err, stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent)
+        (logs / f"attempt-{attempt}.pgid").write_text(f"{socket.gethostname()} {proc.pid}\n")
         try:
             while proc.poll() is None:
                 _write(writer, follower.poll())
@@ -276,6 +280,42 @@ def run(cell: dict, writer, workdir: Path):
         raise RuntimeError(f"command {how} (attempt {attempt}; log {out_path}): "
                            f"{_tail(err_path, out_path)}")
     return RunStatus.completed
+
+
+def _stop_previous(logs: Path, attempt: int) -> None:
+    """Kill what is left of the previous attempt on this host (a job killed with -9 takes bash
+    with it, not a trainer bash had forked): two trainers must never write one workdir. Only
+    processes of that process group whose environment names this workdir are killed (a reused
+    pid is left alone)."""
+    try:
+        host, pgid = (logs / f"attempt-{attempt - 1}.pgid").read_text().split()
+    except (OSError, ValueError):
+        return
+    if host != socket.gethostname():
+        return
+    mark = f"{WORKDIR_VAR}={logs.parent}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            group = (proc / "stat").read_text().rsplit(")", 1)[1].split()[2]
+            if group != pgid or mark not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, IndexError):
+            continue
+
+
+def _catch_up(cell: dict, workdir: Path, attempt: int, fmt: str, writer) -> None:
+    """Store what earlier attempts logged to stdout (oldest first): steps a killed job never
+    read, which a resumed trainer does not log again when its checkpoint covers them."""
+    if (cell["command"].get("log_source") or "stdout") != "stdout":
+        return  # a log file the command writes is read whole by this attempt's follower
+    batch = int(cell["prompts_per_batch"]) * int(cell["group_size"])
+    for n in range(1, attempt):
+        path = log_path(cell, workdir, n)
+        if path.is_file():
+            _write(writer, LogFollower(path, fmt, batch).poll())
 
 
 def _write(writer, steps: list[tuple[int, int, dict]]) -> None:
