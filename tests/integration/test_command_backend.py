@@ -276,3 +276,51 @@ def test_a_trainer_orphaned_by_a_killed_job_is_stopped_before_the_rerun_resumes(
     (rid2, status, _), = _runs(db).values()
     assert (rid2, status) == (rid, "completed")
     _check_truth(_rows(db, rid), 0.001, range(1, STEPS + 1))
+
+
+@pytest.mark.slurm
+def test_a_requeued_slurm_cell_reruns_the_command_with_the_resume_flag(tmp_path):
+    """On a real SLURM cluster: the USR2 SLURM sends before a timeout makes submitit requeue
+    the cell; the command runs again with trainer.resume_mode=auto and resumes from its
+    checkpoint, every step stored once, the fixture's values."""
+    from tests.integration.test_slurm import _cluster_up
+
+    if (why := _cluster_up()) is not None:
+        if os.environ.get("TWOCLOCKS_REQUIRE_SLURM") == "1":
+            pytest.fail(f"SLURM is not up ({why})")
+        pytest.skip(f"SLURM is not up ({why}); run scripts/slurm-up.sh")
+    import subprocess
+
+    cfg = _config(tmp_path)
+    text = cfg.read_text().replace("seeds = [0, 1]", "seeds = [0]")
+    text = text.replace('executor = "local"', 'executor = "slurm"')
+    cfg.write_text(text.replace("+fixture.pace=0.3", "+fixture.pace=0.6")
+                   + "[slurm]\ntimeout_min = 10\n")
+    db = tmp_path / "q.db"
+    url = f"sqlite:///{db}"
+    try:
+        assert twoclocks("sweep", str(cfg), "--db", url, timeout=120).returncode == 0
+        deadline = time.monotonic() + 120
+        while True:  # past the fixture's checkpoint at step 4
+            assert time.monotonic() < deadline, "the cell made no progress"
+            (rid, status, _), = _runs(db).values()
+            if status == "running" and len({s for s, _ in _rows(db, rid)}) >= 5:
+                break
+            time.sleep(0.2)
+        with sqlite3.connect(db) as con:
+            job, = con.execute("select job_id from runs where id=?", (rid,)).fetchone()
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True)
+        deadline = time.monotonic() + 240
+        while _runs(db)[0][1] not in ("completed", "failed"):
+            assert time.monotonic() < deadline, _runs(db)
+            time.sleep(0.5)
+        assert _runs(db)[0][1] == "completed", _runs(db)
+        with sqlite3.connect(db) as con:
+            attempts, = con.execute("select attempts from runs where id=?", (rid,)).fetchone()
+        assert attempts == 2
+        logs = next((tmp_path / "runs").glob("cmd-*/cells/*/logs"))
+        assert "trainer.resume_mode=auto" in (logs / "attempt-2.cmd").read_text()
+        assert re.search(r"Resuming from global_step_(4|8)\n", (logs / "attempt-2.out").read_text())
+        _check_truth(_rows(db, rid), 0.001, range(1, STEPS + 1))
+    finally:
+        twoclocks("cancel", "cmd", "--db", url, timeout=60)
