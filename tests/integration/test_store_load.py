@@ -50,3 +50,67 @@ def test_a_wrong_address_still_fails_fast(small_server):
     t0 = time.monotonic()
     assert_one_line_error(twoclocks("runs", "list", "--db", url), "cannot reach database")
     assert time.monotonic() - t0 < 20
+
+
+class _SlowThenForward:
+    """A TCP front for the server that leaves its first `silent` connections unanswered (a
+    server swamped by a burst of job starts), then forwards bytes both ways."""
+
+    def __init__(self, port: int, silent: int):
+        import socket
+
+        self.port, self.silent, self.seen = port, silent, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.front = self.sock.getsockname()[1]
+        self.held: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.seen += 1
+            if self.seen <= self.silent:
+                self.held.append(client)  # accepted, never answered: the client times out
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.held:
+            c.close()
+
+
+def test_a_server_too_slow_to_answer_at_first_is_waited_for(small_server):
+    """Two first connections time out (10 s each, unanswered); the third is answered: the
+    command succeeds instead of failing on a server that was only busy."""
+    from tests.support.cli import twoclocks
+
+    front = _SlowThenForward(small_server.port, silent=2)
+    try:
+        url = small_server.url().replace(f":{small_server.port}/", f":{front.front}/")
+        proc = twoclocks("runs", "list", "--db", url, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert front.seen >= 3
+    finally:
+        front.close()

@@ -5,7 +5,9 @@ while it talks to the server (no pool: `NullPool`), so 256 writers share a serve
 `max_connections = 50`. A connection refused because the server is full ("too many clients",
 "remaining connection slots are reserved") or starting up / shutting down is retried with
 exponential backoff and jitter; once a process has reached the server, "connection refused" and
-a dropped connection (a server restart) are retried the same way. Retries stop after
+a dropped connection (a server restart) are retried the same way. A server that does not
+answer within `connect_timeout` (10 s; swamped by a burst of job starts) is retried a few times
+even before it was reached, so a wrong host still fails within about a minute. Retries stop after
 `$TWOCLOCKS_DB_RETRY_S` seconds (default 600), then the caller's one-line StoreError applies. For
 arrays much larger than the server's connection limit, put pgbouncer (transaction pooling) in
 front of it and point the store URL at pgbouncer.
@@ -28,6 +30,11 @@ _GONE = ("connection refused", "server closed the connection", "terminating conn
          "connection not open", "consuming input failed", "connection is closed",
          "could not receive data", "could not send data", "ssl syscall error", "eof detected",
          "the connection is lost", "connection reset")
+# the server did not answer within connect_timeout: a server swamped by a burst of job starts
+# answers later (retried a few times before it was ever reached, so a wrong host fails in
+# about a minute; always once it was reached)
+_SLOW = ("timeout expired",)
+FIRST_CONTACT_TIMEOUTS = 4
 
 
 def retry_budget() -> float:
@@ -38,11 +45,13 @@ def retry_budget() -> float:
         return DEFAULT_RETRY_S
 
 
-def transient(exc: BaseException, reached_before: bool) -> bool:
+def transient(exc: BaseException, reached_before: bool, timeouts_so_far: int = 0) -> bool:
     """Whether `exc` (a driver or SQLAlchemy error) is worth retrying."""
     text = str(getattr(exc, "orig", None) or exc).lower()
     if any(p in text for p in _BUSY):
         return True
+    if any(p in text for p in _SLOW):
+        return reached_before or timeouts_so_far < FIRST_CONTACT_TIMEOUTS
     return reached_before and any(p in text for p in _GONE)
 
 
@@ -74,14 +83,16 @@ def install(engine) -> None:
     @event.listens_for(engine, "do_connect")
     def _connect(dialect, conn_rec, cargs, cparams):
         backoff = Backoff()
+        timeouts = 0
         while True:
             try:
                 conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
                 state["reached"] = True
                 return conn
             except dialect.loaded_dbapi.OperationalError as exc:
-                if not transient(exc, state["reached"]) or not backoff.wait():
+                if not transient(exc, state["reached"], timeouts) or not backoff.wait():
                     raise
+                timeouts += any(p in str(exc).lower() for p in _SLOW)
                 state["retries"] += 1
 
     engine.info_reached = state  # the writer retries dropped connections once this is True
