@@ -153,6 +153,7 @@ def test_plan_prints_the_verl_example_commands():
     (("+fixture.pace", "data.train_batch_size=4 +fixture.pace"),
      ["command.template", "data.train_batch_size", "preset"]),
     (("+fixture.pace", "{prompts +fixture.pace"), ["command.template", "literal braces"]),
+    (("+fixture.pace", "{lr:.2g} +fixture.pace"), ["command.template", "{lr}", "format spec"]),
     (("preset = \"verl\"", ""), ["command.log_format", "verl, jsonl, csv"]),
     (("preset = \"verl\"", "preset = \"verl\"\nlog_format = \"parquet\""),
      ["command.log_format", "'verl', 'jsonl' or 'csv'"]),
@@ -324,3 +325,32 @@ def test_a_requeued_slurm_cell_reruns_the_command_with_the_resume_flag(tmp_path)
         _check_truth(_rows(db, rid), 0.001, range(1, STEPS + 1))
     finally:
         twoclocks("cancel", "cmd", "--db", url, timeout=60)
+
+
+def test_a_command_that_exits_0_without_a_readable_step_fails_saying_where_it_looked(tmp_path):
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f"""\
+name = "empty"
+backend = "command"
+sample_budget = 16
+executor = "debug"
+workdir = "{tmp_path / 'runs'}"
+min_steps = 1
+[scaling]
+reference_batch = 8
+reference_lr = 0.01
+[grid]
+batch = [2]
+group_size = 4
+[command]
+template = "echo 'step 1 reward 0.5'"
+log_format = "verl"
+poll_s = 0.1
+""")
+    db = tmp_path / "e.db"
+    proc = twoclocks("sweep", str(cfg), "--db", f"sqlite:///{db}", timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (rid, status, error), = _runs(db).values()
+    assert status == "failed" and "exited with code 0" in error and "attempt-1.out" in error \
+        and "command.log_format" in error and "step 1 reward 0.5" in error, error
+    assert _rows(db, rid) == {}

@@ -7,7 +7,8 @@ Every backend is a function with one signature, so the launcher never branches o
 `cell` is the run's fully resolved config (the `runs.config` JSON). Common keys that the sweep
 planner sets for every backend: `prompts_per_batch`, `group_size`, `lr`, `clip_eps_low`,
 `clip_eps_high`, `seed`, `sample_budget`, and optionally `phases` (a list of
-{until_samples, prompts_per_batch, lr, clip_eps_low, clip_eps_high}). `workdir` is a private
+{until_samples, prompts_per_batch, lr, clip_eps_low, clip_eps_high}); the `trl` and `command`
+backends read their own `trl` / `command` table of the cell. `workdir` is a private
 directory for checkpoints: a backend called again with the same workdir resumes from its last
 checkpoint (the writer upserts, so replayed steps never duplicate rows). The backend returns
 `completed` or `diverged`; an exception means `failed`.

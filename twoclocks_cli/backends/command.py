@@ -84,11 +84,13 @@ def placeholders(text: str, key: str, where: str) -> set[str]:
         raise ConfigError(f"{where}: key {key!r}: {exc} (write {{{{ and }}}} for literal "
                           "braces)") from None
     unknown = sorted(n for n in names if n not in PLACEHOLDERS)
-    if unknown or bad_spec:
-        name = (unknown or bad_spec)[0]
-        raise ConfigError(f"{where}: key {key!r}: unknown placeholder {{{name}}}; allowed: "
+    if unknown:
+        raise ConfigError(f"{where}: key {key!r}: unknown placeholder {{{unknown[0]}}}; allowed: "
                           + " ".join(f"{{{p}}}" for p in PLACEHOLDERS)
                           + " ({{ and }} for literal braces)")
+    if bad_spec:
+        raise ConfigError(f"{where}: key {key!r}: placeholder {{{bad_spec[0]}}} takes no format "
+                          "spec or conversion (values are given at full precision)")
     return names
 
 
@@ -260,7 +262,7 @@ def run(cell: dict, writer, workdir: Path):
     poll = float(table.get("poll_s") or 1.0)
     (logs / f"attempt-{attempt}.cmd").write_text(cmd + "\n")
     _stop_previous(logs, attempt)
-    _catch_up(cell, workdir, attempt, table["log_format"], writer)
+    earlier = _catch_up(cell, workdir, attempt, table["log_format"], writer)
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
         proc = subprocess.Popen(["bash", "-c", cmd], cwd=workdir, env=env, stdout=out,
                                 stderr=err, stdin=subprocess.DEVNULL,
@@ -279,6 +281,10 @@ def run(cell: dict, writer, workdir: Path):
                else f"exited with code {proc.returncode}")
         raise RuntimeError(f"command {how} (attempt {attempt}; log {out_path}): "
                            f"{_tail(err_path, out_path)}")
+    if not follower.written and not earlier:
+        raise RuntimeError(f"command exited with code 0 but {follower.path} has no step this "
+                           f"tool reads as {table['log_format']} (check command.log_source and "
+                           f"command.log_format): {_tail(err_path, out_path)}")
     return RunStatus.completed
 
 
@@ -306,16 +312,20 @@ def _stop_previous(logs: Path, attempt: int) -> None:
             continue
 
 
-def _catch_up(cell: dict, workdir: Path, attempt: int, fmt: str, writer) -> None:
+def _catch_up(cell: dict, workdir: Path, attempt: int, fmt: str, writer) -> int:
     """Store what earlier attempts logged to stdout (oldest first): steps a killed job never
     read, which a resumed trainer does not log again when its checkpoint covers them."""
     if (cell["command"].get("log_source") or "stdout") != "stdout":
-        return  # a log file the command writes is read whole by this attempt's follower
+        return 0  # a log file the command writes is read whole by this attempt's follower
     batch = int(cell["prompts_per_batch"]) * int(cell["group_size"])
+    steps = 0
     for n in range(1, attempt):
         path = log_path(cell, workdir, n)
         if path.is_file():
-            _write(writer, LogFollower(path, fmt, batch).poll())
+            got = LogFollower(path, fmt, batch).poll()
+            _write(writer, got)
+            steps += len(got)
+    return steps
 
 
 def _write(writer, steps: list[tuple[int, int, dict]]) -> None:
