@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from twoclocks_cli.adaptive import AdaptiveConfig
 from twoclocks_cli.config.limits import INT32_MAX, INT64_MAX, Int32, nul_key, path_problem
 from twoclocks_cli.errors import ConfigError
 
@@ -145,6 +146,15 @@ class TrainConfig(BaseModel):
         default_factory=list,
         description="Batch-size schedule; empty: one phase from the "
         "top-level prompts_per_batch/lr/clip values.",
+    )
+    batch_schedule: Literal["phases", "adaptive"] = Field(
+        "phases",
+        description="phases: the fixed [[phases]] (or one phase); adaptive: the in-run two-clock "
+        "controller picks each batch and lr (options in [adaptive], twoclocks_cli.adaptive).",
+    )
+    adaptive: AdaptiveConfig | None = Field(
+        None, description="The controller's options when batch_schedule = \"adaptive\" "
+        "(prompts_per_batch/lr are its reference unless it names its own).",
     )
 
     # --- optimiser ---------------------------------------------------------------------------
@@ -293,13 +303,36 @@ class TrainConfig(BaseModel):
                 last = ph.until_samples
         if self.prompt_template is not None and "{question}" not in self.prompt_template:
             raise ValueError("prompt_template must contain {question}")
+        self._check_adaptive()
         self._check_sizes()
         return self
+
+    def _check_adaptive(self) -> None:
+        """The controller's table goes with batch_schedule = "adaptive" and uses logged signals."""
+        a = self.adaptive
+        if self.batch_schedule != "adaptive":
+            if a is not None:
+                raise ValueError("[adaptive] is set but batch_schedule is not \"adaptive\"")
+            return
+        if a is None:
+            raise ValueError("batch_schedule = \"adaptive\" needs an [adaptive] table (at least "
+                             "batch_max)")
+        if self.phases:
+            raise ValueError("batch_schedule = \"adaptive\" and [[phases]] both set: the "
+                             "controller picks the batch, remove the phases")
+        if a.noise == "sign":
+            raise ValueError("adaptive.noise = 'sign': the grpo trainer logs the Euclidean "
+                             "gradient terms only; use 'euclidean'")
+        if a.drift_key == "kl_init" and self.kl_init_every != 1:
+            raise ValueError("adaptive.drift_key = 'kl_init' needs kl_init_every = 1 (the guard "
+                             "reads it every step)")
 
     def _check_sizes(self) -> None:
         """Batches and the step count must fit the store's 32-bit columns (runs, metrics.step)."""
         g = self.group_size
         batches = [self.prompts_per_batch] + [ph.prompts_per_batch for ph in self.phases]
+        if self.adaptive is not None:
+            batches += [self.adaptive.batch_min, self.adaptive.batch_max]
         for i, p in enumerate(batches):
             if p * g > INT32_MAX:
                 where = "prompts_per_batch" if i == 0 else f"phases[{i - 1}].prompts_per_batch"

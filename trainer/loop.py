@@ -29,6 +29,7 @@ from trainer.data import (
     render_prompt,
 )
 from trainer.logprobs import completion_logprobs
+from twoclocks_cli.adaptive import MODES, decision_metrics
 from twoclocks_cli.errors import ConfigError
 
 EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
@@ -370,6 +371,42 @@ def deterministic_kernels(device) -> None:
     torch.use_deterministic_algorithms(True, warn_only=str(device).startswith("cuda"))
 
 
+def _controller(cfg: TrainConfig, writer, state: dict | None):
+    """(controller, event recorder) of an adaptive run, restored from `state`; else (None, None).
+
+    A fresh run calibrates from `adaptive.from_sweep` in the writer's store (recorded as an
+    event); a resumed one carries its calibration in the checkpointed state."""
+    if cfg.batch_schedule != "adaptive":
+        return None, None
+    from twoclocks_cli.adaptive import Controller, calibrate, record_event
+
+    store = None
+    if writer is not None and getattr(writer, "engine", None) is not None:
+        from twoclocks_cli.store import Store
+
+        store = Store(writer.engine)
+    base = cfg.phase_at(0)[1]
+    if state is not None:
+        ctl = Controller(cfg.adaptive, cfg.group_size, base.prompts_per_batch, base.lr,
+                         state=state)
+    else:
+        if cfg.adaptive.from_sweep is not None and store is None:
+            raise ConfigError("adaptive.from_sweep needs a store to read the sweep's analysis")
+        cal = calibrate(store, cfg.adaptive) if store is not None else {}
+        ctl = Controller(cfg.adaptive, cfg.group_size, base.prompts_per_batch, base.lr,
+                         calibration=cal)
+        if cal:
+            record_event(store, writer.run_id, f"adaptive calibration from sweep "
+                         f"{cal['from_sweep']!r}: kappa {ctl.state.kappa:.4g} ({cal['kappa_why']})"
+                         f"; drift_threshold {ctl.state.drift_threshold} ({cal['drift_why']})")
+
+    def event(message: str) -> None:
+        if store is not None:
+            record_event(store, writer.run_id, message)
+
+    return ctl, event
+
+
 def train(
     cfg: TrainConfig,
     writer,
@@ -392,6 +429,9 @@ def train(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     deterministic_kernels(dist.device)
+    if cfg.batch_schedule == "adaptive" and dist.world > 1:
+        raise ConfigError("batch_schedule = \"adaptive\" runs in one process for now (the "
+                          f"controller's batch is not kept divisible by {dist.world} ranks)")
     for i, ph in enumerate(cfg.phases or [cfg.phase_at(0)[1]]):
         if ph.prompts_per_batch % dist.world:
             raise ConfigError(
@@ -434,6 +474,7 @@ def train(
         source.load_state(main["data"][dist.rank])
         checkpoint.restore_rng(rng, data_rng)
         engine.sync(model)
+    ctl, event = _controller(cfg, writer, main.get("controller") if ckpt is not None else None)
 
     def save() -> None:
         states = [None] * dist.world
@@ -448,6 +489,7 @@ def train(
                 "step": step,
                 "samples": samples,
                 "data": states,
+                "controller": None if ctl is None else ctl.to_dict(),
             }
             if dist.rank == 0
             else None
@@ -465,6 +507,10 @@ def train(
                        "eval_n": len(held)})
         while samples < cfg.sample_budget:
             phase_index, phase = cfg.phase_at(samples)
+            if ctl is not None:  # the controller's batch and lr, the config's clip range
+                phase_index = ctl.state.decisions
+                phase = phase.model_copy(update={"prompts_per_batch": ctl.prompts,
+                                                 "lr": ctl.lr, "until_samples": None})
             for group in opt.param_groups:
                 group["lr"] = phase.lr
             g = cfg.group_size
@@ -581,6 +627,12 @@ def train(
             }
             if kl_due:
                 values["kl_init"] = S["kl_init"] / S["tokens"]
+            decision = None
+            if ctl is not None:
+                values["adaptive_mode"] = MODES[ctl.state.mode]
+                decision = ctl.observe(step, samples, values)
+                if decision is not None:
+                    values.update(decision_metrics(decision))
             crossed = cfg.eval_every_samples > 0 and (
                 samples // cfg.eval_every_samples > (samples - n_all) // cfg.eval_every_samples
                 or samples >= cfg.sample_budget
@@ -594,6 +646,8 @@ def train(
             log(step, samples, values)
             if writer is not None and dist.rank == 0:
                 writer.flush()
+                if decision is not None:
+                    event(decision.reason)
             if on_step is not None and dist.rank == 0:
                 on_step(
                     Progress(step, samples, cfg.sample_budget, r_mean, S["hits"] / n_all, eval_acc)

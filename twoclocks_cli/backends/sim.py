@@ -14,6 +14,10 @@ Gradient-noise metrics, per logged step, from the batch's first micro-batch (b =
 `grad_l1_micro`/`grad_l1_full` = ||g_b||_1, ||g_B||_1, `grad_sign_dot` = <g_B, sign(g_b)> and
 `grad_l1_diff` = ||g_b - g_B||_1 (the sign-descent and l1 noise scales,
 twoclocks_cli.clocks.noise).
+
+`batch_schedule = "adaptive"` with an `adaptive` table (twoclocks_cli.adaptive.AdaptiveConfig):
+the in-run controller picks each step's batch and lr from these same signals (its state is in
+the checkpoint; every decision is logged at its step and recorded as a run event).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from twoclocks_cli.adaptive import decision_metrics
 from twoclocks_cli.errors import ConfigError
 from twoclocks_cli.store.models import RunStatus
 from twoclocks_cli.theory.model import ModelConfig
@@ -106,31 +111,80 @@ def _phase_at(phases: list[Phase], samples: float) -> int:
     return len(phases) - 1
 
 
+def _controller(cell: dict, writer, extra: dict | None):
+    """The adaptive controller of an adaptive cell (restored from `extra` on resume), else None."""
+    from twoclocks_cli.adaptive import Controller, calibrate, record_event, schedule_of
+    from twoclocks_cli.store import Store
+
+    sched = schedule_of(cell)
+    if sched is None:
+        return None, None
+    base = phases_of({k: v for k, v in cell.items() if k != "phases"})[0]
+    store = Store(writer.engine)
+    if extra and extra.get("controller") is not None:
+        ctl = Controller(sched, base.group_size, base.prompts_per_batch, base.lr,
+                         state=extra["controller"])
+    else:
+        cal = calibrate(store, sched)
+        ctl = Controller(sched, base.group_size, base.prompts_per_batch, base.lr,
+                         calibration=cal)
+        if cal:
+            record_event(store, writer.run_id, f"adaptive calibration from sweep "
+                         f"{cal['from_sweep']!r}: kappa {ctl.state.kappa:.4g} ({cal['kappa_why']})"
+                         f"; drift_threshold {ctl.state.drift_threshold} ({cal['drift_why']})")
+    return ctl, lambda msg: record_event(store, writer.run_id, msg)
+
+
 def run(cell: dict, writer, workdir: Path) -> RunStatus:
     """Simulate one cell to its sample budget, writing step metrics; resumes from `workdir`."""
     cfg = ModelConfig.from_dict(cell.get("sim"), where="cell sim")
-    phases = phases_of(cell)
     budget = _number(cell, "sample_budget")
     seed = int(cell.get("seed") or 0)
     path = Path(workdir) / STATE_FILE
+    extra = None
     if path.exists():
         state, extra = SimState.load(cfg, path)
         step, logged = int(extra["step"]), int(extra["logged"])
     else:
         state, step, logged = SimState.start(cfg, 1, seed), 0, 0
+    ctl, event = _controller(cell, writer, extra)
+    phases = phases_of(cell) if ctl is None else phases_of(
+        {k: v for k, v in cell.items() if k != "phases"})
     norm0 = float(np.linalg.norm(state.theta0)) or 1.0
+
+    def extra_now():
+        out = {"step": step, "logged": logged}
+        if ctl is not None:
+            out["controller"] = ctl.to_dict()
+        return out
+
     while True:
         samples = float(state.samples[0])
         k = _phase_at(phases, samples)
         ph = phases[k]
+        if ctl is not None:
+            ph = Phase(math.inf, ctl.prompts, ph.group_size, ctl.lr, ph.clip_eps_low,
+                       ph.clip_eps_high)
+            k = ctl.state.decisions
         if samples + ph.batch > budget:
             break
+        before = ctl.metrics() if ctl is not None else None
         p_before = _progress(state, _loss(state))
         cap = cfg.cap_for(ph.clip_eps_low, ph.clip_eps_high)
         info = state.step(ph.batch, ph.lr, cap)
         step += 1
         bad = bool(info.nonfinite[0])
-        if bad or step % cfg.log_every == 0:
+        decision = None
+        if ctl is not None:
+            decision = ctl.observe(step, float(state.samples[0]), {
+                "grad_sq_micro": float(info.grad_sq_micro[0]),
+                "grad_sq_full": float(info.grad_sq_full[0]),
+                "grad_micro_size": float(info.micro_size[0]), "grad_full_size": ph.batch,
+                "grad_l1_micro": float(info.grad_l1_micro[0]),
+                "grad_l1_full": float(info.grad_l1_full[0]),
+                "grad_sign_dot": float(info.grad_sign_dot[0]),
+                "drift_abs": float(info.drift[0]), "drift_rel": float(info.drift[0]) / norm0})
+        if bad or step % cfg.log_every == 0 or decision is not None:
             obs = np.random.default_rng([seed, step])
             values = {
                 "reward_mean": obs.binomial(ph.batch, p_before) / ph.batch,
@@ -151,20 +205,26 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
                 "grad_l1_diff": float(info.grad_l1_diff[0]),
                 "nonfinite": 1.0 if bad else 0.0,
             }
+            if before is not None:
+                values.update(before)
+            if decision is not None:
+                values.update(decision_metrics(decision))
             if logged % cfg.eval_every == 0:
                 p_now = _progress(state, float(info.loss[0]))
                 values["eval_accuracy"] = obs.binomial(cfg.eval_samples, p_now) / cfg.eval_samples
                 values["eval_n"] = cfg.eval_samples
             logged += 1
             writer.log(step, int(state.samples[0]), values)
+        if decision is not None:
+            event(decision.reason)
         if bad:
             writer.flush()
             return RunStatus.diverged
         if step % cfg.checkpoint_every == 0:
             writer.flush()  # rows first: a resume replays from the checkpoint, never skips
-            state.save(path, {"step": step, "logged": logged})
+            state.save(path, extra_now())
     writer.flush()
-    state.save(path, {"step": step, "logged": logged})
+    state.save(path, extra_now())
     return RunStatus.completed
 
 

@@ -1,0 +1,122 @@
+"""The adaptive controller alone: decisions against hand computation, exact state round trip,
+one-line config errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from twoclocks_cli.adaptive import AdaptiveConfig, Controller, calibration_of, schedule_of
+from twoclocks_cli.errors import ConfigError
+
+G = 4
+
+
+def _signals(b_noise: float, drift: float, batch: int) -> dict:
+    """Exact two-batch terms of a gradient with |G|^2 = 1 and tr(S) = b_noise (no sampling)."""
+    b = batch // 4
+    return {"grad_sq_micro": 1 + b_noise / b, "grad_sq_full": 1 + b_noise / batch,
+            "grad_micro_size": b, "grad_full_size": batch, "drift_rel": drift}
+
+
+def _ctl(**kw) -> Controller:
+    cfg = AdaptiveConfig(**{"batch_max": 64, "adapt_every": 100, **kw})
+    return Controller(cfg, G, run_prompts=4, run_lr=0.01)
+
+
+def test_progress_phase_follows_kappa_times_the_noise_scale_within_the_change_bound():
+    ctl = _ctl(kappa=0.5, noise_ema=1.0, batch_min=2, max_change=2.0)
+    assert ctl.prompts == 2 and ctl.lr == pytest.approx(0.01 * math.sqrt(2 / 4))
+    # B_noise 400 samples -> 0.5 x 400 / 4 = 50 prompts, but x2 per decision: 2 -> 4 -> 8
+    seen, samples, step = [], 0, 0
+    while len(seen) < 3:
+        step += 1
+        samples += ctl.batch
+        d = ctl.observe(step, samples, _signals(400.0, 0.0, ctl.batch))
+        if d is not None:
+            seen.append(d)
+    assert [d.prompts for d in seen] == [4, 8, 16]
+    assert seen[0].signals["b_noise"] == pytest.approx(400.0)
+    assert "0.5 x B_noise 400 = 200 samples = 50 prompts" in seen[0].reason
+    assert seen[-1].lr == pytest.approx(0.01 * math.sqrt(16 / 4))
+    # a small noise scale brings it down (B_noise 24 -> 0.5 x 24 / 4 = 3 prompts; 16/2 = 8 first)
+    d = None
+    while d is None:
+        step += 1
+        samples += ctl.batch
+        d = ctl.observe(step, samples, _signals(24.0, 0.0, ctl.batch))
+    assert d.prompts == 8
+
+
+def test_the_guard_fires_on_the_projected_drift_and_holds_batch_max():
+    ctl = _ctl(kappa=0.01, noise_ema=1.0, drift_threshold=1.0, safety=0.8, lookahead=100)
+    # drift^2 grows 0.0025 per sample: from 0 at sample 0, 0.5 at 100 (0.25 = d^2 at 100 samples)
+    out = []
+    samples = 0
+    for step in range(1, 200):
+        samples += ctl.batch
+        d = ctl.observe(step, samples, _signals(4.0, math.sqrt(0.0025 * samples), ctl.batch))
+        if d is not None:
+            out.append(d)
+        if len(out) == 3:
+            break
+    # first decision at 100: d^2 = 0.25, rate 0.0025 -> sqrt(0.25 + 0.25) = 0.707 < 0.8
+    assert out[0].mode == "progress" and out[0].signals["drift_projected"] == pytest.approx(
+        math.sqrt(0.5), rel=1e-6)
+    # at 200: sqrt(0.5 + 0.25) = 0.866 >= 0.8: batch_max, and kept whatever the noise says
+    assert out[1].mode == "guard" and out[1].prompts == 64 and "failure guard" in out[1].reason
+    assert out[2].mode == "guard" and out[2].prompts == 64
+
+
+def test_state_round_trip_gives_the_same_decisions():
+    rng = np.random.default_rng(0)
+    stream = [(float(rng.uniform(10, 500)), float(i) * 1e-3) for i in range(400)]
+
+    def run(split=None):
+        ctl = _ctl(kappa=0.3, drift_threshold=5.0)
+        out, samples = [], 0
+        for i, (bn, dr) in enumerate(stream):
+            if split is not None and i == split:  # checkpoint and restore (through JSON)
+                ctl = Controller(ctl.cfg, G, 4, 0.01, state=json.loads(json.dumps(ctl.to_dict())))
+            samples += ctl.batch
+            d = ctl.observe(i + 1, samples, _signals(bn, dr, ctl.batch))
+            out.append((ctl.prompts, ctl.lr, None if d is None else d.reason))
+        return out
+
+    assert run() == run(split=137)
+
+
+@pytest.mark.parametrize("table, needle", [
+    ({"batch_max": 8, "kapa": 1}, "adaptive.kapa"),
+    ({"batch_max": 0}, "adaptive.batch_max = 0"),
+    ({"batch_max": 4, "batch_min": 8}, "batch_min (8) > batch_max (4)"),
+    ({"batch_max": 8, "noise": "l2"}, "adaptive.noise = 'l2'"),
+    ({}, "adaptive.batch_max"),
+])
+def test_config_errors_are_one_line(table, needle):
+    with pytest.raises(ConfigError) as err:
+        schedule_of({"batch_schedule": "adaptive", "adaptive": table})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_schedule_keys():
+    assert schedule_of({"prompts_per_batch": 2}) is None
+    with pytest.raises(ConfigError, match="batch_schedule = 'ramp'"):
+        schedule_of({"batch_schedule": "ramp"})
+    with pytest.raises(ConfigError, match="both set"):
+        schedule_of({"batch_schedule": "adaptive", "adaptive": {"batch_max": 2},
+                     "phases": [{"prompts_per_batch": 1}]})
+
+
+def test_calibration_reads_the_analysis():
+    result = {"critical_batch": {"recommended": {"b_crit": 30.0},
+                                 "noise_scale": {"value": 120.0}},
+              "runs": [{"run_id": 1, "failure": {"samples": 50}},
+                       {"run_id": 2, "failure": {"samples": None}},
+                       {"run_id": 3, "failure": {"samples": 20}}]}
+    drifts = {1: ([10, 50, 60], [0.1, 1.3, 1.4]), 3: ([10, 20], [0.2, 1.2])}
+    cal = calibration_of(result, AdaptiveConfig(batch_max=4, from_sweep="s"), drifts.get)
+    assert cal["kappa"] == pytest.approx(0.25) and cal["drift_threshold"] == pytest.approx(1.2)

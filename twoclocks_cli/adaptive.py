@@ -1,0 +1,418 @@
+"""The in-run two-clock controller: `batch_schedule = "adaptive"` picks the batch while training.
+
+How it decides (every `adapt_every` samples, from per-step signals the run already logs):
+
+- progress phase: the batch becomes clamp(overhead * kappa * B_noise, batch_min, batch_max)
+  rounded to whole prompts (kappa * B_noise estimates the local B_crit; `overhead` is the share
+  of it to run at: McCandlish's E(B) = E_min (1 + B/B_crit) makes that (1 + overhead) x the
+  fewest samples), moved by at most a factor `max_change` per decision. B_noise is the gradient
+  noise scale from EMAs of its two-batch terms, as `analyze` computes it: McCandlish's
+  B_simple = tr(S)/|G|^2 (noise = "euclidean", from grad_sq_micro/grad_sq_full) or the
+  sign-descent B_sign (noise = "sign", from the l1 terms; see twoclocks_cli.clocks.noise).
+  `kappa` (default 1) corrects for noise in directions that do not matter for progress; it can
+  be calibrated from an analysed sweep (`from_sweep`: its recommended B_crit over its median
+  noise scale).
+- failure guard: with a `drift_threshold` (given, or from `from_sweep`: the lowest drift at
+  which its runs failed), when the drift projected over the next `lookahead` samples at the
+  rate of the last decision interval (the rate of drift^2: noise-driven drift is a random walk,
+  its square grows linearly in samples) crosses `safety * drift_threshold`, the batch switches to
+  `batch_max` (where a per-step cap slows the drift per sample) and stays there. The guard does
+  not wait for the change bound: failing is worse than a jolt to Adam's moments.
+- lr follows the scaling rule from the reference (batch, lr): lr = lr_ref (B / B_ref)^alpha.
+
+The controller is pure python/numpy (no torch), its state a JSON-able dict (exact resume).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from twoclocks_cli.errors import ConfigError
+
+SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
+DRIFT_KEYS = ("drift_rel", "drift_abs", "kl_init")
+MODES = {"progress": 0, "guard": 1}
+
+
+class AdaptiveConfig(BaseModel):
+    """The `[adaptive]` table of a run with `batch_schedule = "adaptive"`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    adapt_every: int = Field(2048, gt=0, le=2**62, description="Samples between two decisions.")
+    kappa: float | None = Field(
+        None, gt=0, description="Batch = kappa x B_noise. None: 1, or from_sweep's calibration.")
+    from_sweep: str | None = Field(
+        None, min_length=1, description="An analysed sweep that calibrates kappa (its recommended "
+        "B_crit / its median noise scale) and drift_threshold (the lowest drift at which its runs "
+        "failed) where they are not given.")
+    overhead: float = Field(
+        1.0, gt=0, description="Extra samples accepted over the small-batch limit: the batch is "
+        "overhead x kappa x B_noise. With E(B) = E_min (1 + B/B_crit) (McCandlish) a batch of "
+        "overhead x B_crit spends (1 + overhead) E_min samples: 1 is B_crit itself (twice the "
+        "samples, half the steps of the small-batch limit), 0.1 stays within 10% of E_min.")
+    noise: Literal["euclidean", "sign"] = Field(
+        "euclidean", description="Noise scale: euclidean (B_simple) or sign (B_sign).")
+    noise_ema: float = Field(
+        0.01, gt=0, le=1, description="EMA weight of the newest step in the noise terms (as "
+        "analyze's --noise-ema; one step's terms are noisy, so ~100 steps by default).")
+    batch_min: int = Field(1, gt=0, le=2**31 - 1, description="Smallest batch, in prompts.")
+    batch_max: int = Field(..., gt=0, le=2**31 - 1, description="Largest batch, in prompts "
+                           "(also the failure guard's batch).")
+    start_prompts: int | None = Field(
+        None, gt=0, description="Batch of the first steps, in prompts (None: batch_min).")
+    max_change: float = Field(2.0, gt=1, description="Most the batch may grow or shrink by per "
+                              "decision (a factor).")
+    drift_key: Literal["drift_rel", "drift_abs", "kl_init"] = Field(
+        "drift_rel", description="The guard's drift measure (a step metric of the run).")
+    drift_threshold: float | None = Field(
+        None, gt=0, description="Drift at which runs fail. None: from_sweep's, else no guard.")
+    lookahead: int = Field(8192, gt=0, description="Samples over which the guard projects the "
+                           "drift at its current rate.")
+    safety: float = Field(0.8, gt=0, le=1, description="The guard fires at safety x threshold.")
+    scaling: Literal["sqrt", "linear", "constant"] = Field(
+        "sqrt", description="lr rule from the reference: lr_ref (B/B_ref)^(1/2, 1, 0).")
+    reference_prompts: int | None = Field(
+        None, gt=0, description="Reference batch in prompts (None: the run's prompts_per_batch).")
+    reference_lr: float | None = Field(
+        None, gt=0, description="lr at the reference batch (None: the run's lr).")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.batch_min > self.batch_max:
+            raise ValueError(f"batch_min ({self.batch_min}) > batch_max ({self.batch_max})")
+        if self.start_prompts is not None and not (
+                self.batch_min <= self.start_prompts <= self.batch_max):
+            raise ValueError(f"start_prompts ({self.start_prompts}) must lie in [batch_min, "
+                             f"batch_max] = [{self.batch_min}, {self.batch_max}]")
+        return self
+
+    @classmethod
+    def from_dict(cls, data, where: str = "adaptive") -> AdaptiveConfig:
+        """Validate a config table; a bad key or value is one ConfigError naming it."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where} = {data!r}: must be a table (batch_schedule = "
+                              "\"adaptive\" needs [adaptive] with at least batch_max)")
+        try:
+            return cls(**data)
+        except ValidationError as err:
+            e = err.errors()[0]
+            loc = ".".join(str(x) for x in e["loc"])
+            key = f"{where}.{loc}" if loc else where
+            value = data.get(e["loc"][0]) if e["loc"] else None
+            shown = f" = {value!r}" if e["loc"] and e["loc"][0] in data else ""
+            allowed = ", ".join(cls.model_fields)
+            hint = f" (allowed keys: {allowed})" if e["type"] == "extra_forbidden" else ""
+            raise ConfigError(f"{key}{shown}: {e['msg']}{hint}") from None
+
+
+def schedule_of(cell: dict, where: str = "cell") -> AdaptiveConfig | None:
+    """The cell's AdaptiveConfig when `batch_schedule = "adaptive"`, else None (checked)."""
+    mode = cell.get("batch_schedule")
+    if mode is None or mode == "phases":
+        if cell.get("adaptive") is not None:
+            raise ConfigError(f"{where}: [adaptive] is set but batch_schedule is not "
+                              "\"adaptive\" (allowed: \"adaptive\", \"phases\")")
+        return None
+    if mode != "adaptive":
+        raise ConfigError(f"{where}: batch_schedule = {mode!r}: allowed are \"adaptive\" and "
+                          "\"phases\" (the default)")
+    if cell.get("phases"):
+        raise ConfigError(f"{where}: batch_schedule = \"adaptive\" and [[phases]] both set: the "
+                          "controller picks the batch, remove the phases")
+    return AdaptiveConfig.from_dict(cell.get("adaptive"), "adaptive")
+
+
+@dataclass
+class Decision:
+    """One decision: the new batch and lr, the mode, the signals used and the reason."""
+
+    index: int
+    step: int
+    samples: float
+    prompts: int
+    lr: float
+    mode: str
+    signals: dict
+    reason: str
+
+
+@dataclass
+class ControllerState:
+    """Everything the controller carries between steps (JSON-able: saved with checkpoints)."""
+
+    prompts: int
+    lr: float
+    mode: str = "progress"
+    decisions: int = 0
+    next_decision: float = 0.0
+    emas: list | None = None  # euclidean: [|G|^2, tr S]; sign: [P, A, b, r]
+    last_drift: float | None = None
+    last_drift_samples: float = 0.0
+    drift_rate: float | None = None
+    drift: float | None = None
+    b_noise: float | None = None
+    kappa: float = 1.0
+    drift_threshold: float | None = None
+    calibration: dict = field(default_factory=dict)
+
+
+class Controller:
+    """Picks the next step's batch (prompts) and lr from the steps so far."""
+
+    def __init__(self, cfg: AdaptiveConfig, group_size: int, run_prompts: int, run_lr: float,
+                 state: dict | None = None, calibration: dict | None = None):
+        self.cfg = cfg
+        self.group_size = int(group_size)
+        self.ref_prompts = cfg.reference_prompts or int(run_prompts)
+        self.ref_lr = cfg.reference_lr or float(run_lr)
+        if state is not None:
+            self.state = ControllerState(**state)
+            return
+        cal = calibration or {}
+        kappa = cfg.kappa if cfg.kappa is not None else cal.get("kappa", 1.0)
+        thr = cfg.drift_threshold if cfg.drift_threshold is not None else cal.get(
+            "drift_threshold")
+        start = cfg.start_prompts or cfg.batch_min
+        self.state = ControllerState(prompts=start, lr=self.lr_for(start),
+                                     next_decision=float(cfg.adapt_every), kappa=float(kappa),
+                                     drift_threshold=None if thr is None else float(thr),
+                                     calibration=dict(cal), last_drift_samples=0.0)
+
+    # -- what the loop reads ---------------------------------------------------------------
+
+    @property
+    def prompts(self) -> int:
+        return self.state.prompts
+
+    @property
+    def lr(self) -> float:
+        return self.state.lr
+
+    @property
+    def batch(self) -> int:
+        return self.state.prompts * self.group_size
+
+    def lr_for(self, prompts: int) -> float:
+        """lr at `prompts` by the scaling rule from the reference (batch, lr)."""
+        return self.ref_lr * (prompts / self.ref_prompts) ** SCALING[self.cfg.scaling]
+
+    def to_dict(self) -> dict:
+        """The state for a checkpoint (restore with Controller(..., state=this))."""
+        return asdict(self.state)
+
+    def metrics(self) -> dict:
+        """Step metrics of the current setting and the signals of the last decision."""
+        s = self.state
+        out = {"batch_samples": self.batch, "prompts": s.prompts, "phase": s.decisions,
+               "lr": s.lr, "adaptive_mode": MODES[s.mode], "adaptive_kappa": s.kappa}
+        for key, value in (("adaptive_b_noise", s.b_noise), ("adaptive_drift", s.drift),
+                           ("adaptive_drift_rate", s.drift_rate)):
+            if value is not None and math.isfinite(value):
+                out[key] = value
+        return out
+
+    # -- the per-step update ---------------------------------------------------------------
+
+    def observe(self, step: int, samples: float, signals: dict) -> Decision | None:
+        """Fold one step's signals in; at a decision point set the next batch and return why.
+
+        signals: the step's metrics (grad_* terms, grad_micro_size, grad_full_size, the drift
+        key); missing or non-finite terms are skipped."""
+        s = self.state
+        self._fold(signals)
+        d = signals.get(self.cfg.drift_key)
+        if d is not None and math.isfinite(float(d)):
+            s.drift = float(d)
+            if s.last_drift is None:
+                s.last_drift, s.last_drift_samples = s.drift, float(samples)
+        if samples < s.next_decision:
+            return None
+        while s.next_decision <= samples:
+            s.next_decision += self.cfg.adapt_every
+        return self._decide(step, float(samples))
+
+    def _fold(self, sig: dict) -> None:
+        """EMA of the noise terms of this step (as clocks.stats / clocks.noise smooth them)."""
+        terms = _terms(self.cfg.noise, sig)
+        if terms is None:
+            return
+        a = self.cfg.noise_ema
+        s = self.state
+        s.emas = list(terms) if s.emas is None else [
+            a * x + (1 - a) * e for x, e in zip(terms, s.emas, strict=True)]
+        s.b_noise = _scale(self.cfg.noise, s.emas)
+
+    def _decide(self, step: int, samples: float) -> Decision:
+        cfg, s = self.cfg, self.state
+        old_p, old_lr = s.prompts, s.lr
+        if s.drift is not None and s.last_drift is not None and samples > s.last_drift_samples:
+            # noise-driven drift is a random walk: its square grows linearly in samples
+            s.drift_rate = max(s.drift**2 - s.last_drift**2, 0.0) / (
+                samples - s.last_drift_samples)
+            s.last_drift, s.last_drift_samples = s.drift, samples
+        projected = None
+        if s.drift is not None and s.drift_rate is not None:
+            projected = math.sqrt(s.drift**2 + s.drift_rate * cfg.lookahead)
+        signals = {"b_noise": s.b_noise, "kappa": s.kappa, "drift": s.drift,
+                   "drift_rate": s.drift_rate, "drift_projected": projected,
+                   "drift_threshold": s.drift_threshold}
+        limit = None if s.drift_threshold is None else cfg.safety * s.drift_threshold
+        if s.mode == "guard":
+            why = "failure guard holds batch_max"
+        elif limit is not None and projected is not None and projected >= limit:
+            s.mode, s.prompts = "guard", cfg.batch_max
+            why = (f"failure guard: sqrt({cfg.drift_key}^2 {s.drift**2:.4g} + rate "
+                   f"{s.drift_rate:.3g}/sample x {cfg.lookahead}) = {projected:.4g} >= "
+                   f"{cfg.safety:g} x threshold "
+                   f"{s.drift_threshold:.4g}: batch_max, kept from here")
+        else:
+            s.prompts, why = self._progress_batch(s.prompts)
+        s.lr = self.lr_for(s.prompts)
+        s.decisions += 1
+        reason = (f"adaptive decision {s.decisions} at {samples:,.0f} samples (step {step}): "
+                  f"{old_p} -> {s.prompts} prompts ({old_p * self.group_size} -> "
+                  f"{self.batch} samples), lr {old_lr:.4g} -> {s.lr:.4g}: {why}")
+        return Decision(s.decisions, step, samples, s.prompts, s.lr, s.mode, signals, reason)
+
+    def _progress_batch(self, current: int) -> tuple[int, str]:
+        """The progress phase's next batch (prompts) and why."""
+        cfg, s = self.cfg, self.state
+        if s.b_noise is None or math.isnan(s.b_noise):
+            return current, f"no {cfg.noise} noise scale yet: batch kept"
+        scale = cfg.overhead * s.kappa
+        want = math.inf if math.isinf(s.b_noise) else scale * max(s.b_noise, 0.0)
+        goal = want / self.group_size
+        lo = max(cfg.batch_min, math.ceil(current / cfg.max_change - 1e-9))
+        hi = min(cfg.batch_max, math.floor(current * cfg.max_change + 1e-9))
+        new = int(min(max(round(goal) if math.isfinite(goal) else hi, lo), hi))
+        bound = (" (bounded by batch_min/batch_max and the change factor "
+                 f"{cfg.max_change:g})" if new != (round(goal) if math.isfinite(goal) else None)
+                 else "")
+        return new, (f"overhead {cfg.overhead:g} x kappa {s.kappa:.3g} x B_noise "
+                     f"{s.b_noise:.4g} = {want:.4g} samples = "
+                     f"{goal:.3g} prompts{bound}")
+
+
+def decision_metrics(d: Decision) -> dict:
+    """A decision as step metrics: its index, the batch it chose and the signals it used."""
+    out = {"adaptive_decision": d.index, "adaptive_next_prompts": d.prompts,
+           "adaptive_next_lr": d.lr}
+    for key, value in d.signals.items():
+        if value is not None and math.isfinite(value):
+            out[f"adaptive_{key}"] = value
+    return out
+
+
+def _f(sig: dict, key: str) -> float | None:
+    v = sig.get(key)
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _terms(noise: str, sig: dict) -> tuple | None:
+    """One step's noise terms: euclidean (|G|^2, tr S) or sign (P, A, b, r); None if missing."""
+    b, bb = _f(sig, "grad_micro_size"), _f(sig, "grad_full_size")
+    if b is None or bb is None or not 0 < b < bb:
+        return None
+    if noise == "euclidean":
+        gb, gbb = _f(sig, "grad_sq_micro"), _f(sig, "grad_sq_full")
+        if gb is None or gbb is None:
+            return None
+        return (bb * gbb - b * gb) / (bb - b), (gb - gbb) / (1 / b - 1 / bb)
+    import numpy as np
+
+    from twoclocks_cli.clocks.noise import _terms as sign_terms
+
+    vals = [_f(sig, k) for k in ("grad_l1_micro", "grad_l1_full", "grad_sign_dot")]
+    if any(v is None for v in vals):
+        return None
+    p, a, bv, r = (float(np.asarray(x).reshape(-1)[0]) for x in sign_terms(
+        *([v] for v in vals), [b], [bb]))
+    out = (p, a, bv, r)
+    return out if all(math.isfinite(x) for x in out) else None
+
+
+def _scale(noise: str, emas: list) -> float:
+    """B_noise from the smoothed terms (nan: no signal yet)."""
+    if noise == "euclidean":
+        g2, trs = emas
+        return trs / g2 if g2 > 0 else math.nan
+    import numpy as np
+
+    from twoclocks_cli.clocks.noise import _q_squared
+
+    p, a, b, r = emas
+    with np.errstate(all="ignore"):
+        q2 = float(np.asarray(_q_squared(np.array([p]), np.array([a]), np.array([r])))[0])
+    return b * (q2 - 1.0) if q2 == q2 else math.nan
+
+
+# -- calibration from an analysed sweep ------------------------------------------------------
+
+
+def calibrate(store, cfg: AdaptiveConfig) -> dict:
+    """kappa and drift_threshold from `cfg.from_sweep`'s latest stored analysis ({} without).
+
+    kappa = recommended B_crit / median noise scale (the one `cfg.noise` names) at the runs'
+    progress crossings; drift_threshold = the lowest `cfg.drift_key` value any of its runs had
+    when its failure clock fired (a lower bound of where runs fail). Either is None (with why)
+    when the sweep does not measure it."""
+    if cfg.from_sweep is None:
+        return {}
+    result = store.latest_analysis(store.get_sweep(cfg.from_sweep).name)
+    if result is None:
+        raise ConfigError(f"adaptive.from_sweep = {cfg.from_sweep!r}: the sweep has no stored "
+                          f"analysis: run `twoclocks analyze {cfg.from_sweep}` first")
+    return calibration_of(result, cfg, lambda rid: _drift_series(store, rid, cfg.drift_key))
+
+
+def calibration_of(result: dict, cfg: AdaptiveConfig, drift_of) -> dict:
+    """The calibration from an analysis document; drift_of(run_id) -> (samples, values)."""
+    crit = result.get("critical_batch") or {}
+    rec = (crit.get("recommended") or {}).get("b_crit")
+    key = "noise_scale" if cfg.noise == "euclidean" else "sign_noise_scale"
+    noise = (crit.get(key) or {}).get("value")
+    out: dict = {"from_sweep": cfg.from_sweep, "b_crit": rec, "noise_scale": noise}
+    if rec and noise and noise > 0 and math.isfinite(noise):
+        out["kappa"] = float(rec) / float(noise)
+        out["kappa_why"] = (f"recommended B_crit {rec:.4g} / median {key} {noise:.4g}")
+    else:
+        out["kappa_why"] = f"no recommended B_crit or {key} in the analysis: kappa 1"
+    drifts = []
+    for r in result.get("runs") or []:
+        at = (r.get("failure") or {}).get("samples")
+        if at is None:
+            continue
+        samples, values = drift_of(r["run_id"])
+        hit = [v for s, v in zip(samples, values, strict=True) if s >= at and v == v]
+        if hit:
+            drifts.append(hit[0])
+    if drifts:
+        out["drift_threshold"] = float(min(drifts))
+        out["drift_why"] = (f"lowest {cfg.drift_key} at the failure clock of {len(drifts)} "
+                            "failed runs (a lower bound)")
+    else:
+        out["drift_why"] = f"no run of the sweep failed with {cfg.drift_key} logged: no guard"
+    return out
+
+
+def _drift_series(store, run_id: int, key: str):
+    series = store.load_metric([run_id], key).get(run_id)
+    if series is None:
+        return [], []
+    return [float(x) for x in series.samples], [float(x) for x in series.values]
+
+
+def record_event(store, run_id: int, message: str) -> None:
+    """A run event carrying a decision's reason (once: a replayed decision is not repeated)."""
+    from twoclocks_cli.store.events import record_note
+
+    record_note(store, run_id, message)
