@@ -238,3 +238,29 @@ def test_a_bad_trl_table_is_one_line_and_writes_nothing(tmp_path, edit, needles)
     proc = twoclocks("sweep", str(cfg), "--db", f"sqlite:///{db}", timeout=120)
     assert_one_line_error(proc, str(cfg), *needles)
     assert not db.exists()
+
+
+def test_a_cells_grpo_config_generates_p_times_g_completions_per_rollout_batch(tmp_path):
+    """TRL's own GRPOConfig, built from a cell with gradient accumulation 2 and 2 iterations
+    per generation: one generation batch is P x G = 32 completions, and the callback's counter
+    gives 32 / 2 fresh completions per optimizer step, so max_steps x that = the budget."""
+    from trl import GRPOConfig
+
+    from twoclocks_cli.backends.trl import grpo_args
+    from twoclocks_cli.integrations.trl import samples_per_step
+
+    cell = {"prompts_per_batch": 4, "group_size": 8, "lr": 3e-5, "clip_eps_low": 0.2,
+            "clip_eps_high": 0.28, "seed": 7, "sample_budget": 100,
+            "trl": {"entry": "builtin:tiny-arith", "processes": 1, "checkpoint_every_steps": 3,
+                    "args": {"gradient_accumulation_steps": 2, "num_iterations": 2,
+                             "use_cpu": True, "bf16": False}}}
+    args = GRPOConfig(**grpo_args(cell, tmp_path))
+    assert args.per_device_train_batch_size == 16 and args.num_generations == 8
+    assert args.generation_batch_size == 32  # P x G: what TRL generates at once
+    assert args.max_steps == 4 * 2  # ceil(100 / 32) = 4 rollout batches, 2 steps each
+    assert (args.learning_rate, args.epsilon, args.epsilon_high, args.seed) == \
+        (3e-5, 0.2, 0.28, 7)
+    assert args.output_dir == str(tmp_path / "trl") and args.save_steps == 3
+    per_step, prompts = samples_per_step(args)
+    assert (per_step, prompts) == (16, 2)
+    assert args.max_steps * per_step == 4 * 32
