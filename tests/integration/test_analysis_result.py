@@ -124,7 +124,8 @@ def test_analyze_on_an_unchanged_sweep_stores_no_second_row(tmp_path):
             _ingest(tmp_path, url, "same", b, 0.8 * (1 - np.exp(-x / (tau + 10 * seed))), seed)
 
     def analyze(*extra):
-        proc = twoclocks("analyze", "same", "--db", url, "--json", "--bootstrap", "100", *extra)
+        proc = twoclocks("analyze", "same", "--db", url, "--json", "--save", "--bootstrap", "100",
+                         *extra)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)["analysis_id"]
 

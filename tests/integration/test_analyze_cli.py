@@ -125,7 +125,8 @@ def test_schedule_reuses_stored_analysis_and_writes_toml(sim_db, tmp_path):
     url, _ = sim_db
     assert (
         twoclocks(
-            "analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "6.5", "--json"
+            "analyze", "sim", "--db", url, "--target", "0.9", "--drift-threshold", "6.5", "--json",
+            "--save",
         ).returncode
         == 0
     )

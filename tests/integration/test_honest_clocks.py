@@ -33,7 +33,9 @@ def _ingest(tmp_path, url, sweep, batch, values, seed, lr=None, group=4):
 
 
 def _analyze(url, sweep, *extra):
-    proc = twoclocks("analyze", sweep, "--db", url, "--json", "--bootstrap", "100", *extra)
+    """`analyze --save --json` (saved: a later `schedule` uses these options)."""
+    proc = twoclocks("analyze", sweep, "--db", url, "--json", "--save", "--bootstrap", "100",
+                     *extra)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

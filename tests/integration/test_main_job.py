@@ -94,7 +94,7 @@ def test_main_job_end_to_end(tmp_path):
 
     _ok(twoclocks("sweep", str(cfg), "--db", db, "--wait", cwd=tmp_path, timeout=900))
 
-    analysis = json.loads(_ok(twoclocks("analyze", "mini", "--db", db, "--json",
+    analysis = json.loads(_ok(twoclocks("analyze", "mini", "--db", db, "--json", "--save",
                                         "--plot", str(tmp_path / "clocks.png"))).stdout)
     assert analysis["metric"] == "eval_accuracy"
     assert [b["batch_samples"] for b in analysis["batches"]] == [16, 64]

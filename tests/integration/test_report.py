@@ -134,7 +134,7 @@ def test_report_reuses_the_stored_analysis_until_the_sweep_changes(tmp_path, sql
     import json
 
     ingest_synthetic(tmp_path, sqlite_url)
-    r = CliRunner().invoke(app, ["analyze", "syn", "--target", "frac:0.4", "--json",
+    r = CliRunner().invoke(app, ["analyze", "syn", "--target", "frac:0.4", "--json", "--save",
                                  "--db", sqlite_url])
     assert r.exit_code == 0, r.output
     stored = json.loads(r.stdout)["analysis_id"]

@@ -34,7 +34,7 @@ seeds = [0, 1, 2]
 [local]
 max_parallel = 2
 """
-ANALYZE = ("--target", str(TARGET), "--no-theory", "--bootstrap", "40", "--json")
+ANALYZE = ("--target", str(TARGET), "--no-theory", "--bootstrap", "40", "--json", "--save")
 
 
 @pytest.fixture(scope="module")

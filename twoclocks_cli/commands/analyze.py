@@ -7,15 +7,17 @@ from typing import Annotated
 import typer
 
 from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.render.tables import console, count, num
 
 
 def _fmt(v, digits=4) -> str:
-    return "-" if v is None else f"{v:.{digits}g}"
+    """A number for the tables (thousands separators from 1,000 up)."""
+    return num(v, digits)
 
 
 def _n(v) -> str:
-    """A sample count, no decimals."""
-    return "-" if v is None else f"{v:.0f}"
+    """A sample count: whole, with thousands separators."""
+    return count(v)
 
 
 def _clock(agg) -> str:
@@ -30,15 +32,14 @@ def _clock(agg) -> str:
 
 def render(doc: dict) -> None:
     """Rich tables of an analysis document."""
-    from rich.console import Console
     from rich.table import Table
 
     from twoclocks_cli.clocks.result import Analysis
 
     a = Analysis.of(doc)
-    con = Console()
+    con = console()
     table = Table(
-        title=f"sweep {a.sweep}: {a.metric} target {a.target.value:.4g} "
+        title=f"sweep {a.sweep}: {a.metric} target {_fmt(a.target.value)} "
         f"({a.target.spec}); clocks in samples, median [90% bootstrap]"
     )
     for col in ("batch", "lr", "runs", "progress clock", "failure clock", "note"):
@@ -46,7 +47,7 @@ def render(doc: dict) -> None:
     for b in a.batches:
         lr = ", ".join(f"{x:.3g}" for x in b.lr) or "-"
         note = b.progress.note + (" (partial)" if b.partial else "")
-        table.add_row(f"{b.batch_samples:g}", lr, str(b.n_runs), _clock(b.progress),
+        table.add_row(num(b.batch_samples), lr, str(b.n_runs), _clock(b.progress),
                       _clock(b.failure), note)
     con.print(table)
     render_critical(con, a.critical)
@@ -69,7 +70,7 @@ def render(doc: dict) -> None:
         for col in ("clip_low", "clip_high", "batch", "runs", "progress", "failure"):
             ct.add_column(col)
         for row in a.clipping:
-            ct.add_row(_fmt(row["clip_low"]), _fmt(row["clip_high"]), str(row["batch_samples"]),
+            ct.add_row(_fmt(row["clip_low"]), _fmt(row["clip_high"]), num(row["batch_samples"]),
                        str(row["n_runs"]), _fmt(row["progress_median"]),
                        _fmt(row["failure_median"]))
         con.print(ct)
@@ -79,12 +80,11 @@ def render(doc: dict) -> None:
 
 def render_side_by_side(docs: list[dict]) -> None:
     """Several sweeps' clocks and B_crit in one table (rows: sweep x batch size)."""
-    from rich.console import Console
     from rich.table import Table
 
     from twoclocks_cli.clocks.result import Analysis
 
-    con = Console()
+    con = console()
     table = Table(title="sweeps side by side (same analysis options); clocks in samples, "
                         "median [90% bootstrap]")
     for col in ("sweep", "target", "batch", "lr", "runs", "progress clock", "failure clock"):
@@ -94,8 +94,8 @@ def render_side_by_side(docs: list[dict]) -> None:
         summary.add_column(col)
     for a in map(Analysis.of, docs):
         for i, b in enumerate(a.batches):
-            table.add_row(a.sweep if i == 0 else "", f"{a.target.value:.4g}" if i == 0 else "",
-                          f"{b.batch_samples:g}", ", ".join(f"{x:.3g}" for x in b.lr) or "-",
+            table.add_row(a.sweep if i == 0 else "", _fmt(a.target.value) if i == 0 else "",
+                          num(b.batch_samples), ", ".join(f"{x:.3g}" for x in b.lr) or "-",
                           str(b.n_runs), _clock(b.progress), _clock(b.failure))
         inv, rec = a.invariance, a.critical.recommended
         summary.add_row(a.sweep, _est(rec), rec.source or "-",
@@ -109,8 +109,14 @@ def render_side_by_side(docs: list[dict]) -> None:
 
 
 def _est(e) -> str:
-    """'36 [30, 41]', '>= 512', '<= 8', or 'none' (a critical.Estimate)."""
-    return "none" if e.b_crit is None else e.text()
+    """'36 [30, 41]', '>= 10,240', '<= 8', or 'none' (a critical.Estimate), in samples."""
+    if e.b_crit is None:
+        return "none"
+    if e.bound in ("lower", "upper"):
+        return f"{'>=' if e.bound == 'lower' else '<='} {num(e.b_crit)}"
+    if e.low is not None:
+        return f"{num(e.b_crit)} [{num(e.low)}, {'open' if e.high is None else num(e.high)}]"
+    return num(e.b_crit)
 
 
 def render_critical(con, crit) -> None:
@@ -129,11 +135,11 @@ def render_critical(con, crit) -> None:
         t.add_row(label, _est(e), e.placement or "-", str(e.seeds or "-"), note)
     for label, ns in (("noise scale B_simple", crit.noise_scale),
                       ("sign noise scale B_sign", crit.sign_noise_scale)):
-        t.add_row(label, "none" if ns.value is None else f"{ns.value:.4g}", "proxy",
+        t.add_row(label, "none" if ns.value is None else num(ns.value), "proxy",
                   str(ns.n_runs or "-"), ns.note)
     th = crit.theory
     if th:
-        value = "none" if th.get("b_crit") is None else f"{th['b_crit']:.4g}"
+        value = "none" if th.get("b_crit") is None else num(th["b_crit"])
         t.add_row("theory (dense simulation)", value, th.get("method") or "-", "-",
                   th.get("mechanism") or th.get("note") or "")
     con.print(t)
@@ -222,13 +228,17 @@ def analyze(
         str | None, typer.Option("--csv", help="Write per-run clocks to this CSV.")
     ] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a two-panel PNG here.")] = None,
-    store_result: Annotated[
-        bool, typer.Option("--store/--no-store", help="Save the result in the analyses table.")
-    ] = True,
+    save: Annotated[
+        bool, typer.Option("--save/--no-save", "--store/--no-store", help=(
+            "Save the result in the analyses table (an identical stored one is reused, not "
+            "stored twice); `schedule` and `report` then use it. Default: nothing is stored."))
+    ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Measure the progress and failure clocks of a sweep and fit the critical batch size."""
+    """Measure the progress and failure clocks of a sweep and fit the critical batch size.
+
+    Nothing is stored unless --save (then `analysis_id` in --json is its row; else null)."""
     from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
     from twoclocks_cli.store import Store
 
@@ -263,21 +273,19 @@ def analyze(
                               "side by side (drop --csv/--plot, or name one sweep)")
         names = [store.get_sweep(n).name for n in dict.fromkeys(sweeps)]  # NotFound first
         docs = [analyze_sweep(store, n, opts).to_json() for n in names]
-        if store_result:
-            for n, d in zip(names, docs, strict=True):
-                d["analysis_id"] = store.save_analysis(n, d)
+        for n, d in zip(names, docs, strict=True):
+            d["analysis_id"] = store.save_analysis(n, d) if save else None
         if as_json:
-            import json
+            from twoclocks_cli.render.jsonout import print_json
 
-            typer.echo(json.dumps({"sweeps": docs}, indent=2, allow_nan=False))
+            print_json({"sweeps": docs})
         else:
             render_side_by_side(docs)
         return
     name = resolve_sweep(store, sweeps[0] if sweeps else None)
     result = analyze_sweep(store, name, opts)
     data = result.to_json()
-    if store_result:
-        data["analysis_id"] = store.save_analysis(name, data)
+    data["analysis_id"] = store.save_analysis(name, data) if save else None
     if csv:
         write_csv(data, csv)
     if plot:

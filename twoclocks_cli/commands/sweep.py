@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 
 from twoclocks_cli.commands.plan import ConfigArg
-from twoclocks_cli.options import DbOption
+from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
 
 ExecutorOption = Annotated[
     str | None,
@@ -23,17 +24,18 @@ def sweep(
         "--wait", help="Follow with a live table; exit 1 if a cell failed.")] = False,
     executor: ExecutorOption = None,
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Register CONFIG's cells and submit the pending ones as one batch (one job array).
 
     Re-running submits nothing completed or running; a changed config adds its new cells.
+    With --json: one document (counts, and per cell its run id, submitted or skipped, status).
     """
-    from rich.console import Console
-
     from twoclocks_cli.commands.plan import load_plan, print_warnings
-    from twoclocks_cli.commands.status import follow, snapshot, sweep_table
+    from twoclocks_cli.commands.status import follow, snapshot, sweep_table, wait_quietly
     from twoclocks_cli.errors import ConfigError
     from twoclocks_cli.launch import sweeps
+    from twoclocks_cli.render.tables import console
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.engine import resolve_url
 
@@ -45,19 +47,24 @@ def sweep(
     ex = sweeps.choose_executor(cfg, executor)
     url = sweeps.absolute_db_url(db or cfg.store or resolve_url(None))
     store = Store.open(url)
-    reg = sweeps.register(store, p, str(config))
-    runs = sweeps.to_submit(store, reg, retry_failed)
-    job_ids = sweeps.submit(store, reg, runs, ex, url)
-    typer.echo(f"sweep {cfg.name}: {len(p.cells)} cells ({reg.new} new), submitted "
-               f"{len(job_ids)} via {ex.name}" + (f" to {store.url}" if job_ids else ""))
+    with stdout_to_stderr(as_json):  # a debug cell runs here: its output is not the JSON
+        reg = sweeps.register(store, p, str(config))
+        runs = sweeps.to_submit(store, reg, retry_failed)
+        job_ids = sweeps.submit(store, reg, runs, ex, url)
+        typer.echo(f"sweep {cfg.name}: {len(p.cells)} cells ({reg.new} new), submitted "
+                   f"{len(job_ids)} via {ex.name}" + (f" to {store.url}" if job_ids else ""),
+                   err=as_json)
+        if wait:
+            snap = wait_quietly(store, cfg.name) if as_json else follow(store, cfg.name)
+        else:
+            snap = snapshot(store, cfg.name)
+    mine = [r for r in snap["runs"] if r["cell_id"] in reg.runs]
+    if as_json:
+        print_json(sweep_record(cfg, ex.name, store.url, reg, job_ids, mine, p.warnings, wait))
+    elif not wait:
+        console().print(sweep_table(snap, cfg.name))
     if wait:
-        snap = follow(store, cfg.name)
-    else:
-        snap = snapshot(store, cfg.name)
-        Console().print(sweep_table(snap, cfg.name))
-    if wait:
-        bad = [r for r in snap["runs"] if r["cell_id"] in reg.runs and
-               r["status"] in ("failed", "cancelled", "lost")]
+        bad = [r for r in mine if r["status"] in ("failed", "cancelled", "lost")]
         if bad:
             typer.echo(f"{len(bad)} cell(s) failed, were cancelled or lost: "
                        + "; ".join(f"run {r['id']}: {r['error'] or r['status']}" for r in bad[:3]),
@@ -65,9 +72,30 @@ def sweep(
             raise typer.Exit(1)
 
 
+def sweep_record(cfg, executor: str, url, reg, job_ids: dict, runs: list[dict],
+                 warnings: list[str], waited: bool) -> dict:
+    """The --json document of `sweep`: what was registered, submitted and skipped; per cell of
+    the current plan its run id, parameters, action and status (after --wait: the final one)."""
+    from twoclocks_cli.store.engine import mask_url
+
+    cells = [{"run_id": r["id"], "cell_id": r["cell_id"], "name": r["name"],
+              "batch_prompts": r["batch_prompts"], "group_size": r["group_size"],
+              "batch_samples": r["batch_samples"], "lr": r["lr"], "seed": r["seed"],
+              "action": "submitted" if r["id"] in job_ids else "skipped",
+              "status": r["status"], "job_id": r["job_id"], "attempts": r["attempts"],
+              "last_step": r["last_step"], "error": r["error"]} for r in runs]
+    return {"sweep": cfg.name, "backend": cfg.backend, "executor": executor,
+            "db": mask_url(url), "folder": reg.folder, "cells": len(cells),
+            "registered": {"new": reg.new, "existing": reg.existing},
+            "submitted": sum(c["action"] == "submitted" for c in cells),
+            "skipped": sum(c["action"] == "skipped" for c in cells),
+            "waited": waited, "warnings": list(warnings), "runs": cells}
+
+
 def cancel(
     sweep_name: Annotated[str, typer.Argument(metavar="SWEEP", help="Sweep to cancel.")],
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Cancel every planned, submitted or running cell of SWEEP (one scheduler call)."""
     from twoclocks_cli.errors import LaunchError
@@ -75,8 +103,21 @@ def cancel(
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
+    before = {r.id: r.status for r in store.sweep_runs(sweep_name)} if as_json else {}
     n, problems = sweeps.cancel(store, sweep_name)
-    typer.echo(f"sweep {sweep_name}: cancelled {n} cell(s)")
+    if as_json:
+        print_json(cancel_record(store, sweep_name, n, before, problems))
+    else:
+        typer.echo(f"sweep {sweep_name}: cancelled {n} cell(s)")
     if problems:
         raise LaunchError("cells marked cancelled, but stopping their jobs failed: "
                           + "; ".join(problems))
+
+
+def cancel_record(store, sweep: str, n: int, before: dict[int, str], problems: list[str]
+                  ) -> dict:
+    """The --json document of `cancel`: how many cells were cancelled, and per run of the
+    sweep its status before and after."""
+    runs = [{"run_id": r.id, "cell_id": r.cell_id, "before": before.get(r.id),
+             "status": r.status} for r in store.sweep_runs(sweep)]
+    return {"sweep": sweep, "cancelled": n, "problems": problems, "runs": runs}

@@ -137,11 +137,15 @@ def train(
             help="Resume --workdir's run with a larger sample_budget (nothing else may change).",
         ),
     ] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the final summary (run id, status, steps, samples, last value "
+        "of each metric, checkpoint) as JSON; progress goes to stderr.")] = False,
 ) -> None:
     """Train one GRPO run in-process; every step's metrics go to the store."""
     from trainer.config import load_config
     from trainer.loop import setup_dist
     from twoclocks_cli.errors import TwoclocksError
+    from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.models import RunStatus
 
@@ -166,8 +170,10 @@ def train(
         typer.echo(f"resuming run {run_id} from its checkpoint at step {start} "
                    f"({_samples_at(store, run_id, start):,} samples) in {workdir}", err=True)
     try:
-        status = _train_with_bar(cfg, writer, workdir, run_id, dist.rank == 0, extend,
-                                 _samples_at(store, run_id, start) if start else 0)
+        with stdout_to_stderr(as_json):  # with --json, stdout is the summary alone
+            status = _train_with_bar(cfg, writer, workdir, run_id, dist.rank == 0, extend,
+                                     _samples_at(store, run_id, start) if start else 0,
+                                     to_stderr=as_json)
     except BaseException as err:
         if dist.rank == 0:
             state = RunStatus.cancelled if isinstance(err, KeyboardInterrupt) else RunStatus.failed
@@ -175,6 +181,8 @@ def train(
             store.set_status(run_id, state, message=str(err)[:500], error=str(err)[:2000])
         if isinstance(err, KeyboardInterrupt) and dist.rank == 0:
             _say_how_to_resume(store, run_id, workdir, config, db)
+            if as_json:
+                print_json(train_record(store, run_id, workdir))
             raise typer.Exit(130) from None
         if isinstance(err, TwoclocksError | KeyboardInterrupt | SystemExit):
             raise
@@ -182,10 +190,32 @@ def train(
     if dist.rank == 0:
         writer.close()
         store.set_status(run_id, RunStatus(status))
+        if as_json:
+            print_json(train_record(store, run_id, workdir))
+            return
         typer.echo(
             f"run {run_id} {status}: {store.count_metrics(run_id)} metric rows in "
             f"{store.url}; checkpoints in {workdir}"
         )
+
+
+def train_record(store, run_id: int, workdir: Path) -> dict:
+    """The --json summary of `train`: the run's id, name, status, last step and samples, the
+    last value of each metric key, and its newest complete checkpoint."""
+    from trainer import checkpoint
+    from twoclocks_cli.store.engine import mask_url
+
+    run = store.get_run(run_id)
+    summary = store.metric_summary(run_id)
+    ckpt = checkpoint.latest(workdir) if Path(workdir).exists() else None
+    return {"run_id": run.id, "name": run.name, "status": run.status,
+            "steps": max((m["last_step"] for m in summary.values()), default=0),
+            "samples": max((m.get("last_samples") or 0 for m in summary.values()), default=0),
+            "metric_rows": store.count_metrics(run_id),
+            "metrics": {k: m.get("last") for k, m in summary.items()},
+            "checkpoint": str(ckpt) if ckpt is not None else None,
+            "checkpoint_step": _checkpoint_step(workdir), "workdir": str(workdir),
+            "db": mask_url(store.url)}
 
 
 def _checkpoint_step(workdir: Path) -> int | None:
@@ -225,10 +255,10 @@ def _say_how_to_resume(store, run_id: int, workdir: Path, config: Path, db) -> N
 
 
 def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend: bool,
-                    start_samples: int = 0) -> str:
-    """Run the loop under a rich progress bar (samples/budget, reward, accuracy, ETA); when
-    stdout is not a terminal (a SLURM log), one plain line every `$TWOCLOCKS_PROGRESS_S`
-    seconds (default 30) instead."""
+                    start_samples: int = 0, to_stderr: bool = False) -> str:
+    """Run the loop under a rich progress bar (samples/budget, reward, accuracy, ETA) on stdout
+    (stderr with `to_stderr`); when that is not a terminal (a SLURM log), one plain line every
+    `$TWOCLOCKS_PROGRESS_S` seconds (default 30) instead."""
     import sys
 
     from rich.progress import (
@@ -246,9 +276,10 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
 
     if not show:
         return train(cfg, writer, workdir, extend=extend)
-    if not sys.stdout.isatty():
+    stream = sys.stderr if to_stderr else sys.stdout
+    if not stream.isatty():
         return train(cfg, writer, workdir, extend=extend,
-                     on_step=_plain_progress(run_id, start_samples))
+                     on_step=_plain_progress(run_id, start_samples, to_stderr))
 
     class Rate(ProgressColumn):
         """Samples per second over rich's recent window ('-' until there are two updates)."""
@@ -267,7 +298,9 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, transient=False) as bar:
+    from twoclocks_cli.render.tables import console
+
+    with Progress(*columns, transient=False, console=console(stderr=to_stderr)) as bar:
         task = bar.add_task("train", total=cfg.sample_budget, reward="-", acc="-", eval="-",
                             completed=start_samples)
 
@@ -280,9 +313,10 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
         return train(cfg, writer, workdir, on_step=on_step, extend=extend)
 
 
-def _plain_progress(run_id: int, start_samples: int):
-    """An on_step callback printing one plain line every $TWOCLOCKS_PROGRESS_S seconds (and at
-    the last step): samples, reward, accuracy, eval, samples/s and ETA, for logs."""
+def _plain_progress(run_id: int, start_samples: int, to_stderr: bool = False):
+    """An on_step callback printing one plain line (on stdout, or stderr) every
+    $TWOCLOCKS_PROGRESS_S seconds (and at the last step): samples, reward, accuracy, eval,
+    samples/s and ETA, for logs."""
     import sys
     import time
 
@@ -306,7 +340,7 @@ def _plain_progress(run_id: int, start_samples: int):
         eta_txt = "-" if eta != eta else time.strftime("%H:%M:%S", time.gmtime(eta))
         typer.echo(f"run {run_id}: {p.samples:,}/{p.budget:,} samples  step {p.step}  reward "
                    f"{p.reward:.3f}  acc {p.accuracy:.3f}  eval {state['eval']}  "
-                   f"{rate:,.0f} samples/s  ETA {eta_txt}", nl=True)
-        sys.stdout.flush()
+                   f"{rate:,.0f} samples/s  ETA {eta_txt}", nl=True, err=to_stderr)
+        (sys.stderr if to_stderr else sys.stdout).flush()
 
     return on_step
