@@ -120,3 +120,58 @@ def test_calibration_reads_the_analysis():
     drifts = {1: ([10, 50, 60], [0.1, 1.3, 1.4]), 3: ([10, 20], [0.2, 1.2])}
     cal = calibration_of(result, AdaptiveConfig(batch_max=4, from_sweep="s"), drifts.get)
     assert cal["kappa"] == pytest.approx(0.25) and cal["drift_threshold"] == pytest.approx(1.2)
+
+
+def test_a_sim_adaptive_run_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
+    """The real sim backend and store: a run stopped mid-way (an exception out of the writer at
+    step 300, after the checkpoint at 250) and rerun gives every row and decision event of an
+    uninterrupted run."""
+    import sqlalchemy as sa
+
+    from twoclocks_cli.backends import run_cell
+    from twoclocks_cli.store import Run, RunStatus, Store
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    cell = {"prompts_per_batch": 1, "group_size": 4, "lr": 0.005, "seed": 1,
+            "sample_budget": 3000, "batch_schedule": "adaptive",
+            "sim": {"checkpoint_every": 50, "flat_dims": 32},
+            "adaptive": {"batch_max": 8, "adapt_every": 200, "kappa": 0.3,
+                         "drift_threshold": 0.9, "lookahead": 200}}
+    ids = []
+    with store.session() as s:
+        for i in range(2):
+            r = Run(cell_id=f"c{i}", name=f"r{i}", backend="sim", config=cell)
+            s.add(r)
+            s.flush()
+            ids.append(r.id)
+    for rid in ids:
+        store.set_status(rid, RunStatus.running)
+    run_cell(store, ids[0], tmp_path / "a")
+
+    from twoclocks_cli.store.writer import MetricWriter
+
+    real = MetricWriter.log
+
+    def crash(self, step, samples, values):
+        if step == 300:
+            raise RuntimeError("crash")
+        real(self, step, samples, values)
+
+    with monkeypatch.context() as m:  # a crash at step 300, between checkpoints
+        m.setattr(MetricWriter, "log", crash)
+        with pytest.raises(RuntimeError):
+            run_cell(store, ids[1], tmp_path / "b")
+    assert (store.max_step(ids[1]) or 0) < 300
+    run_cell(store, ids[1], tmp_path / "b")
+
+    def rows(rid):
+        with store.engine.connect() as c:
+            return {(s, k): (n, v) for s, k, n, v in c.execute(sa.text(
+                "SELECT step, key, samples, value FROM metrics WHERE run_id = :r"), {"r": rid})}
+
+    a, b = rows(ids[0]), rows(ids[1])
+    assert a == b and len({v for (s, k), (n, v) in a.items() if k == "batch_samples"}) > 1
+    ev = [[e.message for e in store.events(rid) if (e.message or "").startswith("adaptive")]
+          for rid in ids]
+    assert ev[0] == ev[1]
+    assert len(ev[0]) >= 3000 // 200 - 2  # one per decision
