@@ -84,7 +84,8 @@ def test_sweep_json_says_what_was_registered_submitted_and_skipped(swept):
     assert all(c["action"] == "submitted" and c["status"] == "completed" for c in first["runs"])
     steps = dict(_rows(db, "SELECT run_id, max(step) FROM metrics GROUP BY run_id"))
     assert {c["run_id"]: c["last_step"] for c in first["runs"]} == steps
-    again = _json(twoclocks("sweep", cfg, "--db", f"sqlite:///{db}", "--json"))
+    again = _json(twoclocks("sweep", cfg, "--db", f"sqlite:///{db}", "--json", "--wait"))
+    assert again["waited"] is True
     assert again["registered"] == {"new": 0, "existing": 2}
     assert (again["submitted"], again["skipped"]) == (0, 2)
     assert [(c["run_id"], c["action"], c["status"]) for c in again["runs"]] == \
@@ -137,6 +138,10 @@ def test_analyze_stores_only_with_save_and_reuses_an_identical_one(swept):
     stored = json.loads(_rows(db, "SELECT result FROM analyses WHERE id = ?",
                               saved["analysis_id"])[0][0])
     assert stored == {k: v for k, v in back.items() if k != "analysis_id"}  # what was printed
+    table = _invoke("analyze", "js", "--db", url, "--bootstrap", "50", "--no-theory")
+    assert table.exit_code == 0 and n_rows() == 2  # the table alone stores nothing either
+    bound = back["batches"][0]["failure"]["lower_bound"]  # 4096 samples: every run's budget
+    assert bound == 4096 and "censored (>= 4,096)" in table.stdout and "4096" not in table.stdout
 
 
 def test_schedule_on_a_sweep_never_analysed(swept, tmp_path):
@@ -186,3 +191,40 @@ def test_train_json_summary_matches_the_store(tmp_path):
     assert out["metrics"] == last and "reward_mean" in last
     assert out["checkpoint_step"] == 8 and Path(out["checkpoint"]).name == "step-00000008"
     assert Path(out["checkpoint"]).is_dir()
+
+
+@pytest.mark.slow
+def test_train_json_after_ctrl_c_is_the_cancelled_run_and_its_checkpoint(tmp_path):
+    """SIGINT to the real process: exit 130, the resume hint on stderr, and on stdout the
+    summary of the cancelled run naming the checkpoint the hint names."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from trainer import checkpoint
+    from trainer.tiny import ensure_tiny_model
+
+    ensure_tiny_model(0)
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(TRAIN.replace("sample_budget = 64", "sample_budget = 4096"))
+    db, wd = tmp_path / "s.db", tmp_path / "wd"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "twoclocks_cli", "train", str(cfg), "--db", f"sqlite:///{db}",
+         "--workdir", str(wd), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "TWOCLOCKS_PROGRESS_S": "0"})
+    deadline = time.monotonic() + 300
+    while checkpoint.latest(wd) is None and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    hint = re.search(r"the last checkpoint is step (\d+)", err)
+    assert hint, err
+    doc = json.loads(out)
+    assert doc["status"] == "cancelled" and doc["checkpoint_step"] == int(hint.group(1))
+    assert _rows(db, "SELECT status FROM runs") == [("cancelled",)]
+    assert doc["steps"] == _rows(db, "SELECT max(step) FROM metrics")[0][0] >= 4

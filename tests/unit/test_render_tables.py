@@ -72,3 +72,14 @@ def test_a_long_row_is_one_line_and_a_number_has_separators_in_a_log(tmp_path):
     assert "10,175" in line and "10,175.3" not in line and "e+04" not in line, line
     rec = json.loads(twoclocks("runs", "show", str(rid), "--json", "--db", url).stdout)
     assert rec["metrics"]["samples_seen"]["last"] == 10175.3  # full precision in --json
+
+
+def test_b_crit_estimates_read_with_separators():
+    from twoclocks_cli.clocks.critical import Estimate
+    from twoclocks_cli.commands.analyze import _est
+
+    assert _est(Estimate("empirical", 10240.0, bound="lower")) == ">= 10,240"
+    assert _est(Estimate("empirical", 8.0, bound="upper")) == "<= 8"
+    assert _est(Estimate("power", 10175.3, 9876.5, None)) == "10,175 [9,876, open]"
+    assert _est(Estimate("linear", 36.25, 30.5, 41.0)) == "36.25 [30.5, 41]"
+    assert _est(Estimate("linear", None)) == "none"
