@@ -264,3 +264,25 @@ def test_a_cells_grpo_config_generates_p_times_g_completions_per_rollout_batch(t
     per_step, prompts = samples_per_step(args)
     assert (per_step, prompts) == (16, 2)
     assert args.max_steps * per_step == 4 * 32
+
+
+def test_grid_trl_axes_cross_grpo_config_fields_into_cells(tmp_path):
+    from twoclocks_cli.commands.plan import cell_lines, load_plan
+    from twoclocks_cli.errors import ConfigError
+
+    cfg = _config(tmp_path, "ax", "[2, 4]", 64, "builtin:tiny-arith", every=4)
+    cfg.write_text(cfg.read_text().replace("[local]", "[grid.trl]\nnum_iterations = [1, 2]\n"
+                                           "[local]"))
+    p = load_plan(cfg)
+    got = sorted((c.prompts, c.config["trl"]["args"]["num_iterations"]) for c in p.cells)
+    assert got == [(2, 1), (2, 2), (4, 1), (4, 2)]
+    lines = cell_lines(p)
+    for c in p.cells:  # mu optimizer steps per rollout batch of P x G completions
+        mu, batch = c.config["trl"]["args"]["num_iterations"], c.prompts * 4
+        assert f"max_steps={-(-64 // batch) * mu}," in lines[c.cell_id]
+    cfg.write_text(cfg.read_text().replace("num_iterations = [1, 2]", "seed = [1, 2]"))
+    with pytest.raises(ConfigError, match=r"key 'grid.trl.seed': set by the sweep itself"):
+        load_plan(cfg)
+    cfg.write_text(cfg.read_text().replace("seed = [1, 2]", "beta = [0.0, 0.1]"))
+    with pytest.raises(ConfigError, match=r"key 'trl.args.beta': also an axis"):
+        load_plan(cfg)

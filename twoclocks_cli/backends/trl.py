@@ -155,19 +155,19 @@ def config_fields() -> frozenset[str] | None:
     return frozenset(names) if "num_generations" in names else None
 
 
-def check_args(args: dict, adam: bool, where: str) -> None:
-    """[trl.args] keys: GRPOConfig fields, none of those the sweep sets."""
+def check_args(args: dict, adam: bool, source: str, where: str = "trl.args") -> None:
+    """[trl.args] (or grid.trl) keys: GRPOConfig fields, none of those the sweep sets."""
     owned = {**OWNED, **(ADAM if adam else {})}
     fields = config_fields()
     for key in args:
         if key in owned:
-            raise ConfigError(f"{where}: key 'trl.args.{key}': set by the sweep itself "
+            raise ConfigError(f"{source}: key '{where}.{key}': set by the sweep itself "
                               f"({owned[key]}); remove it here")
         if fields is not None and key not in fields:
             import difflib
 
             hint = difflib.get_close_matches(key, sorted(fields), n=1)
-            raise ConfigError(f"{where}: unknown key 'trl.args.{key}': not a trl.GRPOConfig "
+            raise ConfigError(f"{source}: unknown key '{where}.{key}': not a trl.GRPOConfig "
                               "field" + (f"; did you mean {hint[0]!r}?" if hint else ""))
 
 

@@ -64,6 +64,9 @@ class Grid(_Strict):
         default_factory=dict, description="grpo trainer options as axes: key = [values].")
     sim: dict[str, list[Any]] = Field(
         default_factory=dict, description="sim model options as axes: key = [values].")
+    trl: dict[str, list[Any]] = Field(
+        default_factory=dict, description="trl backend: GRPOConfig fields as axes (into each "
+        "cell's trl.args): key = [values].")
 
 
 class Local(_Strict):

@@ -137,7 +137,7 @@ def _axes(cfg: SweepConfig, source: str) -> dict[str, list]:
         "clip_high": _axis(g.clip_high) if g.clip_high is not None else [None],
         "seeds": _axis(g.seeds),
     }
-    for table in ("trainer", "sim"):
+    for table in ("trainer", "sim", "trl"):
         for key, values in getattr(g, table).items():
             axes[f"{table}.{key}"] = list(values)
     for name, values in axes.items():
@@ -304,11 +304,12 @@ def _grpo_checker(cfg: SweepConfig, source: str):
 
 def _sim_checker(cfg: SweepConfig, source: str):
     """Validate the sim tables with the sim backend's ModelConfig, strictly typed."""
+    from twoclocks_cli.backends import sim as sim_backend
     from twoclocks_cli.theory.model import ModelConfig
 
     axes = set(cfg.grid.sim)
     try:  # an unknown key is named where it was written
-        ModelConfig.check_keys(cfg.sim, "sim")
+        ModelConfig.check_keys(set(cfg.sim) - set(sim_backend.SCHEDULE_KEYS), "sim")
         ModelConfig.check_keys(axes, "grid.sim")
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
@@ -325,6 +326,7 @@ def _sim_checker(cfg: SweepConfig, source: str):
     models: dict[str, object] = {}
 
     def check(cell: Cell) -> None:
+        sim_backend.check_schedule(cell.config, source)
         table = cell.config["sim"]
         text = json.dumps(table, sort_keys=True)
         if text not in models:
@@ -354,6 +356,10 @@ def _backend_table(cfg: SweepConfig, source: str, config_dir: str | None) -> dic
                 [str(base.resolve())] + [str((base / d).resolve()) for d in table["python_path"]]))
         trl.check_entry(table["entry"], table["python_path"], source)
         trl.check_args(table["args"], cfg.scaling.adam_adjust, source)
+        trl.check_args(cfg.grid.trl, cfg.scaling.adam_adjust, source, where="grid.trl")
+        for key in set(cfg.grid.trl) & set(table["args"]):
+            raise ConfigError(f"{source}: key 'trl.args.{key}': also an axis (grid.trl.{key}); "
+                              "set it in one place")
         return {"trl": table}
     if cfg.backend == "command":
         from twoclocks_cli.backends import command
@@ -428,8 +434,13 @@ def _resolve(cfg: SweepConfig, combo: dict, source: str, extra: dict | None = No
         if adam:
             sim.update(beta1=adam["beta1"], beta2=adam["beta2"], adam_eps=adam["eps"])
         cell["sim"] = sim
+        from twoclocks_cli.backends.sim import lift_schedule
+
+        cell.update(lift_schedule(sim))  # batch_schedule/adaptive: the cell's own keys
     elif cfg.backend in ("trl", "command"):
         cell.update(json.loads(json.dumps(extra or {})))  # a copy per cell
+        if cfg.backend == "trl":
+            cell["trl"]["args"].update(options)
         if adam and cfg.backend == "trl":
             cell["trl"]["args"].update(adam_beta1=adam["beta1"], adam_beta2=adam["beta2"],
                                        adam_epsilon=adam["eps"])
@@ -483,7 +494,8 @@ def _written_as(cfg: SweepConfig, key: str) -> str:
     """The config key a cell key came from: trainer.X / grid.trainer.X / sim.X / grid.sim.X."""
     table, _, name = key.partition(".")
     if table in ("trl", "command") and name:
-        return key
+        axis = name.removeprefix("args.")
+        return f"grid.trl.{axis}" if table == "trl" and axis in cfg.grid.trl else key
     if table == "sim" and name:
         return f"grid.sim.{name}" if name.split("[")[0] in cfg.grid.sim else key
     head = key.split(".")[0].split("[")[0]
