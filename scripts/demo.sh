@@ -41,7 +41,7 @@ stop_early() {  # the sweep's data cannot support the next step: say so, still w
 
 step "3/7 both clocks"
 read -r -a ANALYZE <<< "${TWOCLOCKS_DEMO_ANALYZE:---drift-key drift_rel --drift-threshold 0.1}"
-"$TC" analyze "$SWEEP" --db "$DB" "${ANALYZE[@]}" --plot "$OUT/clocks.png" --csv "$OUT/clocks.csv" \
+"$TC" analyze "$SWEEP" --db "$DB" --save "${ANALYZE[@]}" --plot "$OUT/clocks.png" --csv "$OUT/clocks.csv" \
   || stop_early "the clocks could not be measured on this sweep"
 
 step "4/7 the recommended schedule"
