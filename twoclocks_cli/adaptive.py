@@ -110,8 +110,9 @@ class AdaptiveConfig(BaseModel):
             raise ConfigError(f"{key}{shown}: {e['msg']}{hint}") from None
 
 
-def schedule_of(cell: dict, where: str = "cell") -> AdaptiveConfig | None:
-    """The cell's AdaptiveConfig when `batch_schedule = "adaptive"`, else None (checked)."""
+def schedule_of(cell: dict, where: str = "cell", table: str = "adaptive") -> AdaptiveConfig | None:
+    """The cell's AdaptiveConfig when `batch_schedule = "adaptive"`, else None (checked);
+    `table` is how errors name the [adaptive] table (a sweep's: sim.adaptive)."""
     mode = cell.get("batch_schedule")
     if mode is None or mode == "phases":
         if cell.get("adaptive") is not None:
@@ -124,7 +125,7 @@ def schedule_of(cell: dict, where: str = "cell") -> AdaptiveConfig | None:
     if cell.get("phases"):
         raise ConfigError(f"{where}: batch_schedule = \"adaptive\" and [[phases]] both set: the "
                           "controller picks the batch, remove the phases")
-    return AdaptiveConfig.from_dict(cell.get("adaptive"), "adaptive")
+    return AdaptiveConfig.from_dict(cell.get("adaptive"), table)
 
 
 @dataclass

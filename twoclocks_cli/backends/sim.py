@@ -35,6 +35,24 @@ from twoclocks_cli.theory.model import ModelConfig
 from twoclocks_cli.theory.simulate import SimState
 
 STATE_FILE = "sim_state.npz"
+SCHEDULE_KEYS = ("batch_schedule", "adaptive")  # a sweep's [sim] keys that are the cell's own
+
+
+def lift_schedule(sim: dict) -> dict:
+    """Take a sweep's [sim] `batch_schedule`/`adaptive` keys out of `sim` (in place): they go to
+    the cell's top level, where this backend reads them (the rest is the ModelConfig)."""
+    return {k: sim.pop(k) for k in SCHEDULE_KEYS if k in sim}
+
+
+def check_schedule(cell: dict, source: str) -> None:
+    """Validate a planned cell's adaptive schedule, naming the sweep's keys (sim.adaptive.X)."""
+    from twoclocks_cli.adaptive import schedule_of
+
+    try:
+        schedule_of(cell, source, table="sim.adaptive")
+    except ConfigError as err:
+        text = str(err)
+        raise ConfigError(text if text.startswith(source) else f"{source}: {text}") from None
 
 
 @dataclass(frozen=True)

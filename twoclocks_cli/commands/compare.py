@@ -49,12 +49,13 @@ def schedule_config(
 
 def compare(
     sweep: Annotated[str, typer.Argument(help="The sweep of constant-batch runs.")],
-    run: Annotated[int, typer.Option("--run", help="Id of the schedule run (see `twoclocks "
-                                                   "runs list`).")],
+    run: Annotated[int, typer.Option("--run", help="Id of the schedule or adaptive run (see "
+                                                   "`twoclocks runs list`).")],
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Both clocks of a schedule run beside the sweep's constant-batch clocks (same options)."""
+    """Both clocks of a schedule or adaptive run beside the sweep's constant-batch clocks and the
+    static schedule it recommends (same options)."""
     from twoclocks_cli.clocks.compare import compare_schedule
     from twoclocks_cli.errors import AnalysisError
     from twoclocks_cli.store import Store
@@ -66,10 +67,39 @@ def compare(
         raise AnalysisError(f"sweep {name!r} has no stored analysis: run `twoclocks analyze "
                             f"{name}` first")
     result = compare_schedule(store, name, run, analysis)
+    result["kind"] = "adaptive" if (store.get_run(run).config or {}).get(
+        "batch_schedule") == "adaptive" else "schedule"
+    result["static_schedule"] = static_schedule(analysis)
     if as_json:
         typer.echo(json.dumps(result, indent=2, allow_nan=False))
         return
     render(result)
+
+
+def static_schedule(analysis: dict) -> dict:
+    """The static schedule `twoclocks schedule` recommends from the analysis: its phases and
+    predicted clocks (None with the reason where it cannot schedule)."""
+    from twoclocks_cli.clocks import make_schedule
+    from twoclocks_cli.errors import AnalysisError
+
+    try:
+        plan = make_schedule(analysis)
+    except AnalysisError as err:
+        return {"phases": [], "predicted": None, "why": str(err)}
+    return {"phases": plan["phases"], "predicted": plan["predicted"], "why": None}
+
+
+def merged_phases(phases: list[dict]) -> list[dict]:
+    """Consecutive phases with the same batch and lr as one (an adaptive run's decisions that
+    kept the batch)."""
+    out: list[dict] = []
+    for p in phases:
+        last = out[-1] if out else None
+        if last and (last["prompts_per_batch"], last["lr"]) == (p["prompts_per_batch"], p["lr"]):
+            last["to_samples"], last["steps"] = p["to_samples"], last["steps"] + p["steps"]
+        else:
+            out.append(dict(p))
+    return out
 
 
 def _clock(c: dict) -> str:
@@ -105,13 +135,30 @@ def render(result: dict) -> None:
                       ", ".join(f"{x:.3g}" for x in row["lr"]), str(row["n_runs"]),
                       _clock(row["progress"]), _clock(row["failure"]), final)
     s = result["schedule"]
-    batches = " -> ".join(f"({p['prompts_per_batch']})" for p in s["phases"]) or "-"
-    lrs = " -> ".join("-" if p["lr"] is None else f"{p['lr']:.3g}" for p in s["phases"]) or "-"
-    table.add_row(f"schedule #{s['run_id']}", batches, lrs, "1", _one(s["progress"]),
+    kind = result.get("kind", "schedule")
+    phases = merged_phases(s["phases"])
+    batches = " -> ".join(f"({p['prompts_per_batch']})" for p in phases) or "-"
+    lrs = " -> ".join("-" if p["lr"] is None else f"{p['lr']:.3g}" for p in phases) or "-"
+    static = result.get("static_schedule")
+    if static and static["phases"]:
+        pred = static["predicted"]
+        pp, pf = pred["progress_samples"], pred["failure_samples"]
+        table.add_row("static schedule (predicted)",
+                      " -> ".join(f"({p['prompts_per_batch']})" for p in static["phases"]),
+                      " -> ".join(f"{p['lr']:.3g}" for p in static["phases"]), "-",
+                      "unknown" if pp is None else f"{pp:.4g}",
+                      "unknown" if pf is None else f"{pf:.4g}", "-")
+    table.add_row(f"{kind} #{s['run_id']}", batches, lrs, "1", _one(s["progress"]),
                   _one(s["failure"]), f"{s['final']:.3f}")
     con.print(table)
-    con.print(f"schedule run {s['run_id']} ({s['status']}):")
-    for p in s["phases"]:
+    if static and static["phases"]:
+        pred = static["predicted"]
+        con.print(f"static schedule (`twoclocks schedule`): progress {pred['progress_why']}; "
+                  f"failure {pred['failure_why']}")
+    elif static:
+        con.print(f"static schedule: none ({static['why']})")
+    con.print(f"{kind} run {s['run_id']} ({s['status']}):")
+    for p in phases:
         lr = "-" if p["lr"] is None else f"{p['lr']:.4g}"
         con.print(f"  phase {p['phase']}: samples {p['from_samples']:.0f}-{p['to_samples']:.0f}, "
                   f"{p['prompts_per_batch']} prompts/batch, lr {lr}, {p['steps']} steps")
