@@ -175,3 +175,18 @@ def test_a_sim_adaptive_run_resumes_exactly_after_a_crash(tmp_path, monkeypatch)
           for rid in ids]
     assert ev[0] == ev[1]
     assert len(ev[0]) >= 3000 // 200 - 2  # one per decision
+
+
+def test_the_tiny_adaptive_example_is_a_valid_train_config():
+    from pathlib import Path
+
+    from trainer.config import load_config
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "tiny-arith-adaptive.toml"
+    cfg = load_config(path)
+    assert cfg.batch_schedule == "adaptive" and cfg.adaptive.batch_max == 64
+    with pytest.raises(ConfigError, match="noise = 'sign'"):
+        from trainer.config import TrainConfig
+
+        TrainConfig.from_dict({**cfg.model_dump(mode="json"),
+                               "adaptive": {**cfg.adaptive.model_dump(), "noise": "sign"}})
