@@ -228,3 +228,24 @@ def test_train_json_after_ctrl_c_is_the_cancelled_run_and_its_checkpoint(tmp_pat
     assert doc["status"] == "cancelled" and doc["checkpoint_step"] == int(hint.group(1))
     assert _rows(db, "SELECT status FROM runs") == [("cancelled",)]
     assert doc["steps"] == _rows(db, "SELECT max(step) FROM metrics")[0][0] >= 4
+
+
+def test_an_identical_analysis_is_reused_and_becomes_the_newest(store):
+    """Store API on SQLite and PostgreSQL: A, B, then A again stores no third row, and the
+    newest (what schedule/report take) is A again; `count_analyses` counts per sweep."""
+    from twoclocks_cli.store import Sweep
+
+    with store.session() as s:
+        s.add_all([Sweep(name="a", backend="sim", config={}),
+                   Sweep(name="b", backend="sim", config={})])
+    doc_a = {"options": {"target": "frac:0.5"}, "runs": [{"run_id": 1, "status": "completed"}],
+             "x": 1.25}
+    doc_b = {**doc_a, "options": {"target": "frac:0.4"}}
+    first = store.save_analysis("a", doc_a)
+    other = store.save_analysis("a", doc_b)
+    assert store.latest_analysis("a")["analysis_id"] == other != first
+    assert store.save_analysis("a", {**doc_a, "analysis_id": 99}) == first  # id is not content
+    assert store.latest_analysis("a")["analysis_id"] == first
+    assert store.save_analysis("b", doc_a) not in (first, other)  # another sweep's own row
+    assert (store.count_analyses("a"), store.count_analyses("b"), store.count_analyses()) == \
+        (2, 1, 3)
