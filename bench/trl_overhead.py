@@ -6,8 +6,8 @@ completions, fp32 on CPU, one update per batch, logging every step. Run A has no
 B adds `TwoClocksCallback` writing every log into a fresh SQLite store (one flush per log, as in
 a sweep). Runs go A B A B ... in one process (same warm caches for both); samples/s counts the
 steps after the first of each run (its warm-up). Prints each run, the median samples/s of A and
-B, and the ratio B / A. Target: >= 0.98. Benchmark only on an otherwise idle machine (the load
-average is printed).
+B, their ratio B / A, and the ratio within each A B pair. Target: >= 0.98. Benchmark only on
+an otherwise idle machine (the load average is printed).
 
     python bench/trl_overhead.py [--steps 20] [--repeats 3] [--prompts 16] [--threads 2]
 """
@@ -77,8 +77,12 @@ def main() -> None:
                 print(f"run {tag} ({'with' if with_cb else 'without'} callback): "
                       f"{rate:.1f} samples/s")
     plain, logged = statistics.median(rates[False]), statistics.median(rates[True])
+    pairs = [b / a for a, b in zip(rates[False], rates[True], strict=True)]
     print(f"median samples/s: without {plain:.1f}, with {logged:.1f}; "
           f"ratio with/without = {logged / plain:.3f} (target >= 0.98)")
+    print("ratio per A B pair: " + ", ".join(f"{r:.3f}" for r in pairs)
+          + f"; median {statistics.median(pairs):.3f} (a pair far from the others was disturbed "
+          "by other load)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
