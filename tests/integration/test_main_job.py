@@ -122,9 +122,11 @@ def test_main_job_end_to_end(tmp_path):
     assert sched["phases"] and tomllib.loads(phases_file.read_text())["phases"]
 
     train_cfg = tmp_path / "schedule-train.toml"
-    _ok(twoclocks("schedule-config", "mini", str(phases_file), "--db", db,
-                  "--out", str(train_cfg)))
+    doc = json.loads(_ok(twoclocks("schedule-config", "mini", str(phases_file), "--db", db,
+                                   "--out", str(train_cfg), "--json")).stdout)
     written = tomllib.loads(train_cfg.read_text())
+    assert doc["out"] == str(train_cfg.resolve()) and doc["phases"] == len(sched["phases"])
+    assert doc["config"] == written and doc["sample_budget"] == written["sample_budget"]
     assert written["sample_budget"] == 1536 and written["num_minibatches"] == 2
     assert [p["prompts_per_batch"] for p in written["phases"]] == \
         [p["prompts_per_batch"] for p in sched["phases"]]

@@ -58,17 +58,19 @@ class Estimate:
         return self.low <= value <= (math.inf if self.high is None else self.high)
 
     def text(self) -> str:
-        """'>= 512', '<= 8', '36 [30, 41]' (samples)."""
+        """'>= 512', '<= 8', '36 [30, 41]', '10,240' (samples; thousands separated)."""
+        from twoclocks_cli.render.tables import num
+
         if self.b_crit is None:
             return "unknown"
         if self.bound == "lower":
-            return f">= {self.b_crit:.4g}"
+            return f">= {num(self.b_crit)}"
         if self.bound == "upper":
-            return f"<= {self.b_crit:.4g}"
+            return f"<= {num(self.b_crit)}"
         if self.low is not None:
-            high = "open" if self.high is None else f"{self.high:.4g}"
-            return f"{self.b_crit:.4g} [{self.low:.4g}, {high}]"
-        return f"{self.b_crit:.4g}"
+            high = "open" if self.high is None else num(self.high)
+            return f"{num(self.b_crit)} [{num(self.low)}, {high}]"
+        return num(self.b_crit)
 
 
 # -- the per-batch table --------------------------------------------------------------------

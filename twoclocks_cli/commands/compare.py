@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -23,6 +22,7 @@ def schedule_config(
     budget: Annotated[int | None, typer.Option(help="Sample budget of the schedule run "
                                                     "(default: the sweep's).")] = None,
     db: DbOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Write a training config that runs a schedule with the sweep's own trainer settings."""
     import os
@@ -44,7 +44,13 @@ def schedule_config(
         os.replace(tmp, out)
     except OSError as exc:
         raise ConfigError(f"--out {out}: {exc.strerror}") from None
-    typer.echo(f"wrote {out}: {len(plist)} phase(s), budget {cfg['sample_budget']} samples")
+    if as_json:
+        from twoclocks_cli.render.jsonout import print_json
+
+        print_json({"sweep": name, "out": os.path.abspath(out), "phases": len(plist),
+                    "sample_budget": cfg["sample_budget"], "config": cfg})
+        return
+    typer.echo(f"wrote {out}: {len(plist)} phase(s), budget {cfg['sample_budget']:,} samples")
 
 
 def compare(
@@ -65,13 +71,15 @@ def compare(
     analysis = store.latest_analysis(name)
     if analysis is None:
         raise AnalysisError(f"sweep {name!r} has no stored analysis: run `twoclocks analyze "
-                            f"{name}` first")
+                            f"{name} --save` first")
     result = compare_schedule(store, name, run, analysis)
     result["kind"] = "adaptive" if (store.get_run(run).config or {}).get(
         "batch_schedule") == "adaptive" else "schedule"
     result["static_schedule"] = static_schedule(analysis)
     if as_json:
-        typer.echo(json.dumps(result, indent=2, allow_nan=False))
+        from twoclocks_cli.render.jsonout import print_json
+
+        print_json(result)
         return
     render(result)
 
@@ -103,25 +111,30 @@ def merged_phases(phases: list[dict]) -> list[dict]:
 
 
 def _clock(c: dict) -> str:
+    from twoclocks_cli.render.tables import count
+
     if c.get("median") is not None:
         lo, hi = c.get("low"), c.get("high")
-        return f"{c['median']:.4g}" + (f" [{lo:.4g}, {hi:.4g}]" if lo is not None else "")
+        return count(c["median"]) + (f" [{count(lo)}, {count(hi)}]" if lo is not None else "")
     lb = c.get("lower_bound")
-    return f">= {lb:.4g} (censored)" if lb is not None else "censored"
+    return f">= {count(lb)} (censored)" if lb is not None else "censored"
 
 
 def _one(c: dict) -> str:
+    from twoclocks_cli.render.tables import count
+
     if c["samples"] is not None:
-        return f"{c['samples']:.4g}" + (f" ({c['rule']})" if c.get("rule") else "")
-    return f">= {c['censored_at']:.4g} (censored)"
+        return count(c["samples"]) + (f" ({c['rule']})" if c.get("rule") else "")
+    return f">= {count(c['censored_at'])} (censored)"
 
 
 def render(result: dict) -> None:
     """A rich table: constant batches, then the schedule row; the phases; the verdict."""
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from twoclocks_cli.render.tables import console, count, num
+
+    con = console()
     t = result["target"]
     table = Table(title=f"schedule vs constant batches ({result['sweep']}): samples to "
                   f"{result['metric']} {t['value']:.3g} ({t['spec']}), samples to failure")
@@ -131,7 +144,7 @@ def render(result: dict) -> None:
     for row in result["constant"]:
         final = "-" if row["final"] is None else f"{row['final']:.3f}"
         prompts = ",".join(str(x) for x in row["batch_prompts"])
-        table.add_row("constant", f"{row['batch_samples']} ({prompts})",
+        table.add_row("constant", f"{num(row['batch_samples'])} ({prompts})",
                       ", ".join(f"{x:.3g}" for x in row["lr"]), str(row["n_runs"]),
                       _clock(row["progress"]), _clock(row["failure"]), final)
     s = result["schedule"]
@@ -146,8 +159,8 @@ def render(result: dict) -> None:
         table.add_row("static schedule (predicted)",
                       " -> ".join(f"({p['prompts_per_batch']})" for p in static["phases"]),
                       " -> ".join(f"{p['lr']:.3g}" for p in static["phases"]), "-",
-                      "unknown" if pp is None else f"{pp:.4g}",
-                      "unknown" if pf is None else f"{pf:.4g}", "-")
+                      "unknown" if pp is None else count(pp),
+                      "unknown" if pf is None else count(pf), "-")
     table.add_row(f"{kind} #{s['run_id']}", batches, lrs, "1", _one(s["progress"]),
                   _one(s["failure"]), f"{s['final']:.3f}")
     con.print(table)
@@ -160,7 +173,8 @@ def render(result: dict) -> None:
     con.print(f"{kind} run {s['run_id']} ({s['status']}):")
     for p in phases:
         lr = "-" if p["lr"] is None else f"{p['lr']:.4g}"
-        con.print(f"  phase {p['phase']}: samples {p['from_samples']:.0f}-{p['to_samples']:.0f}, "
+        con.print(f"  phase {p['phase']}: samples {count(p['from_samples'])}-"
+                  f"{count(p['to_samples'])}, "
                   f"{p['prompts_per_batch']} prompts/batch, lr {lr}, {p['steps']} steps")
     for line in result["verdict"]:
         con.print(f"  {line}")

@@ -50,10 +50,11 @@ def probe(
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, allow_nan=False))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from twoclocks_cli.render.tables import console, count, num
+
+    con = console()
     t = Table(title=f"run {run_id} branched at {result.at_samples:,.0f} samples: samples from "
                     f"progress {result.progress_at:.4g} to {result.target:.4g}")
     for col in ("batch", "lr", "median", "per seed"):
@@ -61,9 +62,9 @@ def probe(
     for b, lr in zip(result.batches, result.lrs, strict=True):
         vals = result.clocks[b]
         got = sorted(v for v in vals if v is not None)
-        med = "censored" if len(got) * 2 <= len(vals) else f"{got[len(vals) // 2]:,.0f}"
-        t.add_row(f"{b:g}", f"{lr:.3g}", med,
-                  ", ".join("censored" if v is None else f"{v:,.0f}" for v in vals))
+        med = "censored" if len(got) * 2 <= len(vals) else count(got[len(vals) // 2])
+        t.add_row(num(b), num(lr, 3), med,
+                  ", ".join("censored" if v is None else count(v) for v in vals))
     con.print(t)
     est = result.b_crit
     from twoclocks_cli.clocks.critical import Estimate
@@ -73,6 +74,6 @@ def probe(
     if result.truth is not None:
         tb = result.truth.get("b_crit")
         con.print(f"theory's local B_crit from the same state: "
-                  f"{'none' if tb is None else f'{tb:.4g}'} ({result.truth.get('mechanism')})")
+                  f"{'none' if tb is None else num(tb)} ({result.truth.get('mechanism')})")
     for n in result.notes:
         con.print(f"note: {n}")

@@ -184,24 +184,26 @@ def _config_text(store, name, doc, analysis, runs, db) -> tuple[str, list]:
 
 
 def _render(doc: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from twoclocks_cli.render.tables import console, count
     from twoclocks_cli.suggest import estimate_text
 
-    con = Console()
+    con = console()
     rec = doc["recommended"] or {}
     con.print(f"sweep {doc['sweep']}: B_crit {estimate_text(rec)} samples "
               f"({rec.get('source') or 'no estimate'}, {rec.get('placement') or '-'}); "
               f"analysis {doc.get('analysis_id')} ({doc.get('analysis_source')})")
-    table = Table(title=f"suggested cells: {doc['cells']} cells, {doc['cost_samples']} samples "
+    cost = count(doc["cost_samples"])
+    table = Table(title=f"suggested cells: {doc['cells']} cells, {cost} samples "
                         "(cost = seeds x budget)")
     for col in ("#", "kind", "batch", "prompts x G", "seeds", "budget", "cost"):
         table.add_column(col, justify="left" if col in ("kind", "seeds") else "right")
     for i, s in enumerate(doc["suggestions"], start=1):
-        table.add_row(str(i), s["kind"], str(s["batch_samples"]),
+        table.add_row(str(i), s["kind"], count(s["batch_samples"]),
                       f"{s['batch_prompts']} x {s['group_size']}",
-                      ", ".join(map(str, s["seeds"])), str(s["budget"]), str(s["cost_samples"]))
+                      ", ".join(map(str, s["seeds"])), count(s["budget"]),
+                      count(s["cost_samples"]))
     if doc["suggestions"]:
         con.print(table)
         for i, s in enumerate(doc["suggestions"], start=1):

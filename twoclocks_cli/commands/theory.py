@@ -158,10 +158,11 @@ def theory(
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from twoclocks_cli.render.tables import console, num
+
+    con = console()
     t = Table(
         title=f"local quadratic model: lr0={lr0:g} at B0={b0:g}, alpha={alpha:g}, "
         f"optimizer {out['model']['optimizer']}, target p={target:g}"
@@ -173,11 +174,11 @@ def theory(
         t.add_column(col)
     for r in out["rows"]:
         cells = [
-            f"{r['batch']:g}",
-            f"{r['lr']:.4g}",
+            num(r["batch"]),
+            num(r["lr"]),
             f"{r['curvature_penalty_per_sample_hmax']:.3g}",
             f"{r['stationary_floor_idealised']:.3g}",
-            f"{r['failure_clock_predicted']:.4g}",
+            num(r["failure_clock_predicted"]),
         ]
         if simulate:
             cells += [_g(r.get("simulated_n_prog")), _g(r.get("simulated_n_fail"))]
@@ -207,4 +208,6 @@ def theory(
 
 
 def _g(v) -> str:
-    return "never (censored)" if v is None else f"{v:.4g}"
+    from twoclocks_cli.render.tables import num
+
+    return "never (censored)" if v is None else num(v)
