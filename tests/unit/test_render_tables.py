@@ -83,3 +83,20 @@ def test_b_crit_estimates_read_with_separators():
     assert _est(Estimate("power", 10175.3, 9876.5, None)) == "10,175 [9,876, open]"
     assert _est(Estimate("linear", 36.25, 30.5, 41.0)) == "36.25 [30.5, 41]"
     assert _est(Estimate("linear", None)) == "none"
+
+
+def test_plan_and_estimate_texts_use_the_shared_numbers():
+    from pathlib import Path
+
+    from twoclocks_cli.clocks.critical import Estimate
+
+    assert Estimate("empirical", 10240.0, bound="lower").text() == ">= 10,240"
+    assert Estimate("power", 10175.3, 9876.5, None).text() == "10,175 [9,876, open]"
+    example = Path(__file__).parents[2] / "examples" / "sim-sweep.toml"
+    out = twoclocks("plan", str(example), env={"COLUMNS": "80"}).stdout
+    # budget 65,536 samples; 2 prompts x 8 = 16 samples a step -> 4,096 steps (by hand)
+    assert "65,536 samples each" in out
+    rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in out.splitlines()
+            if ln.startswith("│")]
+    first = rows[0]  # cell, prompts, G, samples/batch, lr, clip, seed, steps, samples
+    assert first[1:4] == ["2", "8", "16"] and first[7:] == ["4,096", "65,536"], first
