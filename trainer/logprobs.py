@@ -22,7 +22,9 @@ def _signature(model) -> dict:
     before; None: nothing is shared) and the keep-only-the-last-logits option, if any."""
     sig = getattr(model, "_twoclocks_forward_sig", None)
     if sig is None:
-        params = inspect.signature(model.forward).parameters
+        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        inner = model.module if ddp else model  # a DDP wrapper forwards every keyword
+        params = inspect.signature(inner.forward).parameters
         sig = {
             "cache": next((n for n in ("cache", "past_key_values") if n in params), None),
             "keep": next(

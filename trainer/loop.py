@@ -8,8 +8,8 @@ of the prompts, gradients are summed across ranks, rank 0 writes metrics and che
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +28,7 @@ from trainer.data import (
     load_problems,
     render_prompt,
 )
+from trainer.dist import Dist, setup_dist
 from trainer.logprobs import completion_logprobs
 from twoclocks_cli.adaptive import MODES, decision_metrics
 from twoclocks_cli.errors import ConfigError
@@ -42,62 +43,6 @@ class Diverged(Exception):
 # ---------------------------------------------------------------------------------------------
 # Set-up pieces
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class Dist:
-    """This process's place in a data-parallel job (rank 0 of 1 when run alone)."""
-
-    rank: int = 0
-    world: int = 1
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
-
-    def sum(self, values: list[float]) -> list[float]:
-        """Element-wise sum over ranks (float64, so pooled counts stay exact)."""
-        if self.world == 1:
-            return values
-        t = torch.tensor(values, dtype=torch.float64)
-        torch.distributed.all_reduce(t)
-        return t.tolist()
-
-    def max(self, value: float) -> float:
-        if self.world == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return float(t)
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            torch.distributed.barrier()
-
-    def sum_grads(self, model) -> None:
-        """All-reduce (sum) every gradient in one flat buffer."""
-        if self.world == 1:
-            return
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        torch.distributed.all_reduce(flat)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p))
-            offset += n
-
-
-def setup_dist() -> Dist:
-    """Join the process group when launched with several processes (`accelerate launch`)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return Dist()
-    from accelerate import PartialState
-
-    # initialises torch.distributed: nccl on GPUs, gloo on CPUs (accelerate needs cpu=True
-    # there, or it silently runs each process alone)
-    state = PartialState(cpu=not torch.cuda.is_available())
-    return Dist(state.process_index, state.num_processes, str(state.device))
-
-
 class FileSource:
     """Problems from a list, visited in a fresh seeded permutation each epoch."""
 
@@ -254,6 +199,40 @@ class UpdateStats:
     logp: torch.Tensor | None = None  # [N, C] their sampled tokens' log-probs, likewise
 
 
+def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cfg, phase,
+                    stats: UpdateStats) -> float:
+    """Forward and backward of the rows `idx` (their loss over the minibatch's normaliser
+    `den`); adds their clip/KL/token counts to `stats` and returns the loss value."""
+    on_policy = stats.logp is not None
+    logp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, on_policy)
+    if on_policy:
+        stats.entropy[idx] = ent
+        stats.logp[idx] = logp.detach()
+    old = logp.detach() if on_policy else old_logp[idx]
+    m = cmask[idx]
+    tok_loss, low, high = grpo.clipped_surrogate(
+        logp, old, adv[idx], phase.clip_eps_low, phase.clip_eps_high
+    )
+    if cfg.kl_coef > 0:
+        tok_loss = tok_loss + cfg.kl_coef * grpo.k3(logp, ref_logp[idx])
+    loss = grpo.aggregate(tok_loss, m, cfg.loss_agg, cfg.max_new_tokens, den)
+    loss.backward()
+    stats.clip_low += float((low.float() * m).sum())
+    stats.clip_high += float((high.float() * m).sum())
+    stats.kl_old_new += float(((old - logp.detach()) * m).sum())
+    stats.trained_tokens += float(m.sum())
+    return float(loss.detach())
+
+
+def _idle_backward(net, rollout) -> None:
+    """A zero-gradient forward/backward of one token, so a rank with nothing to train in the
+    last micro-batch still joins DDP's all-reduce (every rank must run the synced backward)."""
+    device = next(net.parameters()).device
+    ids = rollout.input_ids[:1, -1:].to(device)
+    out = net(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    (out.float().sum() * 0.0).backward()
+
+
 def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist) -> UpdateStats:
     """`ppo_epochs * num_minibatches` optimizer steps on one rollout batch.
 
@@ -278,29 +257,20 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
             bad_loss = False
             # the first minibatch is split in at least two, so grad_sq_micro != grad_sq_full
             size = min(cfg.micro_batch_size, -(-len(mb) // 2)) if first else cfg.micro_batch_size
-            for k, micro in enumerate(mb.split(size)):
+            micros = mb.split(size)
+            for k, micro in enumerate(micros):
                 train_idx = micro[adv[micro] != 0] if skip else micro
-                if len(train_idx):
-                    part = rollout.select(train_idx)
-                    logp, ent = completion_logprobs(model, part, cfg.temperature, on_policy)
-                    if on_policy:
-                        stats.entropy[train_idx] = ent
-                        stats.logp[train_idx] = logp.detach()
-                    old = logp.detach() if on_policy else old_logp[train_idx]
-                    m = cmask[train_idx]
-                    tok_loss, low, high = grpo.clipped_surrogate(
-                        logp, old, adv[train_idx], phase.clip_eps_low, phase.clip_eps_high
-                    )
-                    if cfg.kl_coef > 0:
-                        tok_loss = tok_loss + cfg.kl_coef * grpo.k3(logp, ref_logp[train_idx])
-                    loss = grpo.aggregate(tok_loss, m, cfg.loss_agg, cfg.max_new_tokens, den)
-                    bad_loss = bad_loss or not bool(torch.isfinite(loss))
-                    loss.backward()
-                    stats.loss += float(loss.detach())
-                    stats.clip_low += float((low.float() * m).sum())
-                    stats.clip_high += float((high.float() * m).sum())
-                    stats.kl_old_new += float(((old - logp.detach()) * m).sum())
-                    stats.trained_tokens += float(m.sum())
+                last = k == len(micros) - 1  # only the last backward all-reduces (DDP)
+                if last and not len(train_idx) and dist.synced(model):
+                    _idle_backward(model, rollout)  # this rank's share of the sync
+                with contextlib.nullcontext() if last else dist.no_sync(model):
+                    if len(train_idx):
+                        value = _micro_backward(
+                            model, rollout, train_idx, adv, old_logp, ref_logp, cmask, den,
+                            cfg, phase, stats,
+                        )
+                        bad_loss = bad_loss or not math.isfinite(value)
+                        stats.loss += value
                 stats.clip_tokens += float(cmask[micro].sum())
                 if first and k == 0:  # gradient of one micro-batch, scaled to its own mean
                     micro_den = grpo.normaliser(cmask[micro], cfg.loss_agg)
@@ -312,7 +282,6 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
             for p in model.parameters():  # a batch with nothing to learn still steps AdamW
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.zeros_like(p)
-            dist.sum_grads(model)
             if first:
                 stats.grad_sq_full = M.grad_sq_norm(model)
                 stats.full_size = int(dist.sum([len(mb)])[0])
@@ -413,12 +382,14 @@ def train(
     workdir: Path,
     on_step: Callable[[Progress], None] | None = None,
     extend: bool = False,
+    make_rollout: Callable | None = None,
 ) -> str:
     """Run (or resume from `workdir`) one GRPO training; returns 'completed' or 'diverged'.
 
     `writer` is a MetricWriter (only rank 0's is used; other ranks may pass None). A checkpoint
     in `workdir` of another store/run or config is refused (ConfigError) before anything is
-    loaded; `extend` lets a resume raise sample_budget only.
+    loaded; `extend` lets a resume raise sample_budget only. `make_rollout(cfg, model, tok,
+    path)` replaces the configured rollout engine (tests feed every world size one batch).
     """
     from trainer.rewards import load_reward
     from trainer.rollout import make_engine
@@ -449,7 +420,9 @@ def train(
 
     # --- model, reference, optimizer, data, rewards --------------------------------------
     torch.manual_seed(cfg.seed * 7919 + dist.rank)
-    data_rng = np.random.default_rng([cfg.seed, dist.rank])
+    # one prompt stream whatever the world size: every rank draws the global batch and keeps
+    # its slice, so 1 and N processes train on the same prompts
+    data_rng = np.random.default_rng([cfg.seed, 0])
     model_path, tok, model = load_model(cfg, dist.device)
     model.train()
     theta0 = M.flat_params(model)
@@ -459,10 +432,10 @@ def train(
         import copy
 
         ref = copy.deepcopy(model).eval().requires_grad_(False)
-    opt = make_optimizer(model, cfg)
+    net, opt = dist.prepare(model, make_optimizer(model, cfg))  # net: what backward runs on
     source, held = load_data(cfg)
     reward_fn = load_reward(cfg.reward)
-    engine = make_engine(cfg, model, tok, model_path)
+    engine = (make_rollout or make_engine)(cfg, model, tok, model_path)  # unwrapped weights
     step, samples = 0, 0
 
     # --- resume ----------------------------------------------------------------------------
@@ -519,7 +492,8 @@ def train(
             step += 1
 
             # --- 1. rollouts -------------------------------------------------------------
-            problems = source.sample(data_rng, local_prompts)
+            problems = source.sample(data_rng, phase.prompts_per_batch)
+            problems = problems[dist.rank * local_prompts : (dist.rank + 1) * local_prompts]
             expanded = [p for p in problems for _ in range(g)]
             roll, bad = None, 0.0
             try:
@@ -560,7 +534,7 @@ def train(
                 ref_logp, _ = no_grad_logprobs(ref, roll, cfg, with_entropy=False)
 
             # --- 4. the update --------------------------------------------------------------
-            st = update(model, opt, roll, adv, old_logp, ref_logp, cfg, phase, dist)
+            st = update(net, opt, roll, adv, old_logp, ref_logp, cfg, phase, dist)
             if lean:
                 entropy, old_logp = st.entropy, st.logp
                 if len(rest):

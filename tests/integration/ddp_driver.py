@@ -1,0 +1,103 @@
+"""Driver of the DDP test: `train()` on the tiny model, alone or under `accelerate launch`.
+
+Every world size trains on one global batch per step: the prompts already are (each rank keeps
+its slice of one prompt stream); completions come from `GlobalBatch`, which samples the whole
+batch from one seed on every rank and keeps this rank's rows. Rank 0 writes every step's
+metrics, the final parameters' digest and the first step's rollout to the JSON file argv[1].
+Usage: python ddp_driver.py OUT.json WORKDIR [ppo_epochs]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+class GlobalBatch:
+    """A rollout engine that samples the global batch (every rank's prompts, in rank order) from
+    a seed shared by all ranks and returns this rank's rows — one batch in any world size."""
+
+    def __init__(self, inner, seed: int):
+        self.inner, self.seed, self.calls, self.rollouts = inner, seed, 0, []
+
+    def sync(self, model) -> None:
+        self.inner.sync(model)
+
+    def generate(self, prompts: list[str], temperature: float | None = None):
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        rank = torch.distributed.get_rank() if world > 1 else 0
+        parts = [None] * world
+        if world > 1:
+            torch.distributed.all_gather_object(parts, prompts)
+        else:
+            parts = [prompts]
+        everything = [p for part in parts for p in part]
+        self.calls += 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1000 + self.calls)
+            roll = self.inner.generate(everything, temperature)
+        self.rollouts.append(roll)
+        n = len(prompts)
+        return roll.select(torch.arange(rank * n, (rank + 1) * n))
+
+
+class Collect:
+    """Metric sink: {step: {key: value}}."""
+
+    def __init__(self):
+        self.rows: dict[int, dict] = {}
+
+    def log(self, step, samples, values):
+        self.rows.setdefault(step, {}).update(values)
+
+    def flush(self):
+        pass
+
+
+def config(ppo_epochs: int):
+    """The tiny run both world sizes train: 3 steps of 8 prompts x 4 completions."""
+    from trainer.config import TrainConfig
+
+    return TrainConfig(
+        prompts_per_batch=8, group_size=4, micro_batch_size=8, lr=1e-3, sample_budget=96,
+        seed=3, eval_every_samples=0, checkpoint_every_steps=0, threads=1,
+        ppo_epochs=ppo_epochs, kl_init_every=1 if ppo_epochs > 1 else 0,
+    )
+
+
+def main(out: str, workdir: str, ppo_epochs: int) -> None:
+    from trainer.dist import setup_dist
+    from trainer.loop import train
+    from trainer.rollout import make_engine
+
+    engines = []
+
+    def make(cfg, model, tok, path):
+        engines.append(GlobalBatch(make_engine(cfg, model, tok, path), cfg.seed))
+        return engines[0]
+
+    dist = setup_dist()
+    sink = Collect()
+    status = train(config(ppo_epochs), sink, Path(workdir), make_rollout=make)
+    if dist.rank != 0:
+        return
+    state = torch.load(sorted(Path(workdir).glob("checkpoints/step-*"))[-1] / "state.pt",
+                       weights_only=False)
+    params = torch.cat([v.float().reshape(-1) for v in state["model"].values()])
+    first = engines[0].rollouts[0]
+    Path(out).write_text(json.dumps({
+        "status": status, "world": dist.world,
+        "rows": sink.rows,
+        "param_sum": float(params.double().sum()),
+        "param_sq": float(params.double().square().sum()),
+        "first_rollout": {k: getattr(first, k).tolist() for k in
+                          ("input_ids", "attention_mask", "completion_mask")}
+                         | {"prompt_len": first.prompt_len, "texts": first.texts},
+    }))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)

@@ -1,0 +1,94 @@
+"""This process's place in a data-parallel job, and the gradient sync through accelerate.
+
+Alone (no `WORLD_SIZE` > 1) nothing is wrapped: the model trains as it is. Under `accelerate
+launch` / `torchrun` an `Accelerator` prepares model and optimizer: DDP (gloo on CPUs, nccl on
+GPUs) all-reduces gradients in buckets while backward runs; micro-batches before the last one of
+a minibatch run under `no_sync`, so only the last backward communicates. A comm hook makes the
+all-reduce a sum (DDP averages by default): each rank's loss is already divided by the
+minibatch's global normaliser, so the summed gradient is the gradient of the whole minibatch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from twoclocks_cli.errors import ConfigError
+
+
+def _sum_hook(_state, bucket):
+    """DDP comm hook: all-reduce one gradient bucket as a sum (the default divides by world)."""
+    fut = torch.distributed.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+@dataclass
+class Dist:
+    """Rank, world size and device of this process (rank 0 of 1 when run alone)."""
+
+    rank: int = 0
+    world: int = 1
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    accelerator: object | None = None  # accelerate.Accelerator when world > 1
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (float64, so pooled counts stay exact)."""
+        if self.world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def max(self, value: float) -> float:
+        """Maximum over ranks."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t)
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def prepare(self, model, opt):
+        """(training module, optimizer): accelerate's DDP wrapper with a summing all-reduce when
+        several processes run, else the model and optimizer themselves."""
+        if self.accelerator is None:
+            return model, opt
+        net, opt = self.accelerator.prepare(model, opt)
+        if isinstance(net, torch.nn.parallel.DistributedDataParallel):
+            net.register_comm_hook(None, _sum_hook)
+        return net, opt
+
+    def no_sync(self, net):
+        """Context in which backward accumulates locally without communicating."""
+        if isinstance(net, torch.nn.parallel.DistributedDataParallel):
+            return net.no_sync()
+        return contextlib.nullcontext()
+
+    def synced(self, net) -> bool:
+        """Whether backward through `net` all-reduces (so every rank must run one)."""
+        return isinstance(net, torch.nn.parallel.DistributedDataParallel)
+
+
+def setup_dist() -> Dist:
+    """Join the process group when launched with several processes (`accelerate launch`)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Dist()
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    # gloo on CPUs needs cpu=True (else accelerate silently runs each process alone); the
+    # trainer's dtype is its own, so accelerate's mixed precision stays off
+    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+    if acc.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        raise ConfigError(
+            f"accelerate distributed_type {acc.distributed_type.value}: the grpo trainer runs "
+            "DDP only (MULTI_CPU or MULTI_GPU); FSDP/DeepSpeed are not supported yet"
+        )
+    return Dist(acc.process_index, acc.num_processes, str(acc.device), acc)
