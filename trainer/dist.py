@@ -2,10 +2,12 @@
 
 Alone (no `WORLD_SIZE` > 1) nothing is wrapped: the model trains as it is. Under `accelerate
 launch` / `torchrun` an `Accelerator` prepares model and optimizer: DDP (gloo on CPUs, nccl on
-GPUs) all-reduces gradients in buckets while backward runs; micro-batches before the last one of
-a minibatch run under `no_sync`, so only the last backward communicates. A comm hook makes the
-all-reduce a sum (DDP averages by default): each rank's loss is already divided by the
-minibatch's global normaliser, so the summed gradient is the gradient of the whole minibatch.
+GPUs) all-reduces gradients in buckets while backward runs, the gradients being views into those
+buckets (no extra copy); micro-batches before the last one of a minibatch run under `no_sync`,
+so only the last backward communicates. A comm hook makes the all-reduce a sum (DDP averages
+by default): each rank's loss is already divided by the minibatch's global normaliser, so the
+summed gradient is the gradient of the whole minibatch. FSDP/DeepSpeed configs are refused
+(not supported yet).
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ class Dist:
             return net.no_sync()
         return contextlib.nullcontext()
 
+    def zero_grad(self, net, opt) -> None:
+        """Clear gradients: freed alone, zeroed in place under DDP (set to None they would be
+        re-allocated apart from the buckets by the next no_sync backward)."""
+        opt.zero_grad(set_to_none=not self.synced(net))
+
     def synced(self, net) -> bool:
         """Whether backward through `net` all-reduces (so every rank must run one)."""
         return isinstance(net, torch.nn.parallel.DistributedDataParallel)
@@ -81,11 +88,14 @@ def setup_dist() -> Dist:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return Dist()
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DistributedDataParallelKwargs, DistributedType
 
     # gloo on CPUs needs cpu=True (else accelerate silently runs each process alone); the
     # trainer's dtype is its own, so accelerate's mixed precision stays off
-    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+    # gradients are views into DDP's buckets: no second full copy of them
+    views = DistributedDataParallelKwargs(gradient_as_bucket_view=True)
+    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no",
+                      kwargs_handlers=[views])
     if acc.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         raise ConfigError(
             f"accelerate distributed_type {acc.distributed_type.value}: the grpo trainer runs "

@@ -253,7 +253,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
         order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
         for mb in order.tensor_split(cfg.num_minibatches):
             den = dist.sum([grpo.normaliser(cmask[mb], cfg.loss_agg)])[0]
-            opt.zero_grad(set_to_none=True)
+            dist.zero_grad(model, opt)
             bad_loss = False
             # the first minibatch is split in at least two, so grad_sq_micro != grad_sq_full
             size = min(cfg.micro_batch_size, -(-len(mb) // 2)) if first else cfg.micro_batch_size

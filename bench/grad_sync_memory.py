@@ -1,0 +1,157 @@
+"""Peak RSS of a training step with its gradient sync: 2 data-parallel processes vs 1.
+
+A ~57M-parameter Llama-shaped model (random init from a small config, fp32, CPU) takes training
+steps of two micro-batches each (gradient accumulation) and an AdamW step. After two warm-up
+steps (optimizer state allocated, DDP's buckets rebuilt) each process resets its peak RSS
+(`/proc/self/clear_refs`) and reads it (VmHWM) after one more step. Modes:
+
+- `single`: one process, no sync (the reference);
+- `ddp`: 2 processes through `trainer.dist` as the trainer runs them (accelerate-prepared DDP,
+  gloo, gradients as bucket views, `no_sync` on the first micro-batch);
+- `flat`: 2 processes with the hand-rolled sync the trainer had before (every gradient copied
+  into one flat tensor, all-reduced, copied back), for comparison.
+
+Prints each mode's per-rank peak (the larger rank), its ratio to `single`, and the extra memory
+in units of one full copy of the gradients. Target: `ddp` carries no extra full copy (extra
+well under 1.0 copies). Run on an otherwise idle machine (the load average is printed).
+
+    python bench/grad_sync_memory.py [--layers 8] [--hidden 512] [--seq 64] [--batch 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _peak_reset() -> None:
+    """Reset this process's peak RSS (Linux: VmHWM restarts from the current RSS)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_mb() -> float:
+    """This process's peak RSS since the last reset, MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _model(args):
+    """The random-init Llama-shaped model of `args`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=args.hidden,
+                      intermediate_size=args.hidden * 11 // 4, num_hidden_layers=args.layers,
+                      num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+def _flat_sum(model) -> None:
+    """The trainer's former sync: all gradients concatenated, all-reduced, copied back."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def worker(args) -> None:
+    """One process of one mode: warm up, reset the peak, one measured step; rank 0 writes JSON."""
+    import torch
+
+    from trainer.dist import Dist, setup_dist
+
+    torch.set_num_threads(1)
+    dist = setup_dist() if args.mode == "ddp" else Dist()
+    if args.mode == "flat":
+        torch.distributed.init_process_group("gloo")
+        dist = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size())
+    model = _model(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    net, opt = dist.prepare(model, opt)
+    gen = torch.Generator().manual_seed(dist.rank)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    def step() -> None:
+        dist.zero_grad(net, opt)
+        for k in range(2):
+            ids = torch.randint(0, 32000, (args.batch, args.seq), generator=gen)
+            with dist.no_sync(net) if k == 0 else _null():
+                net(input_ids=ids, labels=ids).loss.backward()
+        if args.mode == "flat":
+            _flat_sum(model)
+        opt.step()
+
+    step()
+    step()
+    dist.barrier()
+    _peak_reset()
+    step()
+    peak = _peak_mb()
+    peaks = dist.sum([0.0] * dist.rank + [peak] + [0.0] * (dist.world - dist.rank - 1))
+    if dist.rank == 0:
+        Path(args.out).write_text(json.dumps({"peaks": peaks, "params": n_params}))
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def run_mode(mode: str, args, tmp: Path) -> dict:
+    """Run `mode` (1 or 2 processes) and return its JSON."""
+    out = tmp / f"{mode}.json"
+    script = [os.path.abspath(__file__), "--worker", mode, "--out", str(out),
+              "--layers", str(args.layers), "--hidden", str(args.hidden),
+              "--seq", str(args.seq), "--batch", str(args.batch)]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    if mode == "single":
+        cmd = [sys.executable, *script]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *script]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--worker", choices=["single", "ddp", "flat"])
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.worker:
+        args.mode = args.worker
+        worker(args)
+        return
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = {m: run_mode(m, args, Path(tmp)) for m in ("single", "ddp", "flat")}
+    params = res["single"]["params"]
+    grad_mb = params * 4 / 2**20
+    base = max(res["single"]["peaks"])
+    print(f"model {params / 1e6:.1f}M parameters; one fp32 copy of the gradients = "
+          f"{grad_mb:.0f} MB")
+    print(f"{'mode':<8}{'peak RSS/rank MB':>18}{'ratio':>8}{'extra (grad copies)':>22}")
+    for mode, r in res.items():
+        peak = max(r["peaks"])
+        print(f"{mode:<8}{peak:>18,.0f}{peak / base:>8.3f}{(peak - base) / grad_mb:>22.2f}")
+
+
+if __name__ == "__main__":
+    main()
