@@ -232,7 +232,29 @@ class TrainConfig(BaseModel):
         gt=0,
         description="Completion length cap; a completion without EOS by then counts as truncated.",
     )
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM only.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="vLLM only: share of the GPU vLLM may take (weights + KV "
+        "cache); the rest stays for training."
+    )
+    vllm_max_prompt_tokens: Int32 | None = Field(
+        None,
+        gt=0,
+        description="vLLM only: longest prompt in tokens; vLLM's max_model_len is this plus "
+        "max_new_tokens. None: 1024, capped so both fit the model's max_position_embeddings. "
+        "A longer prompt is refused with the lengths named.",
+    )
+    vllm_enable_sleep_mode: bool = Field(
+        False,
+        description="vLLM only: put vLLM to sleep after each generation (KV cache freed, "
+        "weights per vllm_sleep_level) and wake it for the weight sync and the next "
+        "generation, so the update has the GPU memory vLLM held.",
+    )
+    vllm_sleep_level: Literal[1, 2] = Field(
+        1,
+        description="vLLM only, with vllm_enable_sleep_mode: 1 keeps vLLM's weights in CPU "
+        "memory while asleep; 2 drops them (least memory) and the engine loads the trainer's "
+        "weights again on waking.",
+    )
 
     # --- evaluation, checkpoints, seed -------------------------------------------------------
     eval_every_samples: int = Field(

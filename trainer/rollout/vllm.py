@@ -1,23 +1,51 @@
-"""A vLLM rollout engine for GPU users (the `vllm` extra). NOT RUN IN THIS PROJECT'S CI.
+"""A colocated vLLM rollout engine for GPU users (the `vllm` extra). NOT RUN IN THIS PROJECT'S CI.
 
-No machine the project is tested on can run vLLM, so this engine was written against vLLM's
-documented offline API (`vllm.LLM`, `SamplingParams`, `LLM.generate`) and TRL's way of syncing
-weights (`load_weights` on the driver worker's model) but has never been executed here. It
-samples with its own copy of the weights, which the trainer pushes after every update (`sync`).
+No machine the project is tested on has a GPU or can install vLLM, so this class has never been
+executed here. It was written against vLLM's source (0.27.0 and 0.30.0, the range the extra
+pins: `LLM`, `SamplingParams`, `TokensPrompt`, `LLM.apply_model`, `sleep`/`wake_up`,
+`reset_prefix_cache`, `collective_rpc("reload_weights")`) and TRL's colocated engine. Every
+decision that does not need vLLM lives in `trainer.rollout.vllm_inputs` and is tested with the
+real tiny model's tokenizer and generation config (tests/unit/test_vllm_engine.py);
+scripts/gpu-check.sh runs this engine end to end where a GPU and vLLM exist.
+
+How it avoids the defects of the first version:
+- Weight sync: `distributed_executor_backend="external_launcher"`. vLLM then runs its engine
+  core and worker inside this process (it sets VLLM_ENABLE_V1_MULTIPROCESSING=0 itself; the
+  engine sets it too, before vLLM reads it), joins the trainer's ranks through env:// and
+  puts each rank's worker on its LOCAL_RANK's GPU. Chosen over the environment variable alone
+  because several ranks need the launcher anyway, and over a cross-process `collective_rpc`
+  because in-process the weights are handed over without being serialised. The weights go in
+  through `LLM.apply_model` (vLLM's API for running a function on the worker's model, which
+  also unwraps CUDA graphs) calling the model's `load_weights`; then the prefix cache is reset.
+- Tokens in: prompts are tokenized once, as the trainer tokenizes them, and sent as
+  `TokensPrompt`s; the Rollout is built from each output's own `prompt_token_ids`.
+- Stop ids: the tokenizer's eos and every generation-config eos id end a completion, in vLLM
+  (`stop_token_ids`) and in the completion mask alike.
+- Seeds: vLLM's seed is the rank's seed; its worker reseeds random/numpy/torch globally at
+  start-up, so the trainer's generators are saved before and restored after (`preserved_rng`).
+- Sampler log-probs: `logprobs=0`, processed (after temperature); returned on the Rollout as
+  `sampler_logp` for the mismatch metric and truncated importance sampling
+  (`vllm_inputs.sampler_mismatch`, `vllm_inputs.tis_weights`).
+- Memory: max_model_len = prompt room + max_new_tokens; with `vllm_enable_sleep_mode` the engine
+  sleeps after each generation and wakes for the sync and the next generation.
 """
 
 from __future__ import annotations
 
 import os
 
-import torch
-
-from trainer.rollout import Rollout, assemble
+from trainer.rng import preserved_rng
+from trainer.rollout import vllm_inputs as V
 from twoclocks_cli.errors import ConfigError
 
 
+def _load(model, weights):
+    """Run on vLLM's worker model: load (name, tensor) pairs in HF checkpoint naming."""
+    model.load_weights(weights)
+
+
 class VLLMEngine:
-    """Generates with vLLM; `sync(model)` copies the trainer's weights into vLLM's model."""
+    """Generates with a colocated vLLM; `sync(model)` loads the trainer's weights into it."""
 
     def __init__(self, cfg, tokenizer, model_path):
         try:
@@ -28,40 +56,71 @@ class VLLMEngine:
                 "and a GPU; use rollout_engine = 'hf' here"
             ) from None
         self.cfg, self.tokenizer = cfg, tokenizer
-        # keep the engine in this process so `sync` can reach its model (as TRL does)
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self.llm = LLM(
-            model=str(model_path),
-            dtype=cfg.dtype,
-            seed=cfg.seed,
-            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-            enable_prefix_caching=True,
-        )
+        self.place = V.placement_from_env(os.environ)
+        os.environ.update(V.launcher_env(self.place, os.environ))
+        self.stop_ids = V.stop_token_ids(tokenizer, V.load_generation_config(model_path))
+        self.room = V.prompt_room(cfg, V.model_max_positions(model_path))
+        kwargs = V.engine_kwargs(cfg, model_path, self.place, self.room)
+        with preserved_rng():  # vLLM's worker reseeds the global generators while starting
+            self.llm = LLM(**kwargs)
+        self.sleep_level = cfg.vllm_sleep_level if cfg.vllm_enable_sleep_mode else None
+        self.asleep = False  # weights and KV cache released
+        self.stale = False  # weights dropped by a level-2 sleep and not loaded since
+        self.model = None  # the trainer's model of the last sync (what a stale engine reloads)
 
     def sync(self, model) -> None:
         """Load the trainer's current weights into vLLM (after every optimizer update)."""
-        worker = self.llm.llm_engine.model_executor.driver_worker
-        worker = getattr(worker, "worker", worker)  # the V1 engine wraps the worker once more
-        inner = worker.model_runner.model
-        inner.load_weights((name, p.detach()) for name, p in model.state_dict().items())
-        self.llm.reset_prefix_cache()
+        self.model = model
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        self._push(model)
 
-    def generate(self, prompts: list[str], temperature: float | None = None) -> Rollout:
-        """Sample one completion per prompt with vLLM; returned in the same layout as `hf`."""
+    def _push(self, model) -> None:
+        """Hand every weight to vLLM's model in this process, then drop the prefix cache, whose
+        keys/values were computed with the old weights."""
+        weights = list(V.weight_items(model))
+        self.llm.apply_model(lambda m: _load(m, weights))
+        self.llm.reset_prefix_cache()
+        self.stale = False
+
+    def _wake(self) -> None:
+        """Weights then KV cache back on the GPU; weights a level-2 sleep dropped are loaded
+        again: the last synced model's, or the checkpoint's on disk before any sync."""
+        if not self.asleep:
+            return
+        self.llm.wake_up(tags=["weights"])
+        if self.stale:
+            if self.model is not None:
+                self._push(self.model)
+            else:
+                self.llm.collective_rpc("reload_weights")
+                self.llm.reset_prefix_cache()
+                self.stale = False
+        self.llm.wake_up(tags=["kv_cache"])
+        self.asleep = False
+
+    def _sleep(self) -> None:
+        """Release vLLM's GPU memory until the next sync/generation (sleep mode only)."""
+        if self.sleep_level is None:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep, self.stale = True, self.sleep_level == 2
+
+    def generate(self, prompts: list[str], temperature: float | None = None):
+        """Sample one completion per prompt; the HF engine's layout plus `sampler_logp`."""
         from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
 
         cfg, tok = self.cfg, self.tokenizer
         t = cfg.temperature if temperature is None else temperature
-        params = SamplingParams(
-            n=1, temperature=t, top_p=cfg.top_p if t > 0 else 1.0, max_tokens=cfg.max_new_tokens
-        )
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        width = cfg.max_new_tokens
-        comp = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
-        for i, o in enumerate(outs):
-            ids = list(o.outputs[0].token_ids)[:width]
-            comp[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        return assemble(
-            enc["input_ids"], enc["attention_mask"], comp, tok.eos_token_id, tok.pad_token_id, tok
-        )
+        sent = V.prompt_token_ids(tok, prompts)
+        V.check_prompt_lengths(sent, self.room)
+        params = SamplingParams(**V.sampling_kwargs(cfg, t, self.stop_ids))
+        self._wake()
+        try:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in sent],
+                                     params, use_tqdm=False)
+        finally:
+            self._sleep()
+        return V.rollout_from_outputs(outs, sent, self.stop_ids, cfg.max_new_tokens,
+                                      tok.pad_token_id, tok.eos_token_id, tok)
