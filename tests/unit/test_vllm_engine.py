@@ -328,6 +328,63 @@ def test_weight_names_are_the_checkpoints(tiny):
         assert not items[name].requires_grad
 
 
+# --- 7. sleep/wake around the update ----------------------------------------------------------
+class SimulatedMemory:
+    """What vLLM's GPU holds, per vLLM's documented sleep levels: level 1 offloads the weights
+    to CPU (kept), level 2 drops them; the KV cache is dropped either way."""
+
+    def __init__(self, level):
+        self.level, self.weights, self.weights_on, self.kv_on = level, "disk", True, True
+        self.prefix_of = "disk"  # the weights the prefix cache's keys/values came from
+
+    def apply(self, steps, model_version):
+        for step in steps:
+            if step == "sleep":
+                self.weights_on = self.kv_on = False
+                if self.level == 2:
+                    self.weights = "garbage"
+            elif step == "wake_weights":
+                self.weights_on = True
+            elif step == "wake_kv_cache":
+                self.kv_on = True
+            elif step in ("push", "reload"):
+                assert self.weights_on, "weights written while asleep"
+                self.weights = model_version if step == "push" else "disk"
+            elif step == "reset_prefix_cache":
+                self.prefix_of = self.weights
+
+
+@pytest.mark.parametrize("level", [None, 1, 2])
+def test_sleep_plan_keeps_the_weights_current_at_every_generation(level):
+    """The loop's order (eval at step 0, then per step: generate, update, sync, sometimes eval):
+    every generation runs awake, on the trainer's latest weights (the checkpoint's before the
+    first sync), with no prefix cache from older weights; vLLM sleeps through each update."""
+    plan, mem = V.SleepPlan(level), SimulatedMemory(level)
+    version = "disk"
+
+    def generate():
+        mem.apply(plan.before_generate(), version)
+        assert mem.weights_on and mem.kv_on and mem.weights == version
+        assert mem.prefix_of == version
+        mem.apply(plan.after_generate(), version)
+        assert mem.weights_on is (level is None)  # asleep through the update and reward
+
+    generate()  # eval before step 1
+    for step in range(1, 5):
+        generate()
+        version = f"v{step}"  # the update
+        mem.apply(plan.sync(), version)
+        assert mem.weights == version and mem.prefix_of == version
+        if step % 2 == 0:
+            generate()  # eval
+    if level == 2:  # the first generation after a level-2 sleep before any sync read the disk
+        assert V.SleepPlan(2).before_generate() == []
+        fresh = V.SleepPlan(2)
+        fresh.after_generate()
+        assert fresh.before_generate() == ["wake_weights", "reload", "reset_prefix_cache",
+                                           "wake_kv_cache"]
+
+
 # --- RNG: vLLM's reseeding and eval's private stream -------------------------------------------
 def _draws():
     return random.random(), float(np.random.random()), float(torch.rand(()))

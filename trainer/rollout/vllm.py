@@ -32,6 +32,7 @@ How it avoids the defects of the first version:
 
 from __future__ import annotations
 
+import functools
 import os
 
 from trainer.rng import preserved_rng
@@ -39,7 +40,7 @@ from trainer.rollout import vllm_inputs as V
 from twoclocks_cli.errors import ConfigError
 
 
-def _load(model, weights):
+def _load(model, *, weights):
     """Run on vLLM's worker model: load (name, tensor) pairs in HF checkpoint naming."""
     model.load_weights(weights)
 
@@ -63,48 +64,32 @@ class VLLMEngine:
         kwargs = V.engine_kwargs(cfg, model_path, self.place, self.room)
         with preserved_rng():  # vLLM's worker reseeds the global generators while starting
             self.llm = LLM(**kwargs)
-        self.sleep_level = cfg.vllm_sleep_level if cfg.vllm_enable_sleep_mode else None
-        self.asleep = False  # weights and KV cache released
-        self.stale = False  # weights dropped by a level-2 sleep and not loaded since
-        self.model = None  # the trainer's model of the last sync (what a stale engine reloads)
+        self.plan = V.SleepPlan(cfg.vllm_sleep_level if cfg.vllm_enable_sleep_mode else None)
+        self.model = None  # the trainer's model of the last sync (what a level-2 wake reloads)
 
     def sync(self, model) -> None:
         """Load the trainer's current weights into vLLM (after every optimizer update)."""
         self.model = model
-        if self.asleep:
-            self.llm.wake_up(tags=["weights"])
-        self._push(model)
+        self._run(self.plan.sync())
 
-    def _push(self, model) -> None:
-        """Hand every weight to vLLM's model in this process, then drop the prefix cache, whose
-        keys/values were computed with the old weights."""
-        weights = list(V.weight_items(model))
-        self.llm.apply_model(lambda m: _load(m, weights))
-        self.llm.reset_prefix_cache()
-        self.stale = False
-
-    def _wake(self) -> None:
-        """Weights then KV cache back on the GPU; weights a level-2 sleep dropped are loaded
-        again: the last synced model's, or the checkpoint's on disk before any sync."""
-        if not self.asleep:
-            return
-        self.llm.wake_up(tags=["weights"])
-        if self.stale:
-            if self.model is not None:
-                self._push(self.model)
-            else:
+    def _run(self, steps: list[str]) -> None:
+        """Carry out the sleep plan's steps on vLLM, in order."""
+        for step in steps:
+            if step == "wake_weights":
+                self.llm.wake_up(tags=["weights"])
+            elif step == "wake_kv_cache":
+                self.llm.wake_up(tags=["kv_cache"])
+            elif step == "push":  # every weight handed over in this process, no copy
+                self.llm.apply_model(functools.partial(_load, weights=list(
+                    V.weight_items(self.model))))
+            elif step == "reload":  # before any sync: the checkpoint's weights from disk
                 self.llm.collective_rpc("reload_weights")
+            elif step == "reset_prefix_cache":  # its keys/values came from the old weights
                 self.llm.reset_prefix_cache()
-                self.stale = False
-        self.llm.wake_up(tags=["kv_cache"])
-        self.asleep = False
-
-    def _sleep(self) -> None:
-        """Release vLLM's GPU memory until the next sync/generation (sleep mode only)."""
-        if self.sleep_level is None:
-            return
-        self.llm.sleep(level=self.sleep_level)
-        self.asleep, self.stale = True, self.sleep_level == 2
+            elif step == "sleep":
+                self.llm.sleep(level=self.plan.level)
+            else:  # pragma: no cover - SleepPlan names only the steps above
+                raise ValueError(f"unknown engine step {step!r}")
 
     def generate(self, prompts: list[str], temperature: float | None = None):
         """Sample one completion per prompt; the HF engine's layout plus `sampler_logp`."""
@@ -116,11 +101,11 @@ class VLLMEngine:
         sent = V.prompt_token_ids(tok, prompts)
         V.check_prompt_lengths(sent, self.room)
         params = SamplingParams(**V.sampling_kwargs(cfg, t, self.stop_ids))
-        self._wake()
+        self._run(self.plan.before_generate())
         try:
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in sent],
                                      params, use_tqdm=False)
         finally:
-            self._sleep()
+            self._run(self.plan.after_generate())
         return V.rollout_from_outputs(outs, sent, self.stop_ids, cfg.max_new_tokens,
                                       tok.pad_token_id, tok.eos_token_id, tok)

@@ -250,6 +250,55 @@ def weight_items(model) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Sleep mode: which calls to vLLM go around each sync and generation
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class SleepPlan:
+    """The engine's memory state in sleep mode and the steps each call needs, by name:
+    `wake_weights`, `wake_kv_cache`, `push` (the trainer's weights in), `reload` (the
+    checkpoint's weights from disk, before any sync), `reset_prefix_cache`, `sleep`.
+
+    After each generation vLLM sleeps (`level`; None: sleep mode off, no steps). Level 1 keeps
+    the weights in CPU memory; level 2 drops them, so before the next generation they are
+    pushed again unless a sync did it.
+    """
+
+    level: int | None = None
+    weights_asleep: bool = False
+    kv_asleep: bool = False
+    stale: bool = False  # the weights vLLM holds are not the trainer's (level-2 sleep)
+    synced: bool = False  # a trainer model was pushed at least once
+
+    def sync(self) -> list[str]:
+        """Steps of a weight sync."""
+        steps = ["wake_weights"] if self.weights_asleep else []
+        self.weights_asleep, self.stale, self.synced = False, False, True
+        return steps + ["push", "reset_prefix_cache"]
+
+    def before_generate(self) -> list[str]:
+        """Steps before a generation: weights awake and current, then the KV cache."""
+        steps = []
+        if self.weights_asleep:
+            steps.append("wake_weights")
+            self.weights_asleep = False
+        if self.stale:
+            steps += ["push" if self.synced else "reload", "reset_prefix_cache"]
+            self.stale = False
+        if self.kv_asleep:
+            steps.append("wake_kv_cache")
+            self.kv_asleep = False
+        return steps
+
+    def after_generate(self) -> list[str]:
+        """Steps after a generation: sleep until the next sync or generation."""
+        if self.level is None:
+            return []
+        self.weights_asleep = self.kv_asleep = True
+        self.stale = self.level == 2
+        return ["sleep"]
+
+
+# ---------------------------------------------------------------------------------------------
 # Outputs back
 # ---------------------------------------------------------------------------------------------
 def sampled_logprobs(token_ids: Sequence[int], position_logprobs) -> list[float]:
