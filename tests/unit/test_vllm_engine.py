@@ -401,7 +401,7 @@ def test_a_reseeding_start_up_leaves_the_trainers_generators_alone():
 
 def test_private_eval_stream_restores_the_cpu_generator():
     """On CPU only the call shape and the CPU generator can be checked: cuda_devices() is the
-    device list given to fork_rng (every CUDA device on a GPU machine, none here)."""
+    device list given to fork_rng (the current CUDA device on a GPU machine, none here)."""
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
@@ -410,8 +410,7 @@ def test_private_eval_stream_restores_the_cpu_generator():
     assert torch.equal(torch.rand(3), expected)
     torch.manual_seed(123)
     assert torch.equal(torch.rand(3), inside)
-    assert cuda_devices() == (list(range(torch.cuda.device_count()))
-                              if torch.cuda.is_available() else [])
+    assert cuda_devices() == ([torch.cuda.current_device()] if torch.cuda.is_available() else [])
 
 
 # --- config and the engine's refusal without vLLM ------------------------------------------------
