@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# GPU check of the trainer (issue 15, deliverable 5). NEVER RUN IN CI, AND NOT YET RUN AT ALL:
+# no machine this project has been developed or tested on had a CUDA GPU, so this script was
+# written without being executed. Run it on a CUDA machine with the `train` extra installed
+# (and the `vllm` extra for the vLLM half):
+#
+#     bash scripts/gpu-check.sh            # uses .venv, or $TWOCLOCKS_VENV
+#
+# 1. The tiny model end to end in bf16 with the HF engine: `twoclocks train` (rollouts, a few
+#    updates, evaluation, a checkpoint, metrics in a SQLite store), printing samples/s.
+# 2. When `vllm` imports: the same run with rollout_engine = "vllm", printing samples/s; then
+#    the engine alone: sampler vs trainer log-probs on the same weights (must agree), after the
+#    trainer's weights moved (must disagree) and after `sync` (must agree again), and rollout
+#    samples/s of the engine by itself.
+# Exits non-zero on the first failed check; prints "gpu-check: all checks passed" at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${TWOCLOCKS_VENV:-.venv}
+PY="$VENV/bin/python"
+TC="$VENV/bin/twoclocks"
+[ -x "$PY" ] || { echo "gpu-check: no virtual environment at $VENV (run scripts/setup.sh)"; exit 2; }
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || { echo "gpu-check: torch sees no CUDA device here; this check needs one"; exit 2; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/twoclocks-gpu-check.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+DB="sqlite:///$WORK/gpu-check.db"
+
+write_config() {  # $1 engine, $2 file
+  cat >"$2" <<EOF
+model = "builtin:tiny-arith"
+dtype = "bfloat16"
+rollout_engine = "$1"
+vllm_gpu_memory_utilization = 0.2
+vllm_enable_sleep_mode = $( [ "$1" = vllm ] && echo true || echo false )
+group_size = 8
+prompts_per_batch = 32
+sample_budget = 2048
+num_minibatches = 2
+max_new_tokens = 12
+eval_every_samples = 1024
+eval_size = 256
+checkpoint_every_steps = 0
+seed = 0
+EOF
+}
+
+train() {  # $1 engine: one run, its summary checked, samples/s printed
+  local cfg="$WORK/$1.toml" out="$WORK/$1.json" t0 t1
+  write_config "$1" "$cfg"
+  t0=$(date +%s.%N)
+  "$TC" train "$cfg" --db "$DB" --name "gpu-check-$1" --workdir "$WORK/run-$1" --json >"$out"
+  t1=$(date +%s.%N)
+  "$PY" - "$out" "$t0" "$t1" "$1" <<'EOF'
+import json, sys
+rec = json.load(open(sys.argv[1]))
+wall = float(sys.argv[3]) - float(sys.argv[2])
+m = rec["metrics"]
+assert rec["status"] == "completed", rec["status"]
+assert rec["samples"] >= 2048 and rec["metric_rows"] > 0, rec
+assert 0 <= m["accuracy"] <= 1 and m["eval_accuracy"] is not None, m
+print(f"gpu-check [{sys.argv[4]}]: {rec['steps']} steps, {rec['samples']} samples in {wall:.1f} s "
+      f"= {rec['samples'] / wall:.1f} samples/s (start-up included); accuracy "
+      f"{m['accuracy']:.3f}, eval_accuracy {m['eval_accuracy']:.3f}, "
+      f"{rec['metric_rows']} metric rows in the SQLite store")
+EOF
+}
+
+train hf
+
+if ! "$PY" -c "import vllm" 2>/dev/null; then
+  echo "gpu-check: vllm does not import here: the vLLM half was skipped (pip install '.[vllm]')"
+  echo "gpu-check: all checks passed (HF engine only)"
+  exit 0
+fi
+
+train vllm
+
+"$PY" - <<'EOF'
+"""The engine alone: does vLLM sample the trainer's policy, before and after a sync?"""
+import time
+
+import numpy as np
+import torch
+
+from trainer.config import TrainConfig
+from trainer.data import ArithmeticTask
+from trainer.logprobs import completion_logprobs
+from trainer.loop import load_model, prompt_text
+from trainer.rollout import vllm_inputs as V
+from trainer.rollout.vllm import VLLMEngine
+
+cfg = TrainConfig(dtype="bfloat16", rollout_engine="vllm", max_new_tokens=12,
+                  vllm_gpu_memory_utilization=0.2, vllm_enable_sleep_mode=True,
+                  vllm_sleep_level=2)
+path, tok, model = load_model(cfg, "cuda")
+engine = VLLMEngine(cfg, tok, path)
+problems = ArithmeticTask().sample(np.random.default_rng(0), 64)
+prompts = [prompt_text(p, cfg, tok) for p in problems for _ in range(8)]
+
+
+def mismatch() -> dict:
+    roll = engine.generate(prompts)
+    assert roll.sampler_logp is not None
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, roll, cfg.temperature)
+    return V.sampler_mismatch(logp, roll.sampler_logp, roll.completion_mask)
+
+
+same = mismatch()
+torch.manual_seed(0)
+with torch.no_grad():  # move the trainer's weights far
+    for p in model.parameters():
+        p.add_(torch.randn_like(p) * 0.5 * p.float().std().to(p.dtype))
+stale = mismatch()
+engine.sync(model)
+synced = mismatch()
+for name, m in (("same weights", same), ("trainer moved, no sync", stale), ("after sync", synced)):
+    print(f"gpu-check [vllm engine]: {name}: mean |log-ratio| {m['sampler_abs_logratio']:.4f}, "
+          f"k3 KL {m['sampler_kl_k3']:.5f} over {m['sampler_tokens']} tokens")
+assert same["sampler_abs_logratio"] < 0.1, "vLLM does not sample the checkpoint's policy"
+assert synced["sampler_abs_logratio"] < 0.1, "after sync vLLM does not sample the trainer's policy"
+assert stale["sampler_abs_logratio"] > 3 * synced["sampler_abs_logratio"], "the sync changed nothing"
+
+t0, n = time.perf_counter(), 0
+for _ in range(5):
+    n += len(engine.generate(prompts).texts)
+dt = time.perf_counter() - t0
+print(f"gpu-check [vllm engine]: {n} rollouts in {dt:.2f} s = {n / dt:.1f} samples/s "
+      "(generation alone, sleep/wake included)")
+EOF
+echo "gpu-check: all checks passed"
