@@ -307,6 +307,9 @@ def test_placement_and_launcher_env():
     with pytest.raises(ConfigError, match="RANK = 2, LOCAL_RANK = 2, WORLD_SIZE = 2"):
         V.placement_from_env({"RANK": "2", "WORLD_SIZE": "2"})
     assert 0 < V.free_port() < 65536
+    assert V.check_device(place, 2) == "cuda:1"
+    with pytest.raises(ConfigError, match="LOCAL_RANK = 1 but this node shows 1 CUDA"):
+        V.check_device(place, 1)
 
 
 def test_weight_names_are_the_checkpoints(tiny):

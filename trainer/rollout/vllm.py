@@ -57,7 +57,10 @@ class VLLMEngine:
                 "and a GPU; use rollout_engine = 'hf' here"
             ) from None
         self.cfg, self.tokenizer = cfg, tokenizer
+        import torch
+
         self.place = V.placement_from_env(os.environ)
+        self.device = V.check_device(self.place, torch.cuda.device_count())
         os.environ.update(V.launcher_env(self.place, os.environ))
         self.stop_ids = V.stop_token_ids(tokenizer, V.load_generation_config(model_path))
         self.room = V.prompt_room(cfg, V.model_max_positions(model_path))

@@ -165,6 +165,15 @@ def placement_from_env(environ: Mapping[str, str]) -> Placement:
     return Placement(rank, local, world)
 
 
+def check_device(place: Placement, device_count: int) -> str:
+    """The local rank's GPU, which vLLM's worker takes; ConfigError when this node has no such
+    GPU (every rank would otherwise land on one device, or fail deep inside vLLM)."""
+    if place.local_rank >= device_count:
+        raise ConfigError(f"LOCAL_RANK = {place.local_rank} but this node shows {device_count} "
+                          f"CUDA device(s): the vLLM engine needs one GPU per local rank")
+    return place.device
+
+
 def rank_seed(seed: int, rank: int) -> int:
     """vLLM's `seed` on `rank`: the trainer's own per-rank torch seed, so ranks never share a
     sampling stream (seed * 7919 + rank, as trainer/loop.py seeds torch)."""
