@@ -1,7 +1,7 @@
 """A colocated vLLM rollout engine for GPU users (the `vllm` extra). NOT RUN IN THIS PROJECT'S CI.
 
 No machine the project is tested on has a GPU or can install vLLM, so this class has never been
-executed here. It was written against vLLM's source (0.27.0 and 0.30.0, the range the extra
+executed here. It was written against vLLM's source (0.27.0 to 0.30.0, every release the extra
 pins: `LLM`, `SamplingParams`, `TokensPrompt`, `LLM.apply_model`, `sleep`/`wake_up`,
 `reset_prefix_cache`, `collective_rpc("reload_weights")`) and TRL's colocated engine. Every
 decision that does not need vLLM lives in `trainer.rollout.vllm_inputs` and is tested with the

@@ -5,7 +5,8 @@ launcher variables, and the Rollout (with the sampler's log-probs) built from it
 Kept apart from `trainer/rollout/vllm.py` so that all of it is tested on any machine with the
 real tiny model's tokenizer and generation config (tests/unit/test_vllm_engine.py); vLLM itself
 is never imported here. The names and meanings of vLLM's arguments were read from vLLM's
-source (0.27.0 and 0.30.0, the range the `vllm` extra pins), not from running it.
+source (0.27.0, 0.28.0, 0.29.0 and 0.30.0: every release the `vllm` extra allows), not from
+running it.
 """
 
 from __future__ import annotations
