@@ -175,6 +175,12 @@ def no_grad_logprobs(model, rollout, cfg, with_entropy: bool):
     return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
 
 
+def on_policy(cfg: TrainConfig) -> bool:
+    """One update per batch: the update's only forward sees the rollout policy, so it yields the
+    rollout's log-probs and entropy (no separate forward; the ratio is exactly 1)."""
+    return cfg.updates_per_batch == 1
+
+
 def skips_zero_advantage(cfg: TrainConfig) -> bool:
     """Whether the update leaves out samples with advantage 0 (exact only without a KL term)."""
     return cfg.skip_zero_advantage and cfg.kl_coef == 0
@@ -203,12 +209,12 @@ def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cf
                     stats: UpdateStats) -> float:
     """Forward and backward of the rows `idx` (their loss over the minibatch's normaliser
     `den`); adds their clip/KL/token counts to `stats` and returns the loss value."""
-    on_policy = stats.logp is not None
-    logp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, on_policy)
-    if on_policy:
+    fresh = on_policy(cfg)
+    logp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, fresh)
+    if fresh:
         stats.entropy[idx] = ent
         stats.logp[idx] = logp.detach()
-    old = logp.detach() if on_policy else old_logp[idx]
+    old = logp.detach() if fresh else old_logp[idx]
     m = cmask[idx]
     tok_loss, low, high = grpo.clipped_surrogate(
         logp, old, adv[idx], phase.clip_eps_low, phase.clip_eps_high
@@ -244,8 +250,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
     n = len(rollout.texts)
     cmask = rollout.completion_mask.float()
     skip = skips_zero_advantage(cfg)
-    on_policy = cfg.updates_per_batch == 1
-    if on_policy:  # the only forward sees the rollout policy: keep its log-probs and entropy
+    if on_policy(cfg):  # the only forward sees the rollout policy: keep its log-probs, entropy
         stats.entropy = torch.full(cmask.shape, math.nan)
         stats.logp = torch.full(cmask.shape, math.nan)
     first = True
@@ -376,6 +381,320 @@ def _controller(cfg: TrainConfig, writer, state: dict | None):
     return ctl, event
 
 
+@dataclass
+class Run:
+    """What one training holds between steps: built by `_set_up`, advanced by `train`."""
+
+    cfg: TrainConfig
+    dist: Dist
+    workdir: Path
+    writer: object  # MetricWriter (rank 0's; None elsewhere or in tests)
+    owner: dict  # the checkpoint owner record
+    tok: object
+    model: torch.nn.Module  # the weights: checkpoints, the rollout engine, drift
+    net: torch.nn.Module  # what backward runs through (accelerate's DDP when world > 1)
+    ref: torch.nn.Module | None  # the frozen initial policy (KL terms), if any
+    opt: torch.optim.Optimizer
+    engine: object
+    reward_fn: Callable
+    source: FileSource | TaskSource
+    held: list[Problem]
+    data_rng: np.random.Generator
+    theta0: torch.Tensor
+    step: int = 0
+    samples: int = 0
+    ctl: object = None  # the adaptive controller, if batch_schedule = "adaptive"
+    event: Callable[[str], None] | None = None
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes metrics (rank 0 with a writer)."""
+        return self.writer is not None and self.dist.rank == 0
+
+    def log(self, step: int, samples: int, values: dict) -> None:
+        """Write one step's values (rank 0 only)."""
+        if self.writes:
+            self.writer.log(step, samples, values)
+
+    def flush(self) -> None:
+        """Commit what was logged (rank 0 only)."""
+        if self.writes:
+            self.writer.flush()
+
+
+@dataclass
+class Batch:
+    """One step's rollout and what the step computed from it (pooled over ranks where named)."""
+
+    roll: object  # trainer.rollout.Rollout, this rank's rows
+    rewards: torch.Tensor
+    adv: torch.Tensor | None = None
+    r_mean: float = math.nan  # over all ranks
+    r_std: float = math.nan  # over all ranks
+    n_all: int = 0  # samples over all ranks
+    old_logp: torch.Tensor | None = None  # [N, C] rollout policy's log-probs of the samples
+    entropy: torch.Tensor | None = None  # [N, C] its token entropy
+    ref_logp: torch.Tensor | None = None  # [N, C] the initial policy's log-probs, when needed
+    kl_due: bool = False
+    times: dict = field(default_factory=dict)
+
+
+def _check_world(cfg: TrainConfig, dist: Dist) -> None:
+    """Refuse batch sizes the data-parallel processes cannot split evenly."""
+    if cfg.batch_schedule == "adaptive" and dist.world > 1:
+        raise ConfigError("batch_schedule = \"adaptive\" runs in one process for now (the "
+                          f"controller's batch is not kept divisible by {dist.world} ranks)")
+    for i, ph in enumerate(cfg.phases or [cfg.phase_at(0)[1]]):
+        if ph.prompts_per_batch % dist.world:
+            raise ConfigError(
+                f"phases[{i}].prompts_per_batch = {ph.prompts_per_batch} is not "
+                f"divisible by the {dist.world} data-parallel processes"
+            )
+
+
+def _claim_checkpoint(cfg: TrainConfig, writer, workdir: Path, dist: Dist, extend: bool):
+    """(owner record, newest checkpoint or None); another run's or config's checkpoint is
+    refused on every rank (ConfigError) before any work."""
+    owner = checkpoint.owner_record(cfg.model_dump(mode="json"), writer)
+    ckpt = checkpoint.latest(workdir)
+    problem = checkpoint.refusal(ckpt, owner, extend) if ckpt and dist.rank == 0 else None
+    if dist.sum([1.0 if problem else 0.0])[0] > 0:  # every rank stops together
+        raise ConfigError(problem or f"rank 0 refused the checkpoint in {workdir}")
+    return owner, ckpt
+
+
+def _set_up(cfg, writer, workdir, dist, owner, make_rollout) -> Run:
+    """Seeds, model (and the frozen reference), optimizer, data, reward and rollout engine."""
+    from trainer.rewards import load_reward
+    from trainer.rollout import make_engine
+
+    torch.manual_seed(cfg.seed * 7919 + dist.rank)
+    # one prompt stream whatever the world size: every rank draws the global batch and keeps
+    # its slice, so 1 and N processes train on the same prompts
+    data_rng = np.random.default_rng([cfg.seed, 0])
+    model_path, tok, model = load_model(cfg, dist.device)
+    model.train()
+    theta0 = M.flat_params(model)
+    ref = None
+    if cfg.kl_coef > 0 or cfg.kl_init_every > 0:
+        import copy
+
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    net, opt = dist.prepare(model, make_optimizer(model, cfg))
+    source, held = load_data(cfg)
+    reward_fn = load_reward(cfg.reward)
+    engine = (make_rollout or make_engine)(cfg, model, tok, model_path)  # unwrapped weights
+    return Run(cfg, dist, workdir, writer, owner, tok, model, net, ref, opt, engine, reward_fn,
+               source, held, data_rng, theta0)
+
+
+def _resume(run: Run, ckpt: Path | None) -> dict | None:
+    """Load model, optimizer, counters, data position and RNGs of `ckpt`; returns the adaptive
+    controller's saved state (None for a fresh run)."""
+    if ckpt is None:
+        return None
+    main, rng = checkpoint.load(ckpt, run.dist.rank)
+    run.model.load_state_dict(main["model"])
+    run.opt.load_state_dict(main["optimizer"])
+    run.step, run.samples = main["step"], main["samples"]
+    run.source.load_state(main["data"][run.dist.rank])
+    checkpoint.restore_rng(rng, run.data_rng)
+    run.engine.sync(run.model)
+    return main.get("controller")
+
+
+def _save(run: Run) -> None:
+    """Checkpoint the run (every rank calls this; rank 0 writes the shared state)."""
+    dist = run.dist
+    states = [None] * dist.world
+    if dist.world > 1:
+        torch.distributed.all_gather_object(states, run.source.state())
+    else:
+        states = [run.source.state()]
+    main = None
+    if dist.rank == 0:
+        main = {
+            "model": run.model.state_dict(),
+            "optimizer": run.opt.state_dict(),
+            "step": run.step,
+            "samples": run.samples,
+            "data": states,
+            "controller": None if run.ctl is None else run.ctl.to_dict(),
+        }
+    run.flush()  # metrics never lag the checkpoint
+    checkpoint.save(
+        run.workdir, run.step, dist.rank, main, checkpoint.rng_state(run.data_rng),
+        dist.barrier, owner=run.owner if dist.rank == 0 else None,
+    )
+
+
+def _phase(run: Run):
+    """(phase index, phase) of the next step — the adaptive controller's batch and lr with the
+    config's clip range, when it runs — with the optimizer's lr set to it."""
+    phase_index, phase = run.cfg.phase_at(run.samples)
+    if run.ctl is not None:
+        phase_index = run.ctl.state.decisions
+        phase = phase.model_copy(update={"prompts_per_batch": run.ctl.prompts,
+                                         "lr": run.ctl.lr, "until_samples": None})
+    for group in run.opt.param_groups:
+        group["lr"] = phase.lr
+    return phase_index, phase
+
+
+def _sample(run: Run, phase) -> tuple[list[Problem], object]:
+    """(this rank's problems, each repeated G times; their rollout); a non-finite sampling
+    distribution on any rank raises Diverged on every rank."""
+    from trainer.rollout.hf import NonFiniteLogits
+
+    cfg, dist = run.cfg, run.dist
+    local = phase.prompts_per_batch // dist.world
+    problems = run.source.sample(run.data_rng, phase.prompts_per_batch)
+    problems = problems[dist.rank * local : (dist.rank + 1) * local]
+    expanded = [p for p in problems for _ in range(cfg.group_size)]
+    roll, bad = None, 0.0
+    try:
+        roll = run.engine.generate([prompt_text(p, cfg, run.tok) for p in expanded])
+    except NonFiniteLogits:
+        bad = 1.0
+    if dist.sum([bad])[0] > 0:  # every rank stops together
+        raise Diverged("non-finite sampling distribution")
+    return expanded, roll
+
+
+def _advantages(run: Run, batch: Batch) -> None:
+    """Group advantages, with the reward mean/std pooled over every rank's samples."""
+    rewards, dist = batch.rewards, run.dist
+    r_sum, r_sq, n_all = dist.sum(
+        [float(rewards.sum()), float((rewards.double() ** 2).sum()), len(rewards)]
+    )
+    batch.n_all, batch.r_mean = n_all, r_sum / n_all
+    batch.r_std = math.sqrt(
+        max(r_sq / n_all - batch.r_mean**2, 0.0) * n_all / max(n_all - 1, 1)
+    )
+    batch.adv = grpo.group_advantages(
+        rewards, run.cfg.group_size, run.cfg.advantage_scaling, batch_std=batch.r_std
+    )
+
+
+def _logprobs_before_update(run: Run, batch: Batch):
+    """The forwards needed before the update: the rollout policy's log-probs and entropy of
+    every row (off-policy) or, on-policy, only of the rows the update skips — returned as
+    (index, log-probs, entropy), the update's own forward gives the rest — and the reference's
+    log-probs when a KL term is due."""
+    cfg, roll = run.cfg, batch.roll
+    rest = None
+    if not on_policy(cfg):
+        batch.old_logp, batch.entropy = no_grad_logprobs(run.model, roll, cfg, with_entropy=True)
+    else:
+        idx = (batch.adv == 0).nonzero().flatten()  # the rows the update leaves out
+        if not skips_zero_advantage(cfg):
+            idx = idx[:0]
+        rest = (idx, None, None)
+        if len(idx):
+            rest = (idx, *no_grad_logprobs(run.model, roll.select(idx), cfg, True))
+    if run.ref is not None and (batch.kl_due or cfg.kl_coef > 0):
+        batch.ref_logp, _ = no_grad_logprobs(run.ref, roll, cfg, with_entropy=False)
+    return rest
+
+
+def _logprobs_after_update(batch: Batch, st: UpdateStats, rest) -> None:
+    """On-policy: the rollout policy's log-probs/entropy are the update's, with the skipped
+    rows' (`rest`) from their own forward."""
+    if rest is None:
+        return
+    idx, rest_logp, rest_entropy = rest
+    batch.entropy, batch.old_logp = st.entropy, st.logp
+    if len(idx):
+        batch.entropy[idx], batch.old_logp[idx] = rest_entropy, rest_logp
+
+
+def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: int,
+                 t0: float) -> dict:
+    """Every metric of one step, pooled over ranks (sums and counts first, divided once)."""
+    cfg, dist, roll, rewards = run.cfg, run.dist, batch.roll, batch.rewards
+    g, n_all = cfg.group_size, batch.n_all
+    cm = roll.completion_mask.float()
+    lens = cm.sum(1)
+    zero = grpo.zero_std_groups(rewards, g)
+    ent_s, tokens = M.masked_mean(batch.entropy, cm)
+    kl_s = (M.masked_mean(M.kl_to_init(batch.old_logp, batch.ref_logp), cm)[0]
+            if batch.kl_due else 0.0)
+    sums = {
+        "hits": float((rewards >= 1.0).sum()),
+        "zero": float(zero.sum()),
+        "groups": float(zero.numel()),
+        "ent": ent_s,
+        "tokens": tokens,
+        "kl_init": kl_s,
+        "trunc": float(roll.truncated.sum()),
+        "loss": st.loss,
+        "c_low": st.clip_low,
+        "c_high": st.clip_high,
+        "c_tok": max(st.clip_tokens, 1.0),
+        "kl_on": st.kl_old_new,
+        "tr_tok": max(st.trained_tokens, 1.0),
+    }
+    S = dict(zip(sums, dist.sum(list(sums.values())), strict=True))  # summed over ranks
+    elapsed = time.perf_counter() - t0
+    d_abs, d_rel = M.drift(run.model, run.theta0)
+    values = {
+        "reward_mean": batch.r_mean,
+        "reward_std": batch.r_std,
+        "accuracy": S["hits"] / n_all,
+        "zero_std_frac": S["zero"] / S["groups"],
+        "entropy": S["ent"] / S["tokens"],
+        "drift_abs": d_abs,
+        "drift_rel": d_rel,
+        "grad_norm": sum(st.grad_norms) / len(st.grad_norms),
+        "grad_sq_micro": st.grad_sq_micro,
+        "grad_sq_full": st.grad_sq_full,
+        "grad_micro_size": st.micro_size,
+        "grad_full_size": st.full_size,
+        "lr": phase.lr,
+        "batch_samples": n_all,
+        "prompts": n_all // g,
+        "phase": phase_index,
+        "loss": S["loss"] / cfg.updates_per_batch,
+        "clip_frac": (S["c_low"] + S["c_high"]) / S["c_tok"],
+        "clip_frac_low": S["c_low"] / S["c_tok"],
+        "clip_frac_high": S["c_high"] / S["c_tok"],
+        "approx_kl": S["kl_on"] / S["tr_tok"],
+        "resp_len_mean": S["tokens"] / n_all,
+        "resp_len_max": dist.max(float(lens.max())),
+        "truncated_frac": S["trunc"] / n_all,
+        **batch.times,
+        "tokens_per_s": S["tokens"] / elapsed,
+        "nonfinite": 0.0,
+    }
+    if batch.kl_due:
+        values["kl_init"] = S["kl_init"] / S["tokens"]
+    return values
+
+
+def _adapt(run: Run, values: dict):
+    """Feed the step to the adaptive controller (its decision's metrics join `values`)."""
+    if run.ctl is None:
+        return None
+    values["adaptive_mode"] = MODES[run.ctl.state.mode]
+    decision = run.ctl.observe(run.step, run.samples, values)
+    if decision is not None:
+        values.update(decision_metrics(decision))
+    return decision
+
+
+def _eval_due(cfg: TrainConfig, samples: int, n_all: int) -> bool:
+    """Whether this step crossed an `eval_every_samples` boundary or ended the budget."""
+    every = cfg.eval_every_samples
+    return every > 0 and (samples // every > (samples - n_all) // every
+                          or samples >= cfg.sample_budget)
+
+
+def _checkpoint_due(cfg: TrainConfig, step: int, samples: int) -> bool:
+    """Every `checkpoint_every_steps` steps, and at the end."""
+    every = cfg.checkpoint_every_steps
+    return bool(every and step % every == 0) or samples >= cfg.sample_budget
+
+
 def train(
     cfg: TrainConfig,
     writer,
@@ -391,253 +710,73 @@ def train(
     loaded; `extend` lets a resume raise sample_budget only. `make_rollout(cfg, model, tok,
     path)` replaces the configured rollout engine (tests feed every world size one batch).
     """
-    from trainer.rewards import load_reward
-    from trainer.rollout import make_engine
-    from trainer.rollout.hf import NonFiniteLogits
-
+    # --- set up, resume ------------------------------------------------------------------
     workdir = Path(workdir)
     dist = setup_dist()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     deterministic_kernels(dist.device)
-    if cfg.batch_schedule == "adaptive" and dist.world > 1:
-        raise ConfigError("batch_schedule = \"adaptive\" runs in one process for now (the "
-                          f"controller's batch is not kept divisible by {dist.world} ranks)")
-    for i, ph in enumerate(cfg.phases or [cfg.phase_at(0)[1]]):
-        if ph.prompts_per_batch % dist.world:
-            raise ConfigError(
-                f"phases[{i}].prompts_per_batch = {ph.prompts_per_batch} is not "
-                f"divisible by the {dist.world} data-parallel processes"
-            )
-    log = writer.log if (writer is not None and dist.rank == 0) else (lambda *a, **k: None)
-
-    # --- whose checkpoint: refused before any work if it is another run's or config's ------
-    owner = checkpoint.owner_record(cfg.model_dump(mode="json"), writer)
-    ckpt = checkpoint.latest(workdir)
-    problem = checkpoint.refusal(ckpt, owner, extend) if ckpt and dist.rank == 0 else None
-    if dist.sum([1.0 if problem else 0.0])[0] > 0:  # every rank stops together
-        raise ConfigError(problem or f"rank 0 refused the checkpoint in {workdir}")
-
-    # --- model, reference, optimizer, data, rewards --------------------------------------
-    torch.manual_seed(cfg.seed * 7919 + dist.rank)
-    # one prompt stream whatever the world size: every rank draws the global batch and keeps
-    # its slice, so 1 and N processes train on the same prompts
-    data_rng = np.random.default_rng([cfg.seed, 0])
-    model_path, tok, model = load_model(cfg, dist.device)
-    model.train()
-    theta0 = M.flat_params(model)
-    need_ref = cfg.kl_coef > 0 or cfg.kl_init_every > 0
-    ref = None
-    if need_ref:
-        import copy
-
-        ref = copy.deepcopy(model).eval().requires_grad_(False)
-    net, opt = dist.prepare(model, make_optimizer(model, cfg))  # net: what backward runs on
-    source, held = load_data(cfg)
-    reward_fn = load_reward(cfg.reward)
-    engine = (make_rollout or make_engine)(cfg, model, tok, model_path)  # unwrapped weights
-    step, samples = 0, 0
-
-    # --- resume ----------------------------------------------------------------------------
-    if ckpt is not None:
-        main, rng = checkpoint.load(ckpt, dist.rank)
-        model.load_state_dict(main["model"])
-        opt.load_state_dict(main["optimizer"])
-        step, samples = main["step"], main["samples"]
-        source.load_state(main["data"][dist.rank])
-        checkpoint.restore_rng(rng, data_rng)
-        engine.sync(model)
-    ctl, event = _controller(cfg, writer, main.get("controller") if ckpt is not None else None)
-
-    def save() -> None:
-        states = [None] * dist.world
-        if dist.world > 1:
-            torch.distributed.all_gather_object(states, source.state())
-        else:
-            states = [source.state()]
-        main = (
-            {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "step": step,
-                "samples": samples,
-                "data": states,
-                "controller": None if ctl is None else ctl.to_dict(),
-            }
-            if dist.rank == 0
-            else None
-        )
-        if writer is not None and dist.rank == 0:
-            writer.flush()  # metrics never lag the checkpoint
-        checkpoint.save(
-            workdir, step, dist.rank, main, checkpoint.rng_state(data_rng), dist.barrier,
-            owner=owner if dist.rank == 0 else None,
-        )
+    _check_world(cfg, dist)
+    owner, ckpt = _claim_checkpoint(cfg, writer, workdir, dist, extend)
+    run = _set_up(cfg, writer, workdir, dist, owner, make_rollout)
+    run.ctl, run.event = _controller(cfg, writer, _resume(run, ckpt))
 
     try:
-        if step == 0 and cfg.eval_every_samples > 0 and dist.rank == 0:
-            log(0, 0, {"eval_accuracy": evaluate(engine, reward_fn, held, cfg, tok, 0),
-                       "eval_n": len(held)})
-        while samples < cfg.sample_budget:
-            phase_index, phase = cfg.phase_at(samples)
-            if ctl is not None:  # the controller's batch and lr, the config's clip range
-                phase_index = ctl.state.decisions
-                phase = phase.model_copy(update={"prompts_per_batch": ctl.prompts,
-                                                 "lr": ctl.lr, "until_samples": None})
-            for group in opt.param_groups:
-                group["lr"] = phase.lr
-            g = cfg.group_size
-            local_prompts = phase.prompts_per_batch // dist.world
+        if run.step == 0 and cfg.eval_every_samples > 0 and dist.rank == 0:
+            run.log(0, 0, {"eval_accuracy": evaluate(run.engine, run.reward_fn, run.held, cfg,
+                                                     run.tok, 0), "eval_n": len(run.held)})
+        while run.samples < cfg.sample_budget:
+            phase_index, phase = _phase(run)
             t0 = time.perf_counter()
-            step += 1
+            run.step += 1
 
-            # --- 1. rollouts -------------------------------------------------------------
-            problems = source.sample(data_rng, phase.prompts_per_batch)
-            problems = problems[dist.rank * local_prompts : (dist.rank + 1) * local_prompts]
-            expanded = [p for p in problems for _ in range(g)]
-            roll, bad = None, 0.0
-            try:
-                roll = engine.generate([prompt_text(p, cfg, tok) for p in expanded])
-            except NonFiniteLogits:
-                bad = 1.0
-            if dist.sum([bad])[0] > 0:  # every rank stops together
-                raise Diverged("non-finite sampling distribution")
+            # --- 1. sample, 2. reward, 3. advantages ---------------------------------------
+            expanded, roll = _sample(run, phase)
             t_gen = time.perf_counter() - t0
-
-            # --- 2. rewards and advantages ----------------------------------------------
-            rewards = torch.tensor(reward_fn(roll.texts, expanded), dtype=torch.float32)
+            batch = Batch(roll, torch.tensor(run.reward_fn(roll.texts, expanded),
+                                             dtype=torch.float32))
             t_reward = time.perf_counter() - t0 - t_gen
-            n_local = len(expanded)
-            r_sum, r_sq, n_all = dist.sum(
-                [float(rewards.sum()), float((rewards.double() ** 2).sum()), n_local]
-            )
-            r_mean = r_sum / n_all
-            r_std = math.sqrt(max(r_sq / n_all - r_mean**2, 0.0) * n_all / max(n_all - 1, 1))
-            adv = grpo.group_advantages(rewards, g, cfg.advantage_scaling, batch_std=r_std)
+            _advantages(run, batch)
 
-            # --- 3. log-probs the update and the metrics need ------------------------------
-            kl_due = cfg.kl_init_every > 0 and step % cfg.kl_init_every == 0
-            # (one on-policy update: its own forward gives the rollout policy's log-probs and
-            # entropy of the samples it trains on; only skipped ones need a forward of their own)
+            # --- 4. update (with the log-probs it and the metrics need) -----------------------
+            batch.kl_due = cfg.kl_init_every > 0 and run.step % cfg.kl_init_every == 0
             t1 = time.perf_counter()
-            lean = cfg.updates_per_batch == 1
-            old_logp = entropy = ref_logp = None
-            if not lean:
-                old_logp, entropy = no_grad_logprobs(model, roll, cfg, with_entropy=True)
-            else:
-                rest = (adv == 0).nonzero().flatten()  # the rows the update leaves out
-                if not skips_zero_advantage(cfg):
-                    rest = rest[:0]
-                if len(rest):
-                    rest_logp, rest_entropy = no_grad_logprobs(model, roll.select(rest), cfg, True)
-            if ref is not None and (kl_due or cfg.kl_coef > 0):
-                ref_logp, _ = no_grad_logprobs(ref, roll, cfg, with_entropy=False)
+            rest = _logprobs_before_update(run, batch)
+            st = update(run.net, run.opt, roll, batch.adv, batch.old_logp, batch.ref_logp, cfg,
+                        phase, dist)
+            _logprobs_after_update(batch, st, rest)
+            run.engine.sync(run.model)
+            batch.times = {"time_gen_s": t_gen, "time_reward_s": t_reward,
+                           "time_update_s": time.perf_counter() - t1}
+            run.samples += phase.prompts_per_batch // dist.world * cfg.group_size * dist.world
 
-            # --- 4. the update --------------------------------------------------------------
-            st = update(net, opt, roll, adv, old_logp, ref_logp, cfg, phase, dist)
-            if lean:
-                entropy, old_logp = st.entropy, st.logp
-                if len(rest):
-                    entropy[rest], old_logp[rest] = rest_entropy, rest_logp
-            engine.sync(model)
-            t_update = time.perf_counter() - t1
-            samples += local_prompts * g * dist.world
-
-            # --- 5. metrics (pooled over ranks; rank 0 writes) ---------------------------------
-            cm = roll.completion_mask.float()
-            lens = cm.sum(1)
-            zero = grpo.zero_std_groups(rewards, g)
-            ent_s, tokens = M.masked_mean(entropy, cm)
-            kl_s = M.masked_mean(M.kl_to_init(old_logp, ref_logp), cm)[0] if kl_due else 0.0
-            sums = {
-                "hits": float((rewards >= 1.0).sum()),
-                "zero": float(zero.sum()),
-                "groups": float(zero.numel()),
-                "ent": ent_s,
-                "tokens": tokens,
-                "kl_init": kl_s,
-                "trunc": float(roll.truncated.sum()),
-                "loss": st.loss,
-                "c_low": st.clip_low,
-                "c_high": st.clip_high,
-                "c_tok": max(st.clip_tokens, 1.0),
-                "kl_on": st.kl_old_new,
-                "tr_tok": max(st.trained_tokens, 1.0),
-            }
-            S = dict(zip(sums, dist.sum(list(sums.values())), strict=True))  # summed over ranks
-            elapsed = time.perf_counter() - t0
-            d_abs, d_rel = M.drift(model, theta0)
-            ups = cfg.updates_per_batch
-            values = {
-                "reward_mean": r_mean,
-                "reward_std": r_std,
-                "accuracy": S["hits"] / n_all,
-                "zero_std_frac": S["zero"] / S["groups"],
-                "entropy": S["ent"] / S["tokens"],
-                "drift_abs": d_abs,
-                "drift_rel": d_rel,
-                "grad_norm": sum(st.grad_norms) / len(st.grad_norms),
-                "grad_sq_micro": st.grad_sq_micro,
-                "grad_sq_full": st.grad_sq_full,
-                "grad_micro_size": st.micro_size,
-                "grad_full_size": st.full_size,
-                "lr": phase.lr,
-                "batch_samples": n_all,
-                "prompts": n_all // g,
-                "phase": phase_index,
-                "loss": S["loss"] / ups,
-                "clip_frac": (S["c_low"] + S["c_high"]) / S["c_tok"],
-                "clip_frac_low": S["c_low"] / S["c_tok"],
-                "clip_frac_high": S["c_high"] / S["c_tok"],
-                "approx_kl": S["kl_on"] / S["tr_tok"],
-                "resp_len_mean": S["tokens"] / n_all,
-                "resp_len_max": dist.max(float(lens.max())),
-                "truncated_frac": S["trunc"] / n_all,
-                "time_gen_s": t_gen,
-                "time_reward_s": t_reward,
-                "time_update_s": t_update,
-                "tokens_per_s": S["tokens"] / elapsed,
-                "nonfinite": 0.0,
-            }
-            if kl_due:
-                values["kl_init"] = S["kl_init"] / S["tokens"]
-            decision = None
-            if ctl is not None:
-                values["adaptive_mode"] = MODES[ctl.state.mode]
-                decision = ctl.observe(step, samples, values)
-                if decision is not None:
-                    values.update(decision_metrics(decision))
-            crossed = cfg.eval_every_samples > 0 and (
-                samples // cfg.eval_every_samples > (samples - n_all) // cfg.eval_every_samples
-                or samples >= cfg.sample_budget
-            )
+            # --- 5. metrics, 6. eval --------------------------------------------------------
+            values = step_metrics(run, batch, st, phase, phase_index, t0)
+            decision = _adapt(run, values)
             eval_acc = None
-            if crossed and dist.rank == 0:
+            if _eval_due(cfg, run.samples, batch.n_all) and dist.rank == 0:
                 eval_acc = values["eval_accuracy"] = evaluate(
-                    engine, reward_fn, held, cfg, tok, step
+                    run.engine, run.reward_fn, run.held, cfg, run.tok, run.step
                 )
-                values["eval_n"] = len(held)
-            log(step, samples, values)
-            if writer is not None and dist.rank == 0:
-                writer.flush()
+                values["eval_n"] = len(run.held)
+            run.log(run.step, run.samples, values)
+            if run.writes:
+                run.writer.flush()
                 if decision is not None:
-                    event(decision.reason)
+                    run.event(decision.reason)
             if on_step is not None and dist.rank == 0:
-                on_step(
-                    Progress(step, samples, cfg.sample_budget, r_mean, S["hits"] / n_all, eval_acc)
-                )
+                on_step(Progress(run.step, run.samples, cfg.sample_budget, batch.r_mean,
+                                 values["accuracy"], eval_acc))
 
-            # --- 6. checkpoint -----------------------------------------------------------------
-            every = cfg.checkpoint_every_steps
-            if (every and step % every == 0) or samples >= cfg.sample_budget:
-                save()
+            # --- 7. checkpoint ----------------------------------------------------------------
+            if _checkpoint_due(cfg, run.step, run.samples):
+                _save(run)
         return "completed"
     except Diverged:
-        log(step, samples, {"nonfinite": 1.0})
-        if writer is not None and dist.rank == 0:
-            writer.flush()
+        run.log(run.step, run.samples, {"nonfinite": 1.0})
+        run.flush()
         return "diverged"
     finally:
-        close = getattr(reward_fn, "close", None)
+        close = getattr(run.reward_fn, "close", None)
         if close is not None:
             close()
