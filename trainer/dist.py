@@ -90,6 +90,12 @@ def setup_dist() -> Dist:
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, DistributedType
 
+    for flag, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(flag, "false").lower() == "true":
+            raise ConfigError(
+                f"accelerate selects {name} ({flag}=true): the grpo trainer runs DDP only "
+                f"({name} is not supported yet); launch without --use_{name.lower()}"
+            )
     # gloo on CPUs needs cpu=True (else accelerate silently runs each process alone); the
     # trainer's dtype is its own, so accelerate's mixed precision stays off
     # gradients are views into DDP's buckets: no second full copy of them

@@ -113,3 +113,22 @@ def _check_noise_terms(run: dict) -> None:
                    if p.grad is not None)
         assert want > 0 and _close(row[key], want), (key, row[key], want)
     assert row["grad_sq_micro"] != row["grad_sq_full"]
+
+
+def test_fsdp_is_refused_in_one_line(tiny_model, tmp_path):
+    """accelerate's FSDP (which also needs a GPU here) is not supported: one line, no store."""
+    accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable))
+    (tmp_path / "t.toml").write_text("prompts_per_batch = 8\ngroup_size = 4\nthreads = 1\n")
+    db = tmp_path / "s.db"
+    proc = subprocess.run(
+        [accelerate, "launch", "--use_fsdp", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no",
+         os.path.join(os.path.dirname(sys.executable), "twoclocks"), "train",
+         str(tmp_path / "t.toml"), "--db", f"sqlite:///{db}", "--workdir", str(tmp_path / "w")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert lines and all("ACCELERATE_USE_FSDP=true" in ln and "DDP only" in ln for ln in lines)
+    assert "internal error" not in proc.stderr
+    assert not db.exists()
