@@ -2,8 +2,9 @@
 advantages → update (gradient accumulation) → metrics → eval → checkpoint.
 
 One function, `train(cfg, writer, workdir)`, serves `twoclocks train`, a sweep job (through
-`trainer.backend.run`) and `accelerate launch` (several processes: each rank samples its share
-of the prompts, gradients are summed across ranks, rank 0 writes metrics and checkpoints).
+`trainer.backend.run`) and `accelerate launch` (several processes: each rank keeps its slice of
+the global prompt batch, accelerate's DDP sums the gradients across ranks (`trainer.dist`), rank
+0 writes metrics and checkpoints).
 """
 
 from __future__ import annotations
