@@ -31,6 +31,7 @@ from trainer.data import (
 )
 from trainer.dist import Dist, setup_dist
 from trainer.logprobs import completion_logprobs
+from trainer.rng import private_torch_rng
 from twoclocks_cli.adaptive import MODES, decision_metrics
 from twoclocks_cli.errors import ConfigError
 
@@ -308,8 +309,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
 def evaluate(engine, reward_fn, held: list[Problem], cfg, tokenizer, step: int) -> float:
     """Held-out accuracy, sampled with a private seeded RNG so training's streams never move."""
     hits = 0.0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(EVAL_SEED + step)
+    with private_torch_rng(EVAL_SEED + step):  # CPU and this rank's CUDA stream both restored
         for i in range(0, len(held), 256):
             chunk = held[i : i + 256]
             roll = engine.generate(
