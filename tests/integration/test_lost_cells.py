@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import running_pids, twoclocks
+from tests.support.cli import kill_tree, running_pids, twoclocks
 from twoclocks_cli.store import Store
 
 pytestmark = pytest.mark.slow
@@ -92,45 +92,6 @@ def _runs(url: str, sweep: str) -> dict[str, tuple]:
         store.close()
 
 
-def _tree(root: int) -> list[int]:
-    """`root` and every descendant, from /proc (parents first)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def _kill_tree(root: int) -> int:
-    """Freeze the whole tree (so nothing forks past us), then SIGKILL it; returns its size."""
-    stopped: list[int] = []
-    while True:
-        new = [p for p in _tree(root) if p not in stopped]
-        if not new:
-            break
-        for pid in new:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
-        stopped += new
-    for pid in stopped:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(stopped)
-
-
 def _sweep(cfg: str, url: str) -> subprocess.Popen:
     return subprocess.Popen([*CLI, "sweep", cfg, "--db", url, "--wait"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -165,7 +126,7 @@ def test_kill9_of_the_whole_tree_then_plain_reruns_equal_an_uninterrupted_sweep(
         if proc.poll() is not None:  # only an error ends a sweep before its last row
             out, err = proc.communicate()
             pytest.fail(f"sweep exited before kill point {kind} {at}: {err[-2000:]}{out}")
-        kills.append((kind, round(at, 3), _count(url), _kill_tree(proc.pid)))
+        kills.append((kind, round(at, 3), _count(url), kill_tree(proc.pid)))
         proc.communicate(timeout=60)
     final = _sweep(cfg, url)
     out, err = final.communicate(timeout=300)

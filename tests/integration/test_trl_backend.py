@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_lost_cells import _kill_tree
-from tests.support.cli import twoclocks
+from tests.support.cli import kill_tree, twoclocks
 
 pytest.importorskip("trl", reason="the trl extra is not installed")
 pytestmark = pytest.mark.slow
@@ -169,7 +168,7 @@ def test_kill9_mid_cell_then_a_plain_rerun_resumes_from_the_checkpoint(tmp_path)
         time.sleep(0.05)
     killed_at = _max_step(db)
     assert killed_at < steps, "the cell finished before the kill"
-    _kill_tree(proc.pid)
+    kill_tree(proc.pid)
     proc.communicate(timeout=60)
     rerun = twoclocks("sweep", str(cfg), "--db", url, "--wait", timeout=600, cwd=ROOT)
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout

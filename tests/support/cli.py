@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,42 @@ def running_pids(url: str, sweep: str, key: str = "id") -> dict:
         return out
     finally:
         store.close()
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every descendant, from /proc (parents first)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def kill_tree(root: int) -> int:
+    """Freeze the whole tree (so nothing forks past us), then SIGKILL it; returns its size."""
+    stopped: list[int] = []
+    while True:
+        new = [p for p in process_tree(root) if p not in stopped]
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        stopped += new
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(stopped)

@@ -223,16 +223,9 @@ def _cell_callback(writer):
                 self._writer = writer
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if self._writer is None or not logs:
-                return
-            values = self._map(logs)
-            if values:
-                step = int(state.global_step)
-                self._writer.log(step, step * self._per_step, values)
-                self._writer.flush()  # every log lands now: status/analyze see a live run
-                if values.get("nonfinite"):
-                    self.diverged = True
-                    control.should_training_stop = True
+            if self._write_log(state, logs).get("nonfinite"):
+                self.diverged = True
+                control.should_training_stop = True
 
         def on_train_end(self, args, state, control, **kwargs):
             if self._writer is not None:

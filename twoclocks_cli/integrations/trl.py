@@ -72,13 +72,18 @@ class TwoClocksCallback(TrainerCallback):
         atexit.register(self._exit_without_end)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        self._write_log(state, logs)
+
+    def _write_log(self, state, logs) -> dict:
+        """Map one TRL log and write it at the trainer's step; returns what was written."""
         if self._writer is None or not logs:
-            return
+            return {}
         values = self._map(logs)
         if values:
             step = int(state.global_step)
             self._writer.log(step, step * self._per_step, values)
             self._writer.flush()  # every log lands now: status/analyze see a live run
+        return values
 
     def on_train_end(self, args, state, control, **kwargs):
         if self._writer is None:

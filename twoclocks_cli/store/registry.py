@@ -105,6 +105,18 @@ class RegistryQueries:
             raise ConfigError(why)
         return sweep
 
+    def _cell_run(self, s, sweep: Sweep, cell_id: str, name: str, backend: str, config: dict,
+                  columns: dict) -> tuple[Run, bool]:
+        """(run `cell_id` of `sweep`, whether it was created now: planned, with these values)."""
+        run = s.scalar(select(Run).where(Run.sweep_id == sweep.id, Run.cell_id == cell_id))
+        if run is not None:
+            return run, False
+        run = Run(sweep_id=sweep.id, cell_id=cell_id, name=name, backend=backend, config=config,
+                  status=RunStatus.planned.value, **columns)
+        s.add(run)
+        s.flush()
+        return run, True
+
     def upsert_import_run(self, sweep_name: str, fmt: str, formats: Iterable[str], cell_id: str,
                           name: str, config: dict, columns: dict,
                           keep_metrics: bool = False) -> tuple[int, str]:
@@ -118,12 +130,8 @@ class RegistryQueries:
                 lambda w: None if w.backend in formats else (
                     f"sweep {sweep_name!r} holds {w.backend} runs made by twoclocks; import "
                     "into another sweep (--sweep NAME)"))
-            run = s.scalar(select(Run).where(Run.sweep_id == sweep.id, Run.cell_id == cell_id))
-            if run is None:
-                run = Run(sweep_id=sweep.id, cell_id=cell_id, name=name, backend=fmt,
-                          config=config, status=RunStatus.planned.value, **columns)
-                s.add(run)
-                s.flush()
+            run, created = self._cell_run(s, sweep, cell_id, name, fmt, config, columns)
+            if created:
                 return run.id, "created"
             if run.config == config and run.status == RunStatus.completed.value and all(
                     getattr(run, k) == v for k, v in columns.items()):
@@ -145,11 +153,6 @@ class RegistryQueries:
                 lambda w: None if w.backend == backend else (
                     f"sweep {sweep_name!r} holds {w.backend} runs: a {backend} callback run "
                     "goes into another sweep (sweep=NAME)"))
-            run = s.scalar(select(Run).where(Run.sweep_id == sweep.id, Run.cell_id == cell_id))
-            if run is None:
-                run = Run(sweep_id=sweep.id, cell_id=cell_id, name=name, backend=backend,
-                          config=config, status=RunStatus.planned.value, **columns)
-                s.add(run)
-                s.flush()
+            run, _ = self._cell_run(s, sweep, cell_id, name, backend, config, columns)
             s.add(apply_status(run, RunStatus.running, message=message))
             return run.id
