@@ -17,7 +17,9 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
   rate of the last decision interval (the rate of drift^2: noise-driven drift is a random walk,
   its square grows linearly in samples) crosses `safety * drift_threshold`, the batch switches to
   `batch_max` (where a per-step cap slows the drift per sample) and stays there. The guard does
-  not wait for the change bound: failing is worse than a jolt to Adam's moments.
+  not wait for the change bound: failing is worse than a jolt to Adam's moments. It does not
+  fire at the first `guard_warmup` decisions: early drift is the descent from the initial point
+  (fast, then saturating), which the random-walk projection would carry forward as if it went on.
 - lr follows the scaling rule from the reference (batch, lr): lr = lr_ref (B / B_ref)^alpha.
 
 The controller is pure python/numpy (no torch), its state a JSON-able dict (exact resume).
@@ -74,6 +76,11 @@ class AdaptiveConfig(BaseModel):
     lookahead: int = Field(8192, gt=0, description="Samples over which the guard projects the "
                            "drift at its current rate.")
     safety: float = Field(0.8, gt=0, le=1, description="The guard fires at safety x threshold.")
+    guard_warmup: int = Field(
+        1, ge=0, le=2**31 - 1, description="Decisions at which the guard does not fire (1: the "
+        "first). Their drift is mostly the descent of the directions that matter away from the "
+        "initial point, fast and saturating, not the noise-driven random walk the projection "
+        "assumes: projected, it crossed the threshold at the first decision on the theory model.")
     scaling: Literal["sqrt", "linear", "constant"] = Field(
         "sqrt", description="lr rule from the reference: lr_ref (B/B_ref)^(1/2, 1, 0).")
     reference_prompts: int | None = Field(
@@ -263,9 +270,10 @@ class Controller:
                    "drift_rate": s.drift_rate, "drift_projected": projected,
                    "drift_threshold": s.drift_threshold}
         limit = None if s.drift_threshold is None else cfg.safety * s.drift_threshold
+        warm = s.decisions < cfg.guard_warmup
         if s.mode == "guard":
             why = "failure guard holds batch_max"
-        elif limit is not None and projected is not None and projected >= limit:
+        elif limit is not None and projected is not None and projected >= limit and not warm:
             s.mode, s.prompts = "guard", cfg.batch_max
             why = (f"failure guard: sqrt({cfg.drift_key}^2 {s.drift**2:.4g} + rate "
                    f"{s.drift_rate:.3g}/sample x {cfg.lookahead}) = {projected:.4g} >= "
@@ -273,6 +281,8 @@ class Controller:
                    f"{s.drift_threshold:.4g}: batch_max, kept from here")
         else:
             s.prompts, why = self._progress_batch(s.prompts)
+            if warm and limit is not None:
+                why += f" (guard warm-up: decision {s.decisions + 1} of {cfg.guard_warmup})"
         s.lr = self.lr_for(s.prompts)
         s.decisions += 1
         reason = (f"adaptive decision {s.decisions} at {samples:,.0f} samples (step {step}): "
@@ -362,9 +372,10 @@ def _scale(noise: str, emas: list) -> float:
 def calibrate(store, cfg: AdaptiveConfig) -> dict:
     """kappa and drift_threshold from `cfg.from_sweep`'s latest stored analysis ({} without).
 
-    kappa = recommended B_crit / median noise scale (the one `cfg.noise` names) at the runs'
-    progress crossings; drift_threshold = the lowest `cfg.drift_key` value any of its runs had
-    when its failure clock fired (a lower bound of where runs fail). Either is None (with why)
+    kappa = recommended B_crit / median noise scale (the one `cfg.noise` names) at the progress
+    crossings of the runs at the sweep's smallest batch (see _smallest_batch_noise);
+    drift_threshold = the lowest `cfg.drift_key` value any of its runs had when its failure
+    clock fired (a lower bound of where runs fail). Either is None (with why)
     when the sweep does not measure it."""
     if cfg.from_sweep is None:
         return {}
@@ -380,11 +391,13 @@ def calibration_of(result: dict, cfg: AdaptiveConfig, drift_of) -> dict:
     crit = result.get("critical_batch") or {}
     rec = (crit.get("recommended") or {}).get("b_crit")
     key = "noise_scale" if cfg.noise == "euclidean" else "sign_noise_scale"
-    noise = (crit.get(key) or {}).get("value")
+    noise, where = _smallest_batch_noise(result.get("runs") or [], key)
+    if noise is None:
+        noise, where = (crit.get(key) or {}).get("value"), "of all runs"
     out: dict = {"from_sweep": cfg.from_sweep, "b_crit": rec, "noise_scale": noise}
     if rec and noise and noise > 0 and math.isfinite(noise):
         out["kappa"] = float(rec) / float(noise)
-        out["kappa_why"] = (f"recommended B_crit {rec:.4g} / median {key} {noise:.4g}")
+        out["kappa_why"] = (f"recommended B_crit {rec:.4g} / median {key} {noise:.4g} {where}")
     else:
         out["kappa_why"] = f"no recommended B_crit or {key} in the analysis: kappa 1"
     drifts = []
@@ -403,6 +416,26 @@ def calibration_of(result: dict, cfg: AdaptiveConfig, drift_of) -> dict:
     else:
         out["drift_why"] = f"no run of the sweep failed with {cfg.drift_key} logged: no guard"
     return out
+
+
+def _smallest_batch_noise(runs: list, key: str) -> tuple[float | None, str]:
+    """Median noise scale (at the progress crossing) of the runs at the sweep's smallest batch.
+
+    Why not every run's: the noise terms are smoothed per step, so a large-batch run reaches its
+    crossing within a few EMA time constants and its noise scale still carries the start of
+    training, where B_noise is smallest (measured on the theory model, no cap, lr0 0.02: ~60 at
+    64 samples against ~300 at 4). The controller starts at batch_min and smooths as the
+    small-batch runs do, so their noise scale is the one its kappa x B_noise is compared with."""
+    pts = [(float(r["batch_samples"]), float(r[key])) for r in runs
+           if r.get("batch_samples") and r.get(key) is not None
+           and math.isfinite(float(r[key])) and float(r[key]) > 0]
+    if not pts:
+        return None, ""
+    low = min(b for b, _ in pts)
+    vals = sorted(v for b, v in pts if b == low)
+    mid = len(vals) // 2
+    med = vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+    return med, f"of the {len(vals)} runs at the smallest batch ({low:g} samples)"
 
 
 def _drift_series(store, run_id: int, key: str):

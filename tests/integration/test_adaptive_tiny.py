@@ -36,9 +36,11 @@ CELL = dict(
     max_new_tokens=12,
     threads=2,
     batch_schedule="adaptive",
-    # decisions every 64 samples; kappa large enough that the noise scale moves the batch
+    # decisions every 64 samples; kappa large enough that the noise scale moves the batch; no
+    # guard warm-up, so the guard (threshold far below any drift) fires at the first decision
     adaptive={"batch_min": 2, "batch_max": 8, "adapt_every": 64, "kappa": 0.5,
-              "noise_ema": 0.3, "drift_threshold": 1e-3, "lookahead": 64, "safety": 1.0},
+              "noise_ema": 0.3, "drift_threshold": 1e-3, "lookahead": 64, "safety": 1.0,
+              "guard_warmup": 0},
 )
 
 

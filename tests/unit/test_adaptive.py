@@ -122,6 +122,20 @@ def test_calibration_reads_the_analysis():
     assert cal["kappa"] == pytest.approx(0.25) and cal["drift_threshold"] == pytest.approx(1.2)
 
 
+def test_calibration_takes_the_noise_scale_of_the_smallest_batch():
+    """kappa divides by the median noise scale of the smallest batch's runs (their EMA has
+    forgotten the start of training), not the analysis's median over every run."""
+    runs = [{"run_id": i, "batch_samples": b, "noise_scale": v, "failure": {"samples": None}}
+            for i, (b, v) in enumerate([(8, 300.0), (8, 200.0), (8, math.nan), (4, None),
+                                        (64, 50.0), (64, 60.0), (16, 100.0)])]
+    result = {"critical_batch": {"recommended": {"b_crit": 50.0},
+                                 "noise_scale": {"value": 80.0}}, "runs": runs}
+    cal = calibration_of(result, AdaptiveConfig(batch_max=4, from_sweep="s"), {}.get)
+    assert cal["kappa"] == pytest.approx(50.0 / 250.0)
+    assert "2 runs at the smallest batch (8 samples)" in cal["kappa_why"]
+    assert "drift_threshold" not in cal and "no guard" in cal["drift_why"]
+
+
 def test_a_sim_adaptive_run_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
     """The real sim backend and store: a run stopped mid-way (an exception out of the writer at
     step 300, after the checkpoint at 250) and rerun gives every row and decision event of an
