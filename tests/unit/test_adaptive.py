@@ -71,6 +71,24 @@ def test_the_guard_fires_on_the_projected_drift_and_holds_batch_max():
     assert out[2].mode == "guard" and out[2].prompts == 64
 
 
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_the_guard_does_not_fire_during_its_warm_up(warmup):
+    """A drift already past the limit at the first decision: the guard fires at decision
+    warmup + 1, the decisions before it stay in the progress phase and say why."""
+    ctl = _ctl(kappa=0.01, noise_ema=1.0, drift_threshold=1.0, lookahead=100,
+               guard_warmup=warmup)
+    out, samples, step = [], 0, 0
+    while len(out) < 3:
+        step += 1
+        samples += ctl.batch
+        d = ctl.observe(step, samples, _signals(4.0, 0.9 + 1e-4 * samples, ctl.batch))
+        if d is not None:
+            out.append(d)
+    assert [d.mode for d in out] == ["progress"] * warmup + ["guard"] * (3 - warmup)
+    assert all("guard warm-up" in d.reason for d in out[:warmup])
+    assert out[warmup].prompts == 64
+
+
 def test_state_round_trip_gives_the_same_decisions():
     rng = np.random.default_rng(0)
     stream = [(float(rng.uniform(10, 500)), float(i) * 1e-3) for i in range(400)]
@@ -94,6 +112,7 @@ def test_state_round_trip_gives_the_same_decisions():
     ({"batch_max": 0}, "adaptive.batch_max = 0"),
     ({"batch_max": 4, "batch_min": 8}, "batch_min (8) > batch_max (4)"),
     ({"batch_max": 8, "noise": "l2"}, "adaptive.noise = 'l2'"),
+    ({"batch_max": 8, "guard_warmup": -1}, "adaptive.guard_warmup = -1"),
     ({}, "adaptive.batch_max"),
 ])
 def test_config_errors_are_one_line(table, needle):
