@@ -7,13 +7,12 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
   of it to run at: McCandlish's E(B) = E_min (1 + B/B_crit) makes that (1 + overhead) x the
   fewest samples; at overhead 1 the theory-model runs took 1.03-1.37x the best constant's
   samples, so the tests, which ask <= 1.1x, use 0.1), moved by at most a factor `max_change`
-  per decision. B_noise is the gradient
-  noise scale from EMAs of its two-batch terms, as `analyze` computes it: McCandlish's
-  B_simple = tr(S)/|G|^2 (noise = "euclidean", from grad_sq_micro/grad_sq_full) or the
-  sign-descent B_sign (noise = "sign", from the l1 terms; see twoclocks_cli.clocks.noise).
-  `kappa` (default 1) corrects for noise in directions that do not matter for progress; it can
-  be calibrated from an analysed sweep (`from_sweep`: its recommended B_crit over its median
-  noise scale).
+  per decision. B_noise is the gradient noise scale from EMAs of its two-batch terms, as
+  `analyze` computes it: McCandlish's B_simple = tr(S)/|G|^2 (noise = "euclidean", from
+  grad_sq_micro/grad_sq_full) or the sign-descent B_sign (noise = "sign", from the l1 terms;
+  see twoclocks_cli.clocks.noise). `kappa` (default 1) corrects for noise in directions that do
+  not matter for progress; it can be calibrated from an analysed sweep (`from_sweep`: its
+  recommended B_crit over the median noise scale of its smallest batch's runs).
 - failure guard: with a `drift_threshold` (given, or from `from_sweep`: the lowest drift at
   which its runs failed), when the drift projected over the next `lookahead` samples at the
   rate of the last decision interval (the rate of drift^2: noise-driven drift is a random walk,
@@ -377,8 +376,8 @@ def calibrate(store, cfg: AdaptiveConfig) -> dict:
     kappa = recommended B_crit / median noise scale (the one `cfg.noise` names) at the progress
     crossings of the runs at the sweep's smallest batch (see _smallest_batch_noise);
     drift_threshold = the lowest `cfg.drift_key` value any of its runs had when its failure
-    clock fired (a lower bound of where runs fail). Either is None (with why)
-    when the sweep does not measure it."""
+    clock fired (a lower bound of where runs fail). Either is None (with why) when the sweep
+    does not measure it."""
     if cfg.from_sweep is None:
         return {}
     result = store.latest_analysis(store.get_sweep(cfg.from_sweep).name)
