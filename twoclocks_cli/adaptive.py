@@ -5,7 +5,7 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
 - progress phase: the batch becomes clamp(overhead * kappa * B_noise, batch_min, batch_max)
   rounded to whole prompts (kappa * B_noise estimates the local B_crit; `overhead` is the share
   of it to run at: McCandlish's E(B) = E_min (1 + B/B_crit) makes that (1 + overhead) x the
-  fewest samples; at overhead 1 the theory-model runs took 1.03-1.37x the best constant's
+  fewest samples; at overhead 1 the theory-model runs took 1.00-1.37x the best constant's
   samples, so the tests, which ask <= 1.1x, use 0.1), moved by at most a factor `max_change`
   per decision. B_noise is the gradient noise scale from EMAs of its two-batch terms, as
   `analyze` computes it: McCandlish's B_simple = tr(S)/|G|^2 (noise = "euclidean", from
