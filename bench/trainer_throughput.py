@@ -1,9 +1,11 @@
 """Trainer throughput: samples/s of twoclocks' GRPO loop vs TRL's GRPOTrainer, same run, same setup.
 
 Both train `builtin:tiny-arith` on the synthetic task with G=8, 16 prompts per batch (128
-samples), 12 new tokens, fp32, lr 1e-4, token-mean loss, one on-policy update per batch, the
-same reward (strict format policy + math-verify pool), no KL, no eval, no gradient
-checkpointing, for ~2k samples. Throughput counts the steps after the first (warm-up excluded).
+samples), 12 new tokens, fp32, lr 1e-4, token-mean loss, the same reward (strict format policy +
+math-verify pool), no KL, no eval, no gradient checkpointing, for ~2k samples, and one update per
+batch or, with `--updates 2`, two (our ppo_epochs = 2; TRL's num_iterations = 2, which reuses
+each generation for two optimizer steps). Throughput is generated samples per second over the
+steps after the first (warm-up excluded).
 TRL is not a dependency: it runs in a subprocess when `trl` (and `datasets`) import, from the
 environment or from `--trl-path DIR` (e.g. `pip install --target DIR --no-deps trl datasets
 pandas pyarrow dill multiprocess xxhash`). Target: ours / TRL >= 1.5.
@@ -16,7 +18,7 @@ has zero advantage; this trainer's skipping of such samples is switched off in t
 ratio shows the prompt sharing alone (both trainers do the full forward/backward).
 
     python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2] [--repeats 3]
-                                       [--few-shot]
+                                       [--few-shot] [--updates 1|2]
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ P, G, NEW_TOKENS, LR = 16, 8, 12, 1e-4
 FEW_SHOT = "Answer in \\boxed{{}}.\n12+30=\\boxed{{42}}\n75-9=\\boxed{{66}}\n{question}="
 
 
-def ours(model: str, samples: int, threads: int, all_metrics: bool, template: str | None) -> float:
+def ours(model: str, samples: int, threads: int, all_metrics: bool, template: str | None,
+         updates: int) -> float:
     """samples/s of trainer.loop.train (steps 2..N)."""
     from trainer.config import TrainConfig
     from trainer.loop import train
@@ -53,6 +56,7 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool, template: st
         seed=0,
         prompt_template=template,
         skip_zero_advantage=template is None,  # see --few-shot in the docstring
+        ppo_epochs=updates,
     )
     marks: list[tuple[float, int]] = []
     with tempfile.TemporaryDirectory() as work:
@@ -74,8 +78,9 @@ from trainer.data import ArithmeticTask, render_prompt
 from trainer.rewards import MathVerifyReward
 from trainer.data import Problem
 
-path, samples, threads, P, G, NEW, LR, out, template = sys.argv[1:10]
+path, samples, threads, P, G, NEW, LR, out, template, updates = sys.argv[1:11]
 samples, threads, P, G, NEW, LR = int(samples), int(threads), int(P), int(G), int(NEW), float(LR)
+updates = int(updates)
 torch.set_num_threads(threads)
 tok = AutoTokenizer.from_pretrained(path, padding_side="left")
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -98,23 +103,27 @@ class Clock(TrainerCallback):
 
 args = GRPOConfig(
     output_dir=out, per_device_train_batch_size=P * G, gradient_accumulation_steps=1,
-    num_generations=G, steps_per_generation=1, num_iterations=1, max_completion_length=NEW,
+    num_generations=G, steps_per_generation=1, num_iterations=updates, max_completion_length=NEW,
     temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant",
     warmup_steps=0, beta=0.0, loss_type="dapo", scale_rewards="group", bf16=False, fp16=False,
-    gradient_checkpointing=False, use_cpu=True, max_steps=samples // (P * G), logging_steps=1,
+    gradient_checkpointing=False, use_cpu=True, max_steps=samples // (P * G) * updates,
+    logging_steps=1,
     save_strategy="no", report_to=[], seed=0, disable_tqdm=True, dataloader_num_workers=0,
 )
 trainer = GRPOTrainer(model=model, reward_funcs=correctness, args=args, train_dataset=ds,
                       processing_class=tok, callbacks=[Clock()])
 trainer.train()
 reward.close()
-(t0, s0), (t1, s1) = marks[0], marks[-1]
-print("RESULT " + json.dumps({"samples_per_s": (s1 - s0) * P * G / (t1 - t0)}))
+# from the end of the first generation's last update; each generation of P * G samples feeds
+# `updates` optimizer steps
+(t0, s0), (t1, s1) = marks[updates - 1], marks[-1]
+print("RESULT " + json.dumps({"samples_per_s": (s1 - s0) * P * G / updates / (t1 - t0)}))
 """
 
 
 def trl(
-    model_dir: str, samples: int, threads: int, trl_path: str | None, template: str | None
+    model_dir: str, samples: int, threads: int, trl_path: str | None, template: str | None,
+    updates: int,
 ) -> float | None:
     """samples/s of TRL's GRPOTrainer in a subprocess, or None when trl does not import."""
     env = dict(os.environ)
@@ -140,6 +149,7 @@ def trl(
                 str(LR),
                 out,
                 template or "",
+                str(updates),
             ],
             env=env,
             capture_output=True,
@@ -160,6 +170,8 @@ def main() -> None:
     ap.add_argument("--trl-path", default=None, help="Directory holding trl and datasets.")
     ap.add_argument("--model", default="builtin:tiny-arith", help="Model id or directory.")
     ap.add_argument("--few-shot", action="store_true", help="Two worked examples per prompt.")
+    ap.add_argument("--updates", type=int, choices=(1, 2), default=1,
+                    help="Optimizer steps per rollout batch (ppo_epochs / num_iterations).")
     a = ap.parse_args()
     import statistics
 
@@ -175,11 +187,12 @@ def main() -> None:
     # alternate the two trainers, so a change in machine load hits both alike; report medians
     mine, theirs = [], []
     for _ in range(a.repeats):
-        mine.append(ours(model_dir, a.samples, a.threads, False, template))
-        t = trl(model_dir, a.samples, a.threads, a.trl_path, template)
+        mine.append(ours(model_dir, a.samples, a.threads, False, template, a.updates))
+        t = trl(model_dir, a.samples, a.threads, a.trl_path, template, a.updates)
         if t is not None:
             theirs.append(t)
-    full = ours(model_dir, a.samples, a.threads, True, template)
+    full = ours(model_dir, a.samples, a.threads, True, template, a.updates)
+    print(f"updates per batch: {a.updates}")
     m = statistics.median(mine)
     print(f"twoclocks GRPO (TRL's work: no KL-to-init metric): {m:8.1f} samples/s  runs {mine}")
     print(f"twoclocks GRPO (every metric, kl_init each step):  {full:8.1f} samples/s")

@@ -218,8 +218,25 @@ class TrainConfig(BaseModel):
     # --- sampling ----------------------------------------------------------------------------
     rollout_engine: Literal["hf", "vllm"] = Field(
         "hf",
-        description="hf: transformers generate (CPU/GPU). vllm: the `vllm` extra, GPU "
-        "only, never run in this project's CI.",
+        description="hf: the training model itself samples (CPU/GPU; see hf_decoder). vllm: "
+        "the `vllm` extra, GPU only, never run in this project's CI.",
+    )
+    hf_decoder: Literal["auto", "generate"] = Field(
+        "auto",
+        description="hf engine only. auto: twoclocks' own decode loop (static key/value "
+        "buffers, prompts pre-filled once per group) for Qwen2/Llama models with default "
+        "RoPE, transformers generate for anything else; generate: always transformers "
+        "generate. Both sample the same distribution; the loop skips generate's per-token "
+        "bookkeeping.",
+    )
+    tis_cap: float | None = Field(
+        None,
+        gt=0,
+        description="Truncated importance sampling: each token's loss is multiplied by "
+        "min(pi_train / pi_sampler, tis_cap), pi_sampler being the rollout engine's own "
+        "log-prob of the token, to correct for the sampler/trainer mismatch (vLLM's kernels, "
+        "precision, stale weights). None: off. TRL's vllm_importance_sampling_cap is 2.0. The "
+        "mismatch itself is logged every step (sampler_abs_logratio, sampler_kl_k3).",
     )
     temperature: float = Field(
         1.0,

@@ -98,8 +98,12 @@ def setup_dist() -> Dist:
             )
     # gloo on CPUs needs cpu=True (else accelerate silently runs each process alone); the
     # trainer's dtype is its own, so accelerate's mixed precision stays off
-    # gradients are views into DDP's buckets: no second full copy of them
-    views = DistributedDataParallelKwargs(gradient_as_bucket_view=True)
+    # gradients are views into DDP's buckets: no second full copy of them. No buffer broadcast
+    # before each forward: the model's buffers (RoPE frequencies) are constants, and a forward
+    # that communicates would have to run the same number of times on every rank — it does not
+    # (a micro-batch's shared-prompt forward is two calls, an idle rank's is one; that
+    # mismatch deadlocked 2 processes once the rollouts changed)
+    views = DistributedDataParallelKwargs(gradient_as_bucket_view=True, broadcast_buffers=False)
     acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no",
                       kwargs_handlers=[views])
     if acc.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):

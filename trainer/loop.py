@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer import checkpoint, grpo
+from trainer import checkpoint, grpo, sampler
 from trainer import metrics as M
 from trainer.config import TrainConfig
 from trainer.data import (
@@ -178,9 +178,10 @@ def no_grad_logprobs(model, rollout, cfg, with_entropy: bool):
 
 
 def on_policy(cfg: TrainConfig) -> bool:
-    """One update per batch: the update's only forward sees the rollout policy, so it yields the
-    rollout's log-probs and entropy (no separate forward; the ratio is exactly 1)."""
-    return cfg.updates_per_batch == 1
+    """One minibatch per epoch: the update's first pass over every row runs before any optimizer
+    step, so it sees the rollout policy and yields the rollout's log-probs and entropy (no
+    separate forward; the first pass's ratio is exactly 1; later epochs use those log-probs)."""
+    return cfg.num_minibatches == 1
 
 
 def skips_zero_advantage(cfg: TrainConfig) -> bool:
@@ -203,15 +204,17 @@ class UpdateStats:
     grad_sq_full: float = math.nan
     micro_size: int = 0
     full_size: int = 0
+    tis_weight: float = 0.0  # sum of truncated importance weights over trained tokens
+    tis_capped: float = 0.0  # trained tokens whose weight hit tis_cap
     entropy: torch.Tensor | None = None  # [N, C] rows trained on-policy (others stay NaN)
     logp: torch.Tensor | None = None  # [N, C] their sampled tokens' log-probs, likewise
 
 
 def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cfg, phase,
-                    stats: UpdateStats) -> float:
+                    stats: UpdateStats, fresh: bool) -> float:
     """Forward and backward of the rows `idx` (their loss over the minibatch's normaliser
-    `den`); adds their clip/KL/token counts to `stats` and returns the loss value."""
-    fresh = on_policy(cfg)
+    `den`); adds their clip/KL/TIS/token counts to `stats` and returns the loss value. `fresh`:
+    this forward sees the rollout policy, so its log-probs/entropy are kept as the rollout's."""
     logp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, fresh)
     if fresh:
         stats.entropy[idx] = ent
@@ -221,6 +224,11 @@ def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cf
     tok_loss, low, high = grpo.clipped_surrogate(
         logp, old, adv[idx], phase.clip_eps_low, phase.clip_eps_high
     )
+    if cfg.tis_cap is not None:  # truncated importance sampling against the engine's log-probs
+        w = sampler.tis_weights(old, rollout.sampler_logp[idx], cfg.tis_cap)
+        tok_loss = tok_loss * w
+        stats.tis_weight += float((w * m).sum())
+        stats.tis_capped += float(((w >= cfg.tis_cap) * m).sum())
     if cfg.kl_coef > 0:
         tok_loss = tok_loss + cfg.kl_coef * grpo.k3(logp, ref_logp[idx])
     loss = grpo.aggregate(tok_loss, m, cfg.loss_agg, cfg.max_new_tokens, den)
@@ -252,11 +260,14 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
     n = len(rollout.texts)
     cmask = rollout.completion_mask.float()
     skip = skips_zero_advantage(cfg)
-    if on_policy(cfg):  # the only forward sees the rollout policy: keep its log-probs, entropy
+    keep = on_policy(cfg)  # the first pass sees the rollout policy: keep its log-probs, entropy
+    if keep:
         stats.entropy = torch.full(cmask.shape, math.nan)
         stats.logp = torch.full(cmask.shape, math.nan)
     first = True
-    for _epoch in range(cfg.ppo_epochs):
+    for epoch in range(cfg.ppo_epochs):
+        if keep and epoch == 1:
+            old_logp = stats.logp  # later epochs' ratios are against the first pass
         order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
         for mb in order.tensor_split(cfg.num_minibatches):
             den = dist.sum([grpo.normaliser(cmask[mb], cfg.loss_agg)])[0]
@@ -274,7 +285,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
                     if len(train_idx):
                         value = _micro_backward(
                             model, rollout, train_idx, adv, old_logp, ref_logp, cmask, den,
-                            cfg, phase, stats,
+                            cfg, phase, stats, fresh=keep and epoch == 0,
                         )
                         bad_loss = bad_loss or not math.isfinite(value)
                         stats.loss += value
@@ -634,7 +645,12 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
         "c_tok": max(st.clip_tokens, 1.0),
         "kl_on": st.kl_old_new,
         "tr_tok": max(st.trained_tokens, 1.0),
+        "tis_w": st.tis_weight,
+        "tis_cap": st.tis_capped,
     }
+    if roll.sampler_logp is not None:
+        sums["s_abs"], sums["s_k3"], sums["s_n"] = sampler.mismatch_sums(
+            batch.old_logp, roll.sampler_logp, cm)
     S = dict(zip(sums, dist.sum(list(sums.values())), strict=True))  # summed over ranks
     elapsed = time.perf_counter() - t0
     d_abs, d_rel = M.drift(run.model, run.theta0)
@@ -669,6 +685,12 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
     }
     if batch.kl_due:
         values["kl_init"] = S["kl_init"] / S["tokens"]
+    if S.get("s_n"):  # the engine's log-probs against the trainer's, on the sampled tokens
+        values["sampler_abs_logratio"] = S["s_abs"] / S["s_n"]
+        values["sampler_kl_k3"] = S["s_k3"] / S["s_n"]
+    if cfg.tis_cap is not None:
+        values["tis_weight_mean"] = S["tis_w"] / S["tr_tok"]
+        values["tis_capped_frac"] = S["tis_cap"] / S["tr_tok"]
     return values
 
 

@@ -166,7 +166,16 @@ class MathVerifyReward:
         # same answers within and across steps, so each pair is verified once
         self._memo: dict[tuple[str, str], float] = {}
         if workers:
-            import math_verify  # noqa: F401 — import once here so forked workers inherit it
+            # import and run math-verify once here, so forked workers inherit it warm: a cold
+            # first verification (lazy parser set-up, ~0.2 s idle) took over timeout_s on a
+            # loaded machine and scored right answers 0 (seen with 2 training processes)
+            quiet = logging.getLogger("math_verify")
+            level = quiet.level
+            quiet.setLevel(logging.ERROR)  # "timeout disabled": by design, as in the workers
+            try:
+                _verify("\\boxed{1}", "1", None)
+            finally:
+                quiet.setLevel(level)
 
     def __call__(self, completions: list[str], problems: list[Problem]) -> list[float]:
         """One reward per completion; a length mismatch is a programming error (ValueError)."""

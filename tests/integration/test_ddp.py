@@ -64,8 +64,10 @@ def test_two_processes_train_what_one_does(tiny_model, tmp_path, ppo_epochs):
     for step, row in one["rows"].items():
         assert set(row) == set(two["rows"][step])
         for key in set(row) - TIMING:
-            assert _close(row[key], two["rows"][step][key]), (step, key, row[key],
-                                                              two["rows"][step][key])
+            a, b = row[key], two["rows"][step][key]
+            # the sampler's gap is float rounding itself (~1e-7): equal to rounding, absolutely
+            same = abs(a - b) < 1e-6 if key.startswith("sampler_") else _close(a, b)
+            assert same, (step, key, a, b)
         assert row["batch_samples"] == 32 and row["grad_full_size"] == 32
         assert row["grad_micro_size"] == 8
     assert one["rows"]["3"]["drift_abs"] > 0  # the model moved, identically in both

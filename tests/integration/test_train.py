@@ -281,34 +281,37 @@ class _Collect:
 
 
 def test_on_policy_metrics_from_the_update_equal_a_separate_forward(tiny_model, tmp_path):
-    """One update per batch reads the rollout policy's log-probs and entropy off the update's own
-    forward (plus one for the skipped samples); two updates per batch take a separate forward
-    first. Step 1 samples the same rollout from the same weights in both: equal metrics, and
-    KL to the initial policy is 0 there (the policy *is* the initial one) but not later."""
+    """With one minibatch the update's first pass runs before any optimizer step, so it reads the
+    rollout policy's log-probs and entropy off its own forward (plus one for the skipped
+    samples), at one and at two epochs; two minibatches take a separate forward first. Step 1
+    samples the same rollout from the same weights in all three: equal metrics, and KL to the
+    initial policy is 0 there (the policy *is* the initial one) but not later."""
     from trainer.config import TrainConfig
     from trainer.loop import train
 
     rows = []
-    for epochs in (1, 2):
+    for epochs, minibatches in ((1, 1), (2, 1), (1, 2)):
         cfg = TrainConfig(
             prompts_per_batch=16,
             group_size=8,
             lr=1e-3,
             sample_budget=3 * 128,
-            seed=11,
+            seed=13,  # a first batch with a zero-advantage group (checked below)
             eval_every_samples=0,
             checkpoint_every_steps=0,
             threads=1,
             kl_init_every=1,
             ppo_epochs=epochs,
+            num_minibatches=minibatches,
         )
         sink = _Collect()
-        assert train(cfg, sink, tmp_path / f"e{epochs}") == "completed"
+        assert train(cfg, sink, tmp_path / f"e{epochs}m{minibatches}") == "completed"
         rows.append(sink.rows)
-    lean, full = rows
+    lean = rows[0]
     assert 0 < lean[1]["zero_std_frac"] < 1  # some samples were skipped, some trained
-    assert lean[1]["reward_mean"] == full[1]["reward_mean"]
-    assert abs(lean[1]["entropy"] - full[1]["entropy"]) < 1e-5 * full[1]["entropy"]
+    for full in rows[1:]:
+        assert lean[1]["reward_mean"] == full[1]["reward_mean"]
+        assert abs(lean[1]["entropy"] - full[1]["entropy"]) < 1e-5 * full[1]["entropy"]
     for r in rows:
         assert abs(r[1]["kl_init"]) < 1e-9
         assert r[3]["kl_init"] > 1e-6

@@ -106,12 +106,13 @@ def test_distinct_prompts_and_one_token_completions_fall_back_exactly(tiny):
 
 
 def test_generation_prefills_each_distinct_prompt_once_and_samples_the_same(tiny):
-    """Greedy rollouts of repeated prompts (shared pre-fill) equal those of the distinct ones."""
+    """Greedy rollouts of repeated prompts (shared pre-fill) equal those of the distinct ones,
+    through transformers generate (the decode loop's own test: tests/unit/test_fast_decode.py)."""
     from trainer.config import TrainConfig
     from trainer.rollout.hf import HFEngine
 
     tok, model = tiny
-    engine = HFEngine(TrainConfig(max_new_tokens=6), model, tok)
+    engine = HFEngine(TrainConfig(max_new_tokens=6, hf_decoder="generate"), model, tok)
     distinct = ["12+3=", "7-45=", "100+100="]
     shapes = []
     hook = model.model.embed_tokens.register_forward_hook(

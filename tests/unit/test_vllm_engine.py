@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainer import sampler as S
 from trainer.config import TrainConfig
 from trainer.rng import cuda_devices, preserved_rng, private_torch_rng
 from trainer.rollout import assemble
@@ -236,17 +237,17 @@ def test_sampler_logprobs_are_gathered_and_compared_with_the_trainers(tiny, hf_r
                                  tok.eos_token_id, tok)
     assert torch.allclose(got.sampler_logp[m], logp[m].float(), atol=1e-6)
     assert bool(torch.isnan(got.sampler_logp[~m]).all())
-    same = V.sampler_mismatch(logp, got.sampler_logp, hf_rollout.completion_mask)
+    same = S.sampler_mismatch(logp, got.sampler_logp, hf_rollout.completion_mask)
     assert same["sampler_tokens"] == int(m.sum())
     assert same["sampler_abs_logratio"] < 1e-6 and abs(same["sampler_kl_k3"]) < 1e-9
     delta = 0.1  # the sampler gave every token log-prob lower by 0.1
     shifted = got.sampler_logp - delta
-    off = V.sampler_mismatch(logp, shifted, hf_rollout.completion_mask)
+    off = S.sampler_mismatch(logp, shifted, hf_rollout.completion_mask)
     assert off["sampler_abs_logratio"] == pytest.approx(delta, rel=1e-5)
     assert off["sampler_kl_k3"] == pytest.approx(math.exp(delta) - 1 - delta, rel=1e-4)
-    w = V.tis_weights(logp, shifted, cap=2.0)
+    w = S.tis_weights(logp, shifted, cap=2.0)
     assert torch.allclose(w[m], torch.full_like(w[m], math.exp(delta)), rtol=1e-5)
-    assert torch.allclose(V.tis_weights(logp, shifted, cap=1.05)[m], torch.tensor(1.05))
+    assert torch.allclose(S.tis_weights(logp, shifted, cap=1.05)[m], torch.tensor(1.05))
     assert bool((w[~m] == 1).all())  # no sampler log-prob: weight 1
     picked = got.select(torch.tensor([3, 0]))
     assert torch.equal(picked.sampler_logp[1].nan_to_num(), got.sampler_logp[0].nan_to_num())

@@ -1,8 +1,9 @@
 """Rollout engines: sample completions for a batch of prompts behind one small interface.
 
-`hf` (transformers `generate`, default, runs anywhere) and `vllm` (the `vllm` extra, GPU only,
-never run in this project's CI). An engine returns token ids and masks; the trainer recomputes
-the sampled tokens' log-probs itself, so engines never need to agree on numerics.
+`hf` (the training model samples, default, runs anywhere) and `vllm` (the `vllm` extra, GPU
+only, never run in this project's CI). An engine returns token ids, masks and its own log-prob
+of each sampled token; the trainer recomputes the log-probs itself and compares the two
+(`trainer.sampler`), so engines never need to agree on numerics.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ class Rollout:
 
     `input_ids`/`attention_mask` are [N, P+C] (prompt left-padded to P, completion right-padded
     to C); `completion_mask` [N, C] marks completion tokens up to and including the first EOS;
-    `truncated` [N] is True where no EOS came within max_new_tokens.
+    `truncated` [N] is True where no EOS came within max_new_tokens; `sampler_logp` [N, C] is
+    the engine's log-prob of each sampled token at the sampling temperature (NaN off the mask
+    or where the engine gave none; None when it gave none at all).
     """
 
     input_ids: torch.Tensor
@@ -27,6 +30,7 @@ class Rollout:
     prompt_len: int
     texts: list[str]
     truncated: torch.Tensor
+    sampler_logp: torch.Tensor | None = None
 
     @property
     def completion_ids(self) -> torch.Tensor:
@@ -42,6 +46,7 @@ class Rollout:
             self.prompt_len,
             [self.texts[i] for i in idx],
             self.truncated[index],
+            None if self.sampler_logp is None else self.sampler_logp[index],
         )
 
 

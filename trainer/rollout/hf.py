@@ -1,11 +1,15 @@
-"""The default rollout engine: transformers `generate`, batched, prompts left-padded.
+"""The default rollout engine: the training model samples its own completions, prompts left-padded.
 
-A GRPO batch repeats each prompt G times: the engine tokenizes each distinct prompt once and,
-when prompts repeat, pre-fills their keys/values once per distinct prompt and hands `generate`
-that cache re-indexed to every row (generate then only runs each row's last prompt token).
+A GRPO batch repeats each prompt G times: the engine tokenizes each distinct prompt once and
+pre-fills its keys/values once. Qwen2/Llama models decode through twoclocks' own loop
+(`trainer.rollout.decode`); anything else through transformers `generate`, handed that cache
+re-indexed to every row (generate then only runs each row's last prompt token). Either way the
+sampler's log-prob of every token comes back on the Rollout (`sampler_logp`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -20,7 +24,11 @@ class HFEngine:
     """Samples with the training model itself, so there are no weights to sync."""
 
     def __init__(self, cfg, model, tokenizer):
+        from trainer.rollout.decode import FastDecoder, unsupported
+
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        use_loop = getattr(cfg, "hf_decoder", "auto") == "auto" and unsupported(model) is None
+        self.decoder = FastDecoder(model) if use_loop else None
 
     def sync(self, model) -> None:
         """Nothing to do: generation uses the live training model."""
@@ -46,24 +54,46 @@ class HFEngine:
         self.model.eval()
         try:
             with torch.no_grad():
-                prefill = self._prefill(u_ids, u_mask, inverse.to(device))
-                out = self.model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=cfg.max_new_tokens,
-                    pad_token_id=tok.pad_token_id,
-                    eos_token_id=tok.eos_token_id,
-                    **prefill,
-                    **kwargs,
-                )
+                if self.decoder is not None:
+                    completion, logp = self.decoder.sample(
+                        u_ids, u_mask, inverse.to(device), cfg.max_new_tokens, t, cfg.top_p,
+                        tok.eos_token_id, tok.pad_token_id,
+                    )
+                else:
+                    completion, logp = self._generate(u_ids, u_mask, ids, mask, inverse, kwargs)
+        except FloatingPointError as err:
+            raise NonFiniteLogits(str(err)) from None
         except RuntimeError as err:
             if "inf" in str(err) or "nan" in str(err):
                 raise NonFiniteLogits(str(err)) from None
             raise
         finally:
             self.model.train(was_training)
-        completion = out[:, ids.shape[1] :].cpu()
-        return assemble(ids.cpu(), mask.cpu(), completion, tok.eos_token_id, tok.pad_token_id, tok)
+        roll = assemble(ids.cpu(), mask.cpu(), completion.cpu(), tok.eos_token_id,
+                        tok.pad_token_id, tok)
+        roll.sampler_logp = logp.float().cpu().masked_fill(~roll.completion_mask.bool(), math.nan)
+        return roll
+
+    def _generate(self, u_ids, u_mask, ids, mask, inverse, kwargs):
+        """(completion ids, the sampler's log-probs) from transformers `generate`."""
+        cfg, tok = self.cfg, self.tokenizer
+        prefill = self._prefill(u_ids, u_mask, inverse.to(ids.device))
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=cfg.max_new_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **prefill,
+            **kwargs,
+        )
+        completion = out.sequences[:, ids.shape[1] :]
+        t = kwargs.get("temperature") or 1.0
+        logits = torch.stack(out.logits, dim=1).float() / t  # raw logits, one per new token
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, completion.unsqueeze(-1))
+        return completion, logp.squeeze(-1)
 
     def _prefill(self, u_ids, u_mask, inverse) -> dict:
         """`generate` kwargs carrying the distinct prompts' cache (all but their last token)

@@ -24,8 +24,8 @@ How it avoids the defects of the first version:
 - Seeds: vLLM's seed is the rank's seed; its worker reseeds random/numpy/torch globally at
   start-up, so the trainer's generators are saved before and restored after (`preserved_rng`).
 - Sampler log-probs: `logprobs=0`, processed (after temperature); returned on the Rollout as
-  `sampler_logp` for the mismatch metric and truncated importance sampling
-  (`vllm_inputs.sampler_mismatch`, `vllm_inputs.tis_weights`).
+  `sampler_logp`; the trainer logs the mismatch every step and applies truncated importance
+  sampling with `tis_cap` (`trainer.sampler`; tested on CPU with the HF engine's log-probs).
 - Memory: max_model_len = prompt room + max_new_tokens; with `vllm_enable_sleep_mode` the engine
   sleeps after each generation and wakes for the sync and the next generation.
 """

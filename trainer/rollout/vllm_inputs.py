@@ -25,20 +25,6 @@ DEFAULT_PROMPT_TOKENS = 1024  # prompt room when vllm_max_prompt_tokens is None 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around the HF model
 
 
-@dataclass
-class SampledRollout(Rollout):
-    """A Rollout plus the sampler's log-prob of each sampled token ([N, C], NaN off-mask or
-    where vLLM gave none): what the trainer compares its own log-probs against."""
-
-    sampler_logp: torch.Tensor | None = None
-
-    def select(self, index: torch.Tensor) -> SampledRollout:
-        """The rows `index` (same padding), sampler log-probs included."""
-        base = Rollout.select(self, index)
-        lp = None if self.sampler_logp is None else self.sampler_logp[index]
-        return SampledRollout(**vars(base), sampler_logp=lp)
-
-
 # ---------------------------------------------------------------------------------------------
 # Tokens in
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +325,7 @@ def _ended(ids: list[int], lps: list[float], finish: str | None, stop_reason, st
 
 
 def rollout_from_outputs(outputs, sent: Sequence[Sequence[int]], stop_ids: Sequence[int],
-                         width: int, pad_id: int, eos_id: int, tokenizer) -> SampledRollout:
+                         width: int, pad_id: int, eos_id: int, tokenizer) -> Rollout:
     """The Rollout (same layout as the HF engine's) of vLLM `RequestOutput`s for the prompts
     `sent`: prompts from each output's own prompt_token_ids (which must be the ids sent),
     completions right-padded to `width`, each ending at its first stop id (mask includes it),
@@ -370,7 +356,7 @@ def rollout_from_outputs(outputs, sent: Sequence[Sequence[int]], stop_ids: Seque
         cmask[i, : len(r)] = 1
         sampler[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     texts = tokenizer.batch_decode(comp_ids, skip_special_tokens=True)
-    return SampledRollout(
+    return Rollout(
         input_ids=torch.cat([p_ids, comp_ids], dim=1),
         attention_mask=torch.cat([p_mask, cmask], dim=1),
         completion_mask=cmask,
@@ -379,31 +365,3 @@ def rollout_from_outputs(outputs, sent: Sequence[Sequence[int]], stop_ids: Seque
         truncated=~torch.tensor(ended, dtype=torch.bool),
         sampler_logp=sampler,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Sampler vs trainer
-# ---------------------------------------------------------------------------------------------
-def sampler_mismatch(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor,
-                     mask: torch.Tensor) -> dict[str, float]:
-    """How far vLLM's sampling distribution is from the trainer's on the sampled tokens:
-    mean |log-ratio| and the k3 estimate of KL(sampler || trainer), over masked tokens where
-    vLLM gave a log-prob (`sampler_tokens` counts them)."""
-    ok = mask.bool() & torch.isfinite(sampler_logp) & torch.isfinite(trainer_logp)
-    n = int(ok.sum())
-    if n == 0:
-        return {"sampler_abs_logratio": math.nan, "sampler_kl_k3": math.nan, "sampler_tokens": 0}
-    d = (trainer_logp - sampler_logp)[ok].double()  # log pi_train / pi_sampler
-    k3 = torch.exp(d) - 1 - d
-    return {"sampler_abs_logratio": float(d.abs().mean()), "sampler_kl_k3": float(k3.mean()),
-            "sampler_tokens": n}
-
-
-def tis_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance-sampling weights min(pi_train / pi_sampler, cap) per token (1 where
-    vLLM gave no log-prob): multiplying the per-token loss by them corrects the update for the
-    sampler/trainer mismatch (as TRL's vllm_importance_sampling_correction)."""
-    ratio = torch.exp(trainer_logp.detach() - sampler_logp)
-    ratio = torch.where(torch.isfinite(sampler_logp), ratio, torch.ones_like(ratio))
-    return ratio.clamp(max=cap)
-

@@ -59,7 +59,8 @@ STORE_KEYS = (
     "clip_frac_high", "approx_kl", "zero_std_frac", "resp_len_mean", "resp_len_max",
     "truncated_frac", "time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s", "loss",
     "nonfinite", "eval_n", "grad_l1_micro", "grad_l1_full", "grad_sign_dot", "grad_l1_diff",
-    "time_step_s", "num_tokens",
+    "time_step_s", "num_tokens", "sampler_abs_logratio", "sampler_kl_k3", "tis_weight_mean",
+    "tis_capped_frac",
 )
 
 # Columns a table may use for its x axes (besides what --map names).
