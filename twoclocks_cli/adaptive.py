@@ -448,6 +448,4 @@ def _drift_series(store, run_id: int, key: str):
 
 def record_event(store, run_id: int, message: str) -> None:
     """A run event carrying a decision's reason (once: a replayed decision is not repeated)."""
-    from twoclocks_cli.store.events import record_note
-
-    record_note(store, run_id, message)
+    store.record_note(run_id, message)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import func, select
 
-from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep, apply_status
+from twoclocks_cli.store.models import Metric, Run, RunEvent, RunStatus, Sweep, apply_status
 
 
 def _values(statuses: Iterable[RunStatus]) -> set[str]:
@@ -34,6 +34,22 @@ class LifecycleQueries:
             if job_id_is is not None and run.job_id != job_id_is:
                 return False
             s.add(apply_status(run, to, message, **fields))
+            return True
+
+    def record_note(self, run_id: int, message: str) -> bool:
+        """Add an event with `message` at the run's current status (a note, such as an adaptive
+        controller's decision), once: a note already recorded (a replayed step after a resume)
+        is not added again. False when the run does not exist or the note was there."""
+        with self.session() as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                return False
+            seen = s.scalar(select(RunEvent.id).where(RunEvent.run_id == run_id,
+                                                      RunEvent.message == message).limit(1))
+            if seen is not None:
+                return False
+            s.add(RunEvent(run_id=run_id, from_status=run.status, to_status=run.status,
+                           message=message))
             return True
 
     def transition_many(self, run_ids: Iterable[int], to: RunStatus,
