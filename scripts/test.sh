@@ -26,7 +26,11 @@ cleanup() { [ "$slurm_started" = 1 ] && bash scripts/slurm-down.sh || true; }
 trap cleanup EXIT
 
 set +e
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "$@"
+# Two pytest-xdist workers (TWOCLOCKS_TEST_WORKERS=0: one process); the distribution mode and
+# what keeps it sound (one thread per worker, groups, the tiny model built first) are in
+# pyproject.toml's addopts and tests/conftest.py.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 \
+  -n "${TWOCLOCKS_TEST_WORKERS:-2}" "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then

@@ -1,18 +1,110 @@
 """Shared fixtures: a real SQLite file and a real PostgreSQL server started by this session.
 
 PostgreSQL must start: when it cannot, tests that need it fail (never skip), so CI notices.
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2`, `--dist loadgroup`; see
+pyproject's addopts). The hooks below keep that sound and fast on a 2-core machine:
+
+- each worker, and every process it starts, uses 1 torch/BLAS thread (OMP_NUM_THREADS=1):
+  two workers with 2 threads each on 2 cores oversubscribe the OpenMP pools. A config's own
+  `threads` (the exact-resume tests) and the tiny model's build (2 threads, trainer/tiny.py)
+  still set theirs explicitly;
+- tests that share a cluster or a port run on one worker (`xdist_group`): the SLURM tests (one
+  2-CPU node: two workers' arrays would queue behind each other into the tests' timeouts);
+  modules whose module-scoped fixture is expensive keep it to one worker (built once, not twice);
+- `builtin:tiny-arith` is built at the start on one worker when a selected test needs it,
+  while the other worker runs tests (before: inside whichever test needed it first).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.support.pgserver import PgServer
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_ENV_BEFORE = {v: os.environ.get(v) for v in _THREAD_VARS}  # for the tiny build (its own 2)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in _THREAD_VARS:
+        os.environ.setdefault(_var, "1")
+    if "torch" in sys.modules:  # imported before this file (a plugin): too late for the env
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+from tests.support.pgserver import PgServer  # noqa: E402
 
 _db_counter = itertools.count()
+_ROOT = Path(__file__).resolve().parents[1]
+
+# Modules whose tests train or load the built tiny model (module paths from the repository
+# root): when one is selected, the model is built before any test runs. A module missing here
+# still works: its first test builds the model (or waits for it) where it stands.
+NEEDS_TINY_MODEL = {
+    "tests/integration/test_adaptive_tiny.py",
+    "tests/integration/test_checkpoint_owner.py",
+    "tests/integration/test_ddp.py",
+    "tests/integration/test_json_cli.py",
+    "tests/integration/test_main_job.py",
+    "tests/integration/test_tiny_model.py",
+    "tests/integration/test_train.py",
+    "tests/integration/test_train_interrupt.py",
+    "tests/integration/test_trl_backend.py",
+    "tests/integration/test_trl_callback.py",
+    "tests/unit/test_vllm_engine.py",
+}
+# Modules kept whole on one worker: an expensive module-scoped fixture (a simulated sweep, a
+# training) would otherwise be set up once on each worker.
+ONE_WORKER_MODULES = {
+    "tests/integration/test_adaptive_sim.py",
+    "tests/integration/test_analysis_result.py",
+    "tests/integration/test_analyze_cli.py",
+    "tests/integration/test_analyze_sim.py",
+    "tests/integration/test_json_cli.py",
+    "tests/integration/test_probe.py",
+    "tests/integration/test_runs_show_export.py",
+    "tests/integration/test_suggest.py",
+    "tests/integration/test_tiny_model.py",
+}
+
+
+def _module(item) -> str:
+    return Path(item.path).resolve().relative_to(_ROOT).as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = _module(item)
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif module in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(Path(module).stem))
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has sent this worker's collection
+def pytest_collection_finish(session):
+    """Build the tiny model at the start when a selected test needs it, on worker gw0 only
+    (2 threads, as trainer/tiny.py fixes them): gw0 has already reported its collection, so the
+    other worker runs tests meanwhile (one 1-thread worker next to the 2-thread build on 2
+    cores), and gw0 starts its tests with the model built. ensure_tiny_model's lock makes any
+    test that needs the model sooner wait for this build."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    if worker != "gw0" or session.config.option.collectonly:
+        return
+    if not any(_module(it) in NEEDS_TINY_MODEL for it in session.items):
+        return
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARS}
+    env.update({k: v for k, v in _ENV_BEFORE.items() if v is not None})
+    # A failed build (no train extra, no disk) says nothing here: the tests that need the
+    # model build it themselves and fail with the reason. Nothing is printed when it is cached.
+    subprocess.run(
+        [sys.executable, "-c", "from trainer.tiny import ensure_tiny_model; ensure_tiny_model(0)"],
+        cwd=_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, check=False,
+    )
 
 
 @pytest.fixture(scope="session")

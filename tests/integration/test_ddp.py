@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.cli import free_port
+
 pytestmark = pytest.mark.slow
 
 DRIVER = Path(__file__).with_name("ddp_driver.py")
@@ -41,8 +43,8 @@ def _run(tmp_path: Path, world: int, ppo_epochs: int) -> dict:
     if world > 1:
         accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable))
         cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", str(world),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               *cmd[1:]]
+               "--num_machines", "1", "--main_process_port", str(free_port()),
+               "--mixed_precision", "no", "--dynamo_backend", "no", *cmd[1:]]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
                           cwd=tmp_path)
@@ -124,7 +126,8 @@ def test_fsdp_is_refused_in_one_line(tiny_model, tmp_path):
     db = tmp_path / "s.db"
     proc = subprocess.run(
         [accelerate, "launch", "--use_fsdp", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no",
+         "--main_process_port", str(free_port()), "--mixed_precision", "no",
+         "--dynamo_backend", "no",
          os.path.join(os.path.dirname(sys.executable), "twoclocks"), "train",
          str(tmp_path / "t.toml"), "--db", f"sqlite:///{db}", "--workdir", str(tmp_path / "w")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,

@@ -53,12 +53,27 @@ def test_follow_a_growing_log_then_follow_it_again(tmp_path):
     url = f"sqlite:///{db}"
     follower = _follow(log, url)
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(log), "12", "1"])
-    time.sleep(2.0)  # mid-way: the run exists and is running, with only complete lines stored
-    with sqlite3.connect(db) as con:
-        run_id, status = con.execute("select id, status from runs").fetchone()
-        steps = [r[0] for r in con.execute(
-            "select distinct step from metrics where run_id=? order by step", (run_id,))]
-    assert status == "running" and steps and steps == list(range(1, len(steps) + 1))
+
+    def stored():  # (run id, status, steps stored) once the follower has stored a step
+        if not db.exists():
+            return None
+        with sqlite3.connect(db) as con:
+            try:
+                run = con.execute("select id, status from runs").fetchone()
+            except sqlite3.OperationalError:  # the follower is still creating the store
+                return None
+            steps = run and [r[0] for r in con.execute(
+                "select distinct step from metrics where run_id=? order by step", (run[0],))]
+        return steps and (*run, steps)
+
+    # mid-way (polled, not a fixed sleep: the follower's start-up takes longer on a busy
+    # machine): the run exists and is running, with only complete lines stored
+    deadline = time.monotonic() + 60
+    while not (got := stored()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert got, "the follower stored no step in 60 s"
+    run_id, status, steps = got
+    assert status == "running" and steps == list(range(1, len(steps) + 1))
     assert writer.wait(timeout=60) == 0
     out, err = follower.communicate(timeout=60)
     assert follower.returncode == 0, err

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.support.cli import twoclocks
+from tests.support.cli import free_port, twoclocks
 
 pytestmark = pytest.mark.slow
 
@@ -205,6 +205,8 @@ def test_two_process_accelerate_run(tiny_model, tmp_path):
             "2",
             "--num_machines",
             "1",
+            "--main_process_port",
+            str(free_port()),
             "--mixed_precision",
             "no",
             "--dynamo_backend",

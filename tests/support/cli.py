@@ -19,6 +19,16 @@ def twoclocks(*args: str, cwd: Path | None = None, env: dict | None = None,
     )
 
 
+def free_port() -> int:
+    """A loopback port free now (for `accelerate launch --main_process_port`: its default, 29500,
+    is taken when two tests launch at once on two pytest-xdist workers)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:
     """The CLI failed with exit `code`, printed exactly one line on stderr, no traceback."""
     assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
