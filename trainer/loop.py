@@ -1,5 +1,5 @@
 """The GRPO training loop, read top to bottom: set up, resume, then per step sample → reward →
-advantages → update (gradient accumulation) → metrics → eval → checkpoint.
+advantages → update (gradient accumulation, `trainer.update`) → metrics → eval → checkpoint.
 
 One function, `train(cfg, writer, workdir)`, serves `twoclocks train`, a sweep job (through
 `trainer.backend.run`) and `accelerate launch` (several processes: each rank keeps its slice of
@@ -9,7 +9,6 @@ the global prompt batch, accelerate's DDP sums the gradients across ranks (`trai
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -30,16 +29,19 @@ from trainer.data import (
     render_prompt,
 )
 from trainer.dist import Dist, setup_dist
-from trainer.logprobs import completion_logprobs
 from trainer.rng import private_torch_rng
+from trainer.update import (
+    Diverged,
+    UpdateStats,
+    no_grad_logprobs,
+    on_policy,
+    skips_zero_advantage,
+    update,
+)
 from twoclocks_cli.adaptive import MODES, decision_metrics
 from twoclocks_cli.errors import ConfigError
 
 EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
-
-
-class Diverged(Exception):
-    """The loss, a gradient or the sampling distribution became non-finite."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,157 +163,6 @@ def prompt_text(problem: Problem, cfg: TrainConfig, tokenizer) -> str:
     if cfg.prompt_template is not None:
         return cfg.prompt_template.format(question=problem.question)
     return render_prompt(problem, tokenizer)
-
-
-# ---------------------------------------------------------------------------------------------
-# Log-probs and the update
-# ---------------------------------------------------------------------------------------------
-def no_grad_logprobs(model, rollout, cfg, with_entropy: bool):
-    """Log-probs (and entropy) of every sample, in micro-batches, without building a graph."""
-    lps, ents = [], []
-    with torch.no_grad():
-        for idx in torch.arange(len(rollout.texts)).split(cfg.micro_batch_size):
-            lp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, with_entropy)
-            lps.append(lp)
-            ents.append(ent)
-    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
-
-
-def on_policy(cfg: TrainConfig) -> bool:
-    """One minibatch per epoch: the update's first pass over every row runs before any optimizer
-    step, so it sees the rollout policy and yields the rollout's log-probs and entropy (no
-    separate forward; the first pass's ratio is exactly 1; later epochs use those log-probs)."""
-    return cfg.num_minibatches == 1
-
-
-def skips_zero_advantage(cfg: TrainConfig) -> bool:
-    """Whether the update leaves out samples with advantage 0 (exact only without a KL term)."""
-    return cfg.skip_zero_advantage and cfg.kl_coef == 0
-
-
-@dataclass
-class UpdateStats:
-    """Sums pooled over micro-batches and updates of one step (divided at the end)."""
-
-    loss: float = 0.0
-    clip_low: float = 0.0
-    clip_high: float = 0.0
-    clip_tokens: float = 0.0
-    kl_old_new: float = 0.0
-    trained_tokens: float = 0.0
-    grad_norms: list[float] = field(default_factory=list)
-    grad_sq_micro: float = math.nan
-    grad_sq_full: float = math.nan
-    micro_size: int = 0
-    full_size: int = 0
-    tis_weight: float = 0.0  # sum of truncated importance weights over trained tokens
-    tis_capped: float = 0.0  # trained tokens whose weight hit tis_cap
-    entropy: torch.Tensor | None = None  # [N, C] rows trained on-policy (others stay NaN)
-    logp: torch.Tensor | None = None  # [N, C] their sampled tokens' log-probs, likewise
-
-
-def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cfg, phase,
-                    stats: UpdateStats, fresh: bool) -> float:
-    """Forward and backward of the rows `idx` (their loss over the minibatch's normaliser
-    `den`); adds their clip/KL/TIS/token counts to `stats` and returns the loss value. `fresh`:
-    this forward sees the rollout policy, so its log-probs/entropy are kept as the rollout's."""
-    logp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, fresh)
-    if fresh:
-        stats.entropy[idx] = ent
-        stats.logp[idx] = logp.detach()
-    old = logp.detach() if fresh else old_logp[idx]
-    m = cmask[idx]
-    tok_loss, low, high = grpo.clipped_surrogate(
-        logp, old, adv[idx], phase.clip_eps_low, phase.clip_eps_high
-    )
-    if cfg.tis_cap is not None:  # truncated importance sampling against the engine's log-probs
-        w = sampler.tis_weights(old, rollout.sampler_logp[idx], cfg.tis_cap)
-        tok_loss = tok_loss * w
-        stats.tis_weight += float((w * m).sum())
-        stats.tis_capped += float(((w >= cfg.tis_cap) * m).sum())
-    if cfg.kl_coef > 0:
-        tok_loss = tok_loss + cfg.kl_coef * grpo.k3(logp, ref_logp[idx])
-    loss = grpo.aggregate(tok_loss, m, cfg.loss_agg, cfg.max_new_tokens, den)
-    loss.backward()
-    stats.clip_low += float((low.float() * m).sum())
-    stats.clip_high += float((high.float() * m).sum())
-    stats.kl_old_new += float(((old - logp.detach()) * m).sum())
-    stats.trained_tokens += float(m.sum())
-    return float(loss.detach())
-
-
-def _idle_backward(net, rollout) -> None:
-    """A zero-gradient forward/backward of one token, so a rank with nothing to train in the
-    last micro-batch still joins DDP's all-reduce (every rank must run the synced backward)."""
-    device = next(net.parameters()).device
-    ids = rollout.input_ids[:1, -1:].to(device)
-    out = net(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-    (out.float().sum() * 0.0).backward()
-
-
-def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist) -> UpdateStats:
-    """`ppo_epochs * num_minibatches` optimizer steps on one rollout batch.
-
-    Each minibatch is split into micro-batches of `micro_batch_size` samples whose gradients
-    accumulate against the minibatch's global normaliser (summed over ranks), so the result
-    equals one pass over the whole minibatch. Raises Diverged on a non-finite loss or gradient.
-    """
-    stats = UpdateStats()
-    n = len(rollout.texts)
-    cmask = rollout.completion_mask.float()
-    skip = skips_zero_advantage(cfg)
-    keep = on_policy(cfg)  # the first pass sees the rollout policy: keep its log-probs, entropy
-    if keep:
-        stats.entropy = torch.full(cmask.shape, math.nan)
-        stats.logp = torch.full(cmask.shape, math.nan)
-    first = True
-    for epoch in range(cfg.ppo_epochs):
-        if keep and epoch == 1:
-            old_logp = stats.logp  # later epochs' ratios are against the first pass
-        order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
-        for mb in order.tensor_split(cfg.num_minibatches):
-            den = dist.sum([grpo.normaliser(cmask[mb], cfg.loss_agg)])[0]
-            dist.zero_grad(model, opt)
-            bad_loss = False
-            # the first minibatch is split in at least two, so grad_sq_micro != grad_sq_full
-            size = min(cfg.micro_batch_size, -(-len(mb) // 2)) if first else cfg.micro_batch_size
-            micros = mb.split(size)
-            for k, micro in enumerate(micros):
-                train_idx = micro[adv[micro] != 0] if skip else micro
-                last = k == len(micros) - 1  # only the last backward all-reduces (DDP)
-                if last and not len(train_idx) and dist.synced(model):
-                    _idle_backward(model, rollout)  # this rank's share of the sync
-                with contextlib.nullcontext() if last else dist.no_sync(model):
-                    if len(train_idx):
-                        value = _micro_backward(
-                            model, rollout, train_idx, adv, old_logp, ref_logp, cmask, den,
-                            cfg, phase, stats, fresh=keep and epoch == 0,
-                        )
-                        bad_loss = bad_loss or not math.isfinite(value)
-                        stats.loss += value
-                stats.clip_tokens += float(cmask[micro].sum())
-                if first and k == 0:  # gradient of one micro-batch, scaled to its own mean
-                    micro_den = grpo.normaliser(cmask[micro], cfg.loss_agg)
-                    scale = den / micro_den if micro_den else 0.0
-                    stats.grad_sq_micro = M.grad_sq_norm(model) * scale**2
-                    stats.micro_size = len(micro)
-            if dist.sum([float(bad_loss)])[0] > 0:  # every rank stops together
-                raise Diverged("non-finite loss")
-            for p in model.parameters():  # a batch with nothing to learn still steps AdamW
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            if first:
-                stats.grad_sq_full = M.grad_sq_norm(model)
-                stats.full_size = int(dist.sum([len(mb)])[0])
-            clip_to = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-            params = [p for p in model.parameters() if p.requires_grad]
-            norm = float(torch.nn.utils.clip_grad_norm_(params, clip_to))
-            if not math.isfinite(norm):
-                raise Diverged("non-finite gradient")
-            stats.grad_norms.append(norm)
-            opt.step()
-            first = False
-    return stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,7 +497,7 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
         "kl_on": st.kl_old_new,
         "tr_tok": max(st.trained_tokens, 1.0),
         "tis_w": st.tis_weight,
-        "tis_cap": st.tis_capped,
+        "tis_hit": st.tis_capped,
     }
     if roll.sampler_logp is not None:
         sums["s_abs"], sums["s_k3"], sums["s_n"] = sampler.mismatch_sums(
@@ -690,7 +541,7 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
         values["sampler_kl_k3"] = S["s_k3"] / S["s_n"]
     if cfg.tis_cap is not None:
         values["tis_weight_mean"] = S["tis_w"] / S["tr_tok"]
-        values["tis_capped_frac"] = S["tis_cap"] / S["tr_tok"]
+        values["tis_capped_frac"] = S["tis_hit"] / S["tr_tok"]
     return values
 
 

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import torch
 
+# run as a script (from accelerate launch): the repository root, for tests.support
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support.training import Collect  # noqa: E402
+
 
 class GlobalBatch:
     """A rollout engine that samples the global batch (every rank's prompts, in rank order) from
@@ -42,19 +46,6 @@ class GlobalBatch:
         self.rollouts.append(roll)
         n = len(prompts)
         return roll.select(torch.arange(rank * n, (rank + 1) * n))
-
-
-class Collect:
-    """Metric sink: {step: {key: value}}."""
-
-    def __init__(self):
-        self.rows: dict[int, dict] = {}
-
-    def log(self, step, samples, values):
-        self.rows.setdefault(step, {}).update(values)
-
-    def flush(self):
-        pass
 
 
 def config(ppo_epochs: int):

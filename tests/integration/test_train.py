@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.support.cli import free_port, twoclocks
+from tests.support.training import Collect
 
 pytestmark = pytest.mark.slow
 
@@ -269,19 +270,6 @@ def test_phases_switch_batch_and_lr(tiny_model, tmp_path):
     assert (8, "phase") not in m
 
 
-class _Collect:
-    """A metric sink for an in-process run: {step: values}."""
-
-    def __init__(self):
-        self.rows: dict[int, dict] = {}
-
-    def log(self, step, samples, values):
-        self.rows.setdefault(step, {}).update(values)
-
-    def flush(self):
-        pass
-
-
 def test_on_policy_metrics_from_the_update_equal_a_separate_forward(tiny_model, tmp_path):
     """With one minibatch the update's first pass runs before any optimizer step, so it reads the
     rollout policy's log-probs and entropy off its own forward (plus one for the skipped
@@ -306,7 +294,7 @@ def test_on_policy_metrics_from_the_update_equal_a_separate_forward(tiny_model, 
             ppo_epochs=epochs,
             num_minibatches=minibatches,
         )
-        sink = _Collect()
+        sink = Collect()
         assert train(cfg, sink, tmp_path / f"e{epochs}m{minibatches}") == "completed"
         rows.append(sink.rows)
     lean = rows[0]

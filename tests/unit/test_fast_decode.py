@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.training import load_tiny
 from trainer.config import TrainConfig
 from trainer.logprobs import completion_logprobs
 from trainer.rollout.decode import FastDecoder, unsupported
@@ -23,14 +24,7 @@ from trainer.rollout.hf import HFEngine, NonFiniteLogits
 @pytest.fixture(scope="module")
 def tiny():
     """(path, tokenizer, model) of the real cached tiny model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trainer.tiny import ensure_tiny_model
-
-    path = ensure_tiny_model()
-    tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    return path, tok, model
+    return load_tiny()
 
 
 def _prompts(tok, n: int, seed: int, group: int) -> list[str]:

@@ -90,7 +90,7 @@ def _rollout(tok, model, n=8):
 
 def test_recomputed_logprobs_match_sampler(tiny):
     """Left padding + position ids: the trainer's forward reproduces generation's log-probs."""
-    from trainer.loop import completion_logprobs
+    from trainer.logprobs import completion_logprobs
 
     tok, model = tiny
     cfg, roll = _rollout(tok, model)
@@ -128,7 +128,8 @@ def test_recomputed_logprobs_match_sampler(tiny):
 def test_on_policy_update_ratio_one_nothing_clipped_and_accumulation_exact(tiny):
     import copy
 
-    from trainer.loop import Dist, no_grad_logprobs, update
+    from trainer.dist import Dist
+    from trainer.update import no_grad_logprobs, update
 
     tok, model = tiny
     cfg, roll = _rollout(tok, model)
@@ -154,7 +155,8 @@ def test_on_policy_update_ratio_one_nothing_clipped_and_accumulation_exact(tiny)
 def test_skipping_zero_advantage_is_exact(tiny):
     import copy
 
-    from trainer.loop import Dist, update
+    from trainer.dist import Dist
+    from trainer.update import update
 
     tok, model = tiny
     cfg, roll = _rollout(tok, model)
@@ -181,7 +183,8 @@ def test_skipping_zero_advantage_is_exact(tiny):
 def test_second_update_is_off_policy_and_can_clip(tiny):
     import copy
 
-    from trainer.loop import Dist, no_grad_logprobs, update
+    from trainer.dist import Dist
+    from trainer.update import no_grad_logprobs, update
 
     tok, model = tiny
     cfg, roll = _rollout(tok, model)

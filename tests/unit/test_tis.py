@@ -12,18 +12,9 @@ import math
 
 import pytest
 
+from tests.support.training import Collect
+
 DELTA = 0.1
-
-
-class _Collect:
-    def __init__(self):
-        self.rows: dict[int, dict] = {}
-
-    def log(self, step, samples, values):
-        self.rows.setdefault(step, {}).update(values)
-
-    def flush(self):
-        pass
 
 
 class _Shifted:
@@ -53,7 +44,7 @@ def _first_step(tmp_path, name: str, shifted: bool, **over) -> dict:
     cfg = TrainConfig(prompts_per_batch=8, group_size=4, lr=1e-3, sample_budget=32, seed=5,
                       eval_every_samples=0, checkpoint_every_steps=0, threads=1,
                       max_grad_norm=None, **over)
-    sink = _Collect()
+    sink = Collect()
     assert train(cfg, sink, tmp_path / name, make_rollout=make) == "completed"
     return sink.rows[1]
 

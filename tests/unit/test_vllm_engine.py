@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.training import load_tiny
 from trainer import sampler as S
 from trainer.config import TrainConfig
 from trainer.rng import cuda_devices, preserved_rng, private_torch_rng
@@ -59,14 +60,7 @@ WIDTH = 11  # max_new_tokens: the tiny model's 1-2 digit answers end, 3-characte
 @pytest.fixture(scope="module")
 def tiny():
     """(path, tokenizer, model) of the real cached tiny model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trainer.tiny import ensure_tiny_model
-
-    path = ensure_tiny_model()
-    tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    return path, tok, model
+    return load_tiny()
 
 
 @pytest.fixture(scope="module")

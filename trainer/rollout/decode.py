@@ -24,7 +24,7 @@ import torch.nn.functional as F
 ARCHITECTURES = ("qwen2", "llama")
 
 
-def _rope_theta(config) -> tuple[str, float]:
+def _rope_config(config) -> tuple[str, float]:
     """(rope type, theta) in either transformers layout (rope_parameters, or rope_scaling +
     rope_theta before v5)."""
     params = getattr(config, "rope_parameters", None) or {}
@@ -40,7 +40,7 @@ def unsupported(model) -> str | None:
     kind = getattr(config, "model_type", None)
     if kind not in ARCHITECTURES:
         return f"model_type {kind!r} (the loop knows {', '.join(ARCHITECTURES)})"
-    rope, _ = _rope_theta(config)
+    rope, _ = _rope_config(config)
     if rope != "default":
         return f"rope_type {rope!r} (the loop knows 'default')"
     if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
@@ -62,7 +62,7 @@ class FastDecoder:
         self.kv_heads = getattr(c, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // self.heads
         self.eps = c.rms_norm_eps
-        _, theta = _rope_theta(c)
+        _, theta = _rope_config(c)
         half = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
         self.inv_freq = 1.0 / (theta**half)
 

@@ -1,0 +1,29 @@
+"""Helpers for tests that train or sample in-process: a metric sink and the cached tiny model."""
+
+from __future__ import annotations
+
+
+class Collect:
+    """Metric sink for an in-process `train()`: {step: {key: value}}."""
+
+    def __init__(self):
+        self.rows: dict[int, dict] = {}
+
+    def log(self, step, samples, values):
+        self.rows.setdefault(step, {}).update(values)
+
+    def flush(self):
+        pass
+
+
+def load_tiny():
+    """(path, tokenizer, model in eval mode, fp32) of the real cached tiny model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.tiny import ensure_tiny_model
+
+    path = ensure_tiny_model()
+    tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return path, tok, model
