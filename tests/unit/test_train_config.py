@@ -111,6 +111,8 @@ STRICT_REJECTIONS = [
     ("prompts_per_batch = 2147483647\n", ["prompts_per_batch", "at most 2147483647"]),
     ("[[phases]]\nprompts_per_batch = 4\nlr = inf\n", ["key 'phases.0.lr' = inf", "finite"]),
     ("arith_ops = []\n", ["arith_ops", "at least 1"]),
+    ("tis_cap = 0\n", ["key 'tis_cap' = 0", "greater than 0"]),
+    ('hf_decoder = "fast"\n', ["key 'hf_decoder' = 'fast'", "'auto'", "'generate'"]),
     ("x = " + "[" * 5000 + "]" * 5000 + "\n", ["nested too deeply"]),
 ]
 
