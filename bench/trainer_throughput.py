@@ -18,7 +18,7 @@ has zero advantage; this trainer's skipping of such samples is switched off in t
 ratio shows the prompt sharing alone (both trainers do the full forward/backward).
 
     python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2] [--repeats 3]
-                                       [--few-shot] [--updates 1|2]
+                                       [--few-shot] [--updates 1|2] [--hf-decoder auto|generate]
 """
 
 from __future__ import annotations
@@ -36,9 +36,31 @@ P, G, NEW_TOKENS, LR = 16, 8, 12, 1e-4
 FEW_SHOT = "Answer in \\boxed{{}}.\n12+30=\\boxed{{42}}\n75-9=\\boxed{{66}}\n{question}="
 
 
+class _Times:
+    """Metric sink keeping each step's generation / reward / update seconds."""
+
+    KEYS = ("time_gen_s", "time_reward_s", "time_update_s")
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def log(self, step, samples, values):
+        if step > 1:  # warm-up excluded, as for the rate
+            self.rows.append({k: values[k] for k in self.KEYS if k in values})
+
+    def flush(self):
+        pass
+
+    def medians_ms(self) -> dict[str, float]:
+        import statistics
+
+        return {k: round(1000 * statistics.median(r[k] for r in self.rows), 1)
+                for k in self.KEYS}
+
+
 def ours(model: str, samples: int, threads: int, all_metrics: bool, template: str | None,
-         updates: int) -> float:
-    """samples/s of trainer.loop.train (steps 2..N)."""
+         updates: int, decoder: str = "auto") -> tuple[float, dict[str, float]]:
+    """(samples/s of trainer.loop.train over steps 2..N, median step times in ms)."""
     from trainer.config import TrainConfig
     from trainer.loop import train
 
@@ -57,14 +79,17 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool, template: st
         prompt_template=template,
         skip_zero_advantage=template is None,  # see --few-shot in the docstring
         ppo_epochs=updates,
+        hf_decoder=decoder,
     )
     marks: list[tuple[float, int]] = []
+    times = _Times()
     with tempfile.TemporaryDirectory() as work:
         train(
-            cfg, None, Path(work), on_step=lambda p: marks.append((time.perf_counter(), p.samples))
+            cfg, times, Path(work),
+            on_step=lambda p: marks.append((time.perf_counter(), p.samples)),
         )
     (t0, s0), (t1, s1) = marks[0], marks[-1]
-    return round((s1 - s0) / (t1 - t0), 1)
+    return round((s1 - s0) / (t1 - t0), 1), times.medians_ms()
 
 
 TRL_SCRIPT = r"""
@@ -172,6 +197,8 @@ def main() -> None:
     ap.add_argument("--few-shot", action="store_true", help="Two worked examples per prompt.")
     ap.add_argument("--updates", type=int, choices=(1, 2), default=1,
                     help="Optimizer steps per rollout batch (ppo_epochs / num_iterations).")
+    ap.add_argument("--hf-decoder", choices=("auto", "generate"), default="auto",
+                    help="Our HF engine's sampler: its own decode loop, or transformers generate.")
     a = ap.parse_args()
     import statistics
 
@@ -185,14 +212,20 @@ def main() -> None:
     if template:
         print(f"prompts: few-shot template {template!r}")
     # alternate the two trainers, so a change in machine load hits both alike; report medians
-    mine, theirs = [], []
+    mine, theirs, breakdowns = [], [], []
     for _ in range(a.repeats):
-        mine.append(ours(model_dir, a.samples, a.threads, False, template, a.updates))
+        rate, step_ms = ours(model_dir, a.samples, a.threads, False, template, a.updates,
+                             a.hf_decoder)
+        mine.append(rate)
+        breakdowns.append(step_ms)
         t = trl(model_dir, a.samples, a.threads, a.trl_path, template, a.updates)
         if t is not None:
             theirs.append(t)
-    full = ours(model_dir, a.samples, a.threads, True, template, a.updates)
-    print(f"updates per batch: {a.updates}")
+    full, _ = ours(model_dir, a.samples, a.threads, True, template, a.updates, a.hf_decoder)
+    print(f"updates per batch: {a.updates}; our sampler: {a.hf_decoder}")
+    med = {k: statistics.median(b[k] for b in breakdowns) for k in breakdowns[0]}
+    print("our step (median ms over steps 2..N and runs): generation {time_gen_s}, reward "
+          "{time_reward_s}, update {time_update_s}".format(**med))
     m = statistics.median(mine)
     print(f"twoclocks GRPO (TRL's work: no KL-to-init metric): {m:8.1f} samples/s  runs {mine}")
     print(f"twoclocks GRPO (every metric, kl_init each step):  {full:8.1f} samples/s")
