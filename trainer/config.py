@@ -214,6 +214,14 @@ class TrainConfig(BaseModel):
         "equal rewards). Exact when kl_coef = 0: they add nothing to the gradient, and the "
         "loss normaliser still counts them. Ignored when kl_coef > 0.",
     )
+    scorer: Literal["auto", "hf"] = Field(
+        "auto",
+        description="The forward that scores completions (the update, the rollout's and the "
+        "reference's log-probs). auto: twoclocks' own forward for Qwen2/Llama models with "
+        "default RoPE (one call per micro-batch, prompts run once per group, fused "
+        "projections; equal to transformers' in float32), transformers' forward for anything "
+        "else; hf: always transformers' forward.",
+    )
 
     # --- sampling ----------------------------------------------------------------------------
     rollout_engine: Literal["hf", "vllm"] = Field(

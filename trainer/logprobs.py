@@ -83,11 +83,21 @@ def _shared_prompt_logits(model, ids, mask, pos, p: int):
     return torch.cat([first, tail], dim=1)
 
 
+def _is_scorer(model) -> bool:
+    from trainer.scorer import Scorer
+
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    return isinstance(inner, Scorer)
+
+
 def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, p: int) -> torch.Tensor:
     """Logits [n, C, V] predicting completion tokens ids[:, p:], prompts left-padded to `p`.
 
-    Position ids follow the attention mask, as in generation with left padding.
+    Position ids follow the attention mask, as in generation with left padding. A
+    `trainer.scorer.Scorer` (or DDP around one) computes them itself, in one call.
     """
+    if _is_scorer(model):
+        return model(ids, mask, p)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     if ids.shape[1] > p:
         logits = _shared_prompt_logits(model, ids, mask, pos, p)

@@ -30,6 +30,7 @@ from trainer.data import (
 )
 from trainer.dist import Dist, setup_dist
 from trainer.rng import private_torch_rng
+from trainer.scorer import make_scorer
 from trainer.update import (
     Diverged,
     UpdateStats,
@@ -255,6 +256,7 @@ class Run:
     owner: dict  # the checkpoint owner record
     tok: object
     model: torch.nn.Module  # the weights: checkpoints, the rollout engine, drift
+    scorer: torch.nn.Module  # the forward scoring completions (trainer.scorer), over `model`
     net: torch.nn.Module  # what backward runs through (accelerate's DDP when world > 1)
     ref: torch.nn.Module | None  # the frozen initial policy (KL terms), if any
     opt: torch.optim.Optimizer
@@ -342,13 +344,14 @@ def _set_up(cfg, writer, workdir, dist, owner, make_rollout) -> Run:
     if cfg.kl_coef > 0 or cfg.kl_init_every > 0:
         import copy
 
-        ref = copy.deepcopy(model).eval().requires_grad_(False)
-    net, opt = dist.prepare(model, make_optimizer(model, cfg))
+        ref = make_scorer(copy.deepcopy(model).eval().requires_grad_(False), cfg)
+    scorer = make_scorer(model, cfg)
+    net, opt = dist.prepare(scorer, make_optimizer(model, cfg))
     source, held = load_data(cfg)
     reward_fn = load_reward(cfg.reward)
     engine = (make_rollout or make_engine)(cfg, model, tok, model_path)  # unwrapped weights
-    return Run(cfg, dist, workdir, writer, owner, tok, model, net, ref, opt, engine, reward_fn,
-               source, held, data_rng, theta0)
+    return Run(cfg, dist, workdir, writer, owner, tok, model, scorer, net, ref, opt, engine,
+               reward_fn, source, held, data_rng, theta0)
 
 
 def _resume(run: Run, ckpt: Path | None) -> dict | None:
@@ -447,14 +450,14 @@ def _logprobs_before_update(run: Run, batch: Batch):
     cfg, roll = run.cfg, batch.roll
     rest = None
     if not on_policy(cfg):
-        batch.old_logp, batch.entropy = no_grad_logprobs(run.model, roll, cfg, with_entropy=True)
+        batch.old_logp, batch.entropy = no_grad_logprobs(run.scorer, roll, cfg, with_entropy=True)
     else:
         idx = (batch.adv == 0).nonzero().flatten()  # the rows the update leaves out
         if not skips_zero_advantage(cfg):
             idx = idx[:0]
         rest = (idx, None, None)
         if len(idx):
-            rest = (idx, *no_grad_logprobs(run.model, roll.select(idx), cfg, True))
+            rest = (idx, *no_grad_logprobs(run.scorer, roll.select(idx), cfg, True))
     if run.ref is not None and (batch.kl_due or cfg.kl_coef > 0):
         batch.ref_logp, _ = no_grad_logprobs(run.ref, roll, cfg, with_entropy=False)
     return rest

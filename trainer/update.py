@@ -19,7 +19,7 @@ from trainer import grpo, sampler
 from trainer import metrics as M
 from trainer.config import TrainConfig
 from trainer.dist import Dist
-from trainer.logprobs import completion_logprobs
+from trainer.logprobs import completion_logits, completion_logprobs
 
 
 class Diverged(Exception):
@@ -101,11 +101,11 @@ def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cf
 
 
 def _idle_backward(net, rollout) -> None:
-    """A zero-gradient forward/backward of one token, so a rank with nothing to train in the
+    """A zero-gradient forward/backward of one row, so a rank with nothing to train in the
     last micro-batch still joins DDP's all-reduce (every rank must run the synced backward)."""
     device = next(net.parameters()).device
-    ids = rollout.input_ids[:1, -1:].to(device)
-    out = net(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    ids, mask = rollout.input_ids[:1].to(device), rollout.attention_mask[:1].to(device)
+    out = completion_logits(net, ids, mask, rollout.prompt_len)
     (out.float().sum() * 0.0).backward()
 
 

@@ -113,6 +113,7 @@ STRICT_REJECTIONS = [
     ("arith_ops = []\n", ["arith_ops", "at least 1"]),
     ("tis_cap = 0\n", ["key 'tis_cap' = 0", "greater than 0"]),
     ('hf_decoder = "fast"\n', ["key 'hf_decoder' = 'fast'", "'auto'", "'generate'"]),
+    ('scorer = "own"\n', ["key 'scorer' = 'own'", "'auto'", "'hf'"]),
     ("x = " + "[" * 5000 + "]" * 5000 + "\n", ["nested too deeply"]),
 ]
 

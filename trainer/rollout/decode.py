@@ -9,8 +9,9 @@ RoPE, attention over the buffer, SwiGLU MLP). Its logits agree with the model's 
 float rounding (tests/unit/test_fast_decode.py); the trainer recomputes every log-prob with
 the model's forward anyway, and the per-token sampler log-probs it returns measure the gap.
 
-Only architectures whose forward this file reproduces are accepted (`unsupported` says why
-not); anything else goes through `generate`.
+The layer math is `trainer.decoder_math`'s (shared with the update's forward): only
+architectures it reproduces are accepted (`unsupported` says why not); anything else goes
+through `generate`.
 """
 
 from __future__ import annotations
@@ -18,71 +19,20 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
-# model types whose forward `FastDecoder.forward` reproduces (biases are read where present)
-ARCHITECTURES = ("qwen2", "llama")
-
-
-def _rope_config(config) -> tuple[str, float]:
-    """(rope type, theta) in either transformers layout (rope_parameters, or rope_scaling +
-    rope_theta before v5)."""
-    params = getattr(config, "rope_parameters", None) or {}
-    scaling = getattr(config, "rope_scaling", None) or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    return kind, float(theta)
-
-
-def unsupported(model) -> str | None:
-    """Why this loop cannot reproduce `model`'s forward (None when it can)."""
-    config = getattr(model, "config", None)
-    kind = getattr(config, "model_type", None)
-    if kind not in ARCHITECTURES:
-        return f"model_type {kind!r} (the loop knows {', '.join(ARCHITECTURES)})"
-    rope, _ = _rope_config(config)
-    if rope != "default":
-        return f"rope_type {rope!r} (the loop knows 'default')"
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        return "sliding-window attention"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r}"
-    if not hasattr(model, "lm_head") or not hasattr(getattr(model, "model", None), "layers"):
-        return "no lm_head / model.layers"
-    return None
+from trainer.decoder_math import ARCHITECTURES, Layers, unsupported  # noqa: F401 (re-exported)
 
 
 class FastDecoder:
     """Samples completions with `model`'s decoder; weights are read at every call."""
 
     def __init__(self, model):
-        c = model.config
         self.model = model
-        self.heads = c.num_attention_heads
-        self.kv_heads = getattr(c, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // self.heads
-        self.eps = c.rms_norm_eps
-        _, theta = _rope_config(c)
-        half = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
-        self.inv_freq = 1.0 / (theta**half)
+        self.layers = Layers(model)
+        d = self.layers.dims
+        self.heads, self.kv_heads, self.head_dim = d.heads, d.kv_heads, d.head_dim
 
     # --- the decoder -------------------------------------------------------------------------
-    def _rms(self, x, weight):
-        dtype = x.dtype
-        x = x.float()
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
-
-    def _rope(self, pos, dtype):
-        """cos, sin [N, 1, T, head_dim] for positions `pos` [N, T] (rotate-half layout)."""
-        freqs = pos.float()[..., None] * self.inv_freq.to(pos.device)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-    @staticmethod
-    def _rotate(x, cos, sin):
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
     def _attend(self, q, k, v, bias):
         """Attention of q [N, H, T, d] over k, v [N, KV, L, d] with additive `bias`
         [N, 1, T, L]; query heads grouped over their key/value head (GQA)."""
@@ -96,28 +46,21 @@ class FastDecoder:
     def forward(self, ids, pos, keys, values, start: int, bias):
         """Logits [N, V] of the last of tokens `ids` [N, T] at positions `pos`, writing their
         keys/values into the buffers at [start, start+T) and attending over [0, start+T)."""
-        m = self.model
+        L = self.layers
         n, t = ids.shape
         end = start + t
-        x = F.embedding(ids, m.model.embed_tokens.weight)
-        cos, sin = self._rope(pos, x.dtype)
-        for i, layer in enumerate(m.model.layers):
-            a = layer.self_attn
-            h = self._rms(x, layer.input_layernorm.weight)
-            q = F.linear(h, a.q_proj.weight, a.q_proj.bias).view(n, t, self.heads, -1)
-            k = F.linear(h, a.k_proj.weight, a.k_proj.bias).view(n, t, self.kv_heads, -1)
-            v = F.linear(h, a.v_proj.weight, a.v_proj.bias).view(n, t, self.kv_heads, -1)
-            q = self._rotate(q.transpose(1, 2), cos, sin)
-            keys[i][:, :, start:end] = self._rotate(k.transpose(1, 2), cos, sin)
-            values[i][:, :, start:end] = v.transpose(1, 2)
-            o = self._attend(q, keys[i][:, :, :end], values[i][:, :, :end], bias)
-            x = x + F.linear(o.transpose(1, 2).reshape(n, t, -1), a.o_proj.weight, a.o_proj.bias)
-            mlp = layer.mlp
-            h = self._rms(x, layer.post_attention_layernorm.weight)
-            gate = F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight)
-            x = x + F.linear(gate, mlp.down_proj.weight)
-        last = self._rms(x[:, -1], m.model.norm.weight)
-        return F.linear(last, m.lm_head.weight, getattr(m.lm_head, "bias", None))
+        x = L.embed(ids.reshape(-1))
+        cos, sin = L.dims.rope(pos.reshape(-1), x.dtype)
+
+        def attend(i, q, k, v):
+            keys[i][:, :, start:end] = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
+            values[i][:, :, start:end] = v.view(n, t, self.kv_heads, -1).transpose(1, 2)
+            o = self._attend(q.view(n, t, self.heads, -1).transpose(1, 2),
+                             keys[i][:, :, :end], values[i][:, :, :end], bias)
+            return o.transpose(1, 2).reshape(n * t, -1)
+
+        x = L.run(x, cos, sin, attend)
+        return L.logits(x.view(n, t, -1)[:, -1])
 
     # --- sampling ------------------------------------------------------------------------------
     def sample(self, u_ids, u_mask, inverse, max_new_tokens: int, temperature: float,

@@ -1,0 +1,165 @@
+"""twoclocks' own forward for the update (trainer/scorer.py) against transformers' forward.
+
+Truth: `completion_logits` through the transformers model itself (its cache path sharing each
+prompt, and a plain full-row forward), on the same weights and rows — logits at every
+completion position and the gradient they send back to every parameter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.training import Collect, load_tiny
+from trainer.config import TrainConfig
+from trainer.logprobs import completion_logits
+from trainer.rollout.hf import HFEngine
+from trainer.scorer import Scorer, make_scorer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tiny()
+
+
+def _rollout(tiny, group: int, n: int, seed: int, new_tokens: int = 11):
+    """A real sampled batch: n problems (prompts of several lengths, left-padded) x group."""
+    from trainer.data import ArithmeticTask, render_prompt
+
+    path, tok, model = tiny
+    problems = ArithmeticTask().sample(np.random.default_rng(seed), n)
+    prompts = [render_prompt(p, tok) for p in problems for _ in range(group)]
+    engine = HFEngine(TrainConfig(model=str(path), max_new_tokens=new_tokens), model, tok)
+    torch.manual_seed(seed)
+    return engine.generate(prompts)
+
+
+def _full_row_logits(model, ids, mask, p):
+    """transformers' forward over every whole row, nothing shared."""
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, p - 1 : -1]
+
+
+def _loss(logits, ids, cmask, p, weights):
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, p:, None]).squeeze(-1)
+    return (logp * cmask * weights).sum()
+
+
+def _grads(model, fn):
+    model.zero_grad(set_to_none=True)
+    fn().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("group", [4, 1])
+def test_logits_and_gradients_equal_transformers(tiny, group):
+    """Groups sharing a prompt (4) and all-distinct prompts (1); every completion position,
+    padding after EOS included, and every parameter's gradient."""
+    _, _, model = tiny
+    roll = _rollout(tiny, group, 12 if group > 1 else 24, seed=3)
+    ids, mask, p = roll.input_ids, roll.attention_mask, roll.prompt_len
+    assert roll.attention_mask[:, :p].eq(0).any()  # prompts of different lengths
+    assert roll.completion_mask.eq(0).any()  # some completions ended early
+    scorer = Scorer(model)
+    with torch.no_grad():
+        ours = scorer(ids, mask, p)
+        shared = completion_logits(model, ids, mask, p)
+        full = _full_row_logits(model, ids, mask, p)
+    assert ours.shape == full.shape
+    valid = roll.completion_mask.bool()
+    assert torch.allclose(ours[valid], full[valid], atol=1e-5)
+    assert torch.allclose(ours, shared, atol=1e-5)  # the padding positions too
+    w = torch.randn(roll.completion_mask.shape, generator=torch.Generator().manual_seed(0))
+    cm = roll.completion_mask.float()
+    g_ours = _grads(model, lambda: _loss(scorer(ids, mask, p), ids, cm, p, w))
+    g_hf = _grads(model, lambda: _loss(_full_row_logits(model, ids, mask, p), ids, cm, p, w))
+    model.zero_grad(set_to_none=True)
+    for name, g in g_hf.items():  # float rounding: ~1e-6 of the largest entry (sums of ~1e3)
+        assert float((g_ours[name] - g).abs().max()) <= 1e-5 * float(g.abs().max()), name
+    assert max(float(g.abs().max()) for g in g_hf.values()) > 1e-2  # not a zero gradient
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_one_and_two_completion_tokens(tiny, width):
+    """C = 1 (only the prompt's last position predicts) and C = 2 (one completion input)."""
+    _, _, model = tiny
+    roll = _rollout(tiny, 3, 5, seed=5)
+    p = roll.prompt_len
+    ids, mask = roll.input_ids[:, : p + width], roll.attention_mask[:, : p + width]
+    with torch.no_grad():
+        ours = Scorer(model)(ids, mask, p)
+        full = _full_row_logits(model, ids, mask, p)
+    assert ours.shape == full.shape == (15, width, model.config.vocab_size)
+    assert torch.allclose(ours, full, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2-gqa", "llama-biases"])
+def test_other_shapes_equal_transformers(arch):
+    """Grouped key/value heads (Qwen2) and Llama with attention and MLP biases, random
+    weights, rows sharing prompts of different lengths."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    kw = dict(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if arch == "qwen2-gqa":
+        config = Qwen2Config(**kw)
+    else:
+        config = LlamaConfig(**kw, attention_bias=True, mlp_bias=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    if arch == "llama-biases":
+        for m in model.modules():  # transformers initialises biases to 0: make them count
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                torch.nn.init.normal_(m.bias, std=0.5)
+    prompts = torch.randint(3, 50, (3, 5))
+    pmask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    rows = torch.tensor([0, 0, 1, 2, 2, 2])
+    comp = torch.randint(3, 50, (6, 4))
+    cmask = torch.ones(6, 4, dtype=torch.long)
+    cmask[1, 2:] = 0
+    ids, mask = torch.cat([prompts[rows], comp], 1), torch.cat([pmask[rows], cmask], 1)
+    with torch.no_grad():
+        ours = Scorer(model)(ids, mask, 5)
+        full = _full_row_logits(model, ids, mask, 5)
+    valid = cmask.bool()
+    assert torch.allclose(ours[valid], full[valid], atol=1e-5)
+
+
+def test_scorer_choice(tiny):
+    """auto: our forward for the tiny Qwen2 model; hf: the model itself; an architecture we
+    do not reproduce is refused by Scorer and falls back to the model under auto."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    path, _, model = tiny
+    assert isinstance(make_scorer(model, TrainConfig(model=str(path))), Scorer)
+    assert make_scorer(model, TrainConfig(model=str(path), scorer="hf")) is model
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2,
+                                                       vocab_size=40))
+    assert make_scorer(gpt2, TrainConfig(model=str(path))) is gpt2
+    with pytest.raises(ValueError, match="gpt2"):
+        Scorer(gpt2)
+
+
+def test_training_with_either_forward_is_the_same(tmp_path, tiny):
+    """Three steps of train() with scorer auto and hf: the same losses, gradient norms and
+    rewards to float rounding (the same samples, the same updates)."""
+    from trainer.loop import train
+
+    path = tiny[0]
+    rows = {}
+    for scorer in ("auto", "hf"):
+        cfg = TrainConfig(model=str(path), prompts_per_batch=8, group_size=4, max_new_tokens=12,
+                          lr=5e-4, sample_budget=96, eval_every_samples=0,
+                          checkpoint_every_steps=0, seed=1, scorer=scorer, ppo_epochs=2)
+        sink = Collect()
+        assert train(cfg, sink, tmp_path / scorer) == "completed"
+        rows[scorer] = sink.rows
+    assert sorted(rows["auto"]) == [1, 2, 3]
+    for step in (1, 2, 3):
+        a, b = rows["auto"][step], rows["hf"][step]
+        assert a["reward_mean"] == b["reward_mean"]
+        for key in ("loss", "grad_norm", "entropy", "kl_init"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (step, key)
+    assert rows["auto"][3]["kl_init"] > 1e-3  # the policy moved
+    assert all(rows["auto"][s]["reward_mean"] > 0 for s in (1, 2, 3))  # and had signal

@@ -1,0 +1,112 @@
+"""The update's forward for Qwen2/Llama models: logits of the completion tokens, in one call.
+
+`Scorer` wraps the HF model (its parameters are the model's) and computes what
+`trainer.logprobs.completion_logits` computes through transformers — each distinct prompt run
+once, its keys/values shared by the G completions of its group — with the layer math of
+`trainer.decoder_math`: the distinct prompts' tokens and every completion token go through each
+layer's projections and MLP as one block of rows, and only the attention is split (prompt rows
+attend causally within their prompt; completion rows over their prompt's keys and causally
+over their own). No cache object, no mask builder, no per-layer module dispatch, fused q/k/v
+and gate/up projections. Being one module call, it is also what DDP wraps (one forward per
+backward on every rank).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from trainer.decoder_math import Layers, unsupported
+
+
+def _bias(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """0 where attention is allowed, -inf elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, -math.inf
+    )
+
+
+def _repeat(kv: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value heads [N, KV, L, d] repeated to the query heads (grouped-query attention)."""
+    g = heads // kv.shape[1]
+    return kv if g == 1 else kv.repeat_interleave(g, dim=1)
+
+
+class Scorer(torch.nn.Module):
+    """Completion logits of `lm` (a Qwen2/Llama causal LM) by twoclocks' own forward."""
+
+    def __init__(self, lm):
+        super().__init__()
+        why = unsupported(lm)
+        if why is not None:
+            raise ValueError(f"twoclocks' own forward cannot run this model: {why}")
+        self.lm = lm
+        self._layers = Layers(lm)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, p: int) -> torch.Tensor:
+        """Logits [N, C, V] predicting ids[:, p:] (prompts left-padded to `p`, completions
+        right-padded); positions follow the attention mask, as in generation."""
+        n, c = ids.shape[0], ids.shape[1] - p
+        L, dims = self._layers, self._layers.dims
+        prompts = torch.cat([ids[:, :p], mask[:, :p]], dim=1)
+        unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+        u_ids, u_mask, u = unique[:, :p], unique[:, p:], len(unique)
+        c_ids = ids[:, p:-1] if c > 1 else ids[:, :0]  # the inputs after each prompt's last
+        c1 = c_ids.shape[1]
+        u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
+        c_pos = u_pos[inverse, -1:] + mask[:, p : p + c1].cumsum(-1)
+        x = L.embed(torch.cat([u_ids.reshape(-1), c_ids.reshape(-1)]))
+        cos, sin = dims.rope(torch.cat([u_pos.reshape(-1), c_pos.reshape(-1)]), x.dtype)
+        u_bias, c_bias = self._biases(u_mask, mask[:, p : p + c1], inverse, x.dtype)
+        nu = u * p
+
+        def attend(_i, q, k, v):
+            h, kv, d = dims.heads, dims.kv_heads, dims.head_dim
+
+            def heads_first(t, rows, length, nh):
+                return t.reshape(rows, length, nh, d).transpose(1, 2)
+
+            qu, ku, vu = (heads_first(t[:nu], u, p, nh) for t, nh in ((q, h), (k, kv), (v, kv)))
+            out = F.scaled_dot_product_attention(qu, _repeat(ku, h), _repeat(vu, h),
+                                                 attn_mask=u_bias)
+            out = [out.transpose(1, 2).reshape(nu, h * d)]
+            if c1:
+                qc, kc, vc = (heads_first(t[nu:], n, c1, nh)
+                              for t, nh in ((q, h), (k, kv), (v, kv)))
+                keys = torch.cat([ku[inverse], kc], dim=2)
+                values = torch.cat([vu[inverse], vc], dim=2)
+                oc = F.scaled_dot_product_attention(qc, _repeat(keys, h), _repeat(values, h),
+                                                    attn_mask=c_bias)
+                out.append(oc.transpose(1, 2).reshape(n * c1, h * d))
+            return torch.cat(out) if len(out) > 1 else out[0]
+
+        x = L.run(x, cos, sin, attend)
+        last = x[:nu].reshape(u, p, -1)[:, -1]  # each prompt's last token: the first prediction
+        logits = L.logits(torch.cat([last, x[nu:]]))
+        first = logits[:u][inverse].unsqueeze(1)
+        return torch.cat([first, logits[u:].reshape(n, c1, -1)], dim=1) if c1 else first
+
+    @staticmethod
+    def _biases(u_mask, c_mask, inverse, dtype):
+        """Additive attention masks: [U, 1, P, P] causal over each distinct prompt's real tokens
+        (a padding query sees itself, so no row is all -inf), and [N, 1, C', P + C'] for the
+        completion rows (their prompt's real tokens, then causal over their own real ones)."""
+        p, c1 = u_mask.shape[1], c_mask.shape[1]
+        dev = u_mask.device
+        causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
+        eye = torch.eye(p, dtype=torch.bool, device=dev)
+        u_bias = _bias((causal[None] & u_mask.bool()[:, None, :]) | eye[None], dtype)[:, None]
+        own = torch.ones(c1, c1, dtype=torch.bool, device=dev).tril()[None] & c_mask.bool()[:, None]
+        n = len(inverse)
+        allowed = torch.cat([u_mask.bool()[inverse][:, None, :].expand(n, c1, p), own], dim=-1)
+        return u_bias, _bias(allowed, dtype)[:, None]
+
+
+def make_scorer(model, cfg):
+    """`Scorer(model)` when `cfg.scorer` is "auto" and the model's architecture is supported,
+    else the model itself (the transformers forward)."""
+    if getattr(cfg, "scorer", "auto") == "auto" and unsupported(model) is None:
+        return Scorer(model)
+    return model
