@@ -5,9 +5,10 @@ A layer is split around attention into two blocks over token rows [T, D] (any ba
 `pre_attention` (RMSNorm, one fused q/k/v projection, RoPE) and `post_attention` (output
 projection, residual, RMSNorm, one fused gate/up projection, SwiGLU, down projection,
 residual). Attention itself, which depends on who may see whom, stays with the caller. They
-reproduce transformers' forward of the same weights exactly in float32
-(tests/unit/test_scorer.py). (torch.compile of the two blocks was measured slower than eager
-on 2 CPU cores here: inductor's kernels for dynamic row counts lost to ATen's.)
+reproduce transformers' forward of the same weights to float rounding
+(tests/unit/test_scorer.py, tests/unit/test_fast_decode.py). torch.compile of the two blocks
+was measured slower than eager on 2 CPU cores here: inductor's kernels for dynamic row counts
+lost to ATen's.
 """
 
 from __future__ import annotations
@@ -68,12 +69,26 @@ class Dims:
         return cls(heads, getattr(config, "num_key_value_heads", None) or heads, head_dim,
                    config.rms_norm_eps, 1.0 / (theta**half))
 
-    def rope(self, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [..., 1, head_dim] for positions `pos` [...] (rotate-half layout, computed
-        in float32 and cast, as transformers does), broadcasting over the heads axis."""
+    def rope(self, pos: torch.Tensor, dtype, interleaved: bool):
+        """The rotation for positions `pos` [...], broadcasting over a heads axis: unit complex
+        numbers [..., 1, head_dim / 2] for `interleaved` rows (pairs (2i, 2i+1) rotate
+        together), else cos, sin [..., 1, head_dim] of the rotate-half layout; angles in
+        float32, as transformers computes them."""
         freqs = pos.float()[..., None] * self.inv_freq.to(pos.device)
+        if interleaved:
+            return torch.complex(freqs.cos(), freqs.sin()).unsqueeze(-2)
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype).unsqueeze(-2), emb.sin().to(dtype).unsqueeze(-2)
+
+    def qk_interleave(self) -> torch.Tensor:
+        """Row order of the fused q/k/v weight that puts each q and k head's rotate-half pairs
+        (i, i + d/2) next to each other; v rows stay. Attention scores are sums over a head's
+        dims, so q and k permuted alike give the same scores."""
+        d = self.head_dim
+        pairs = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], 1).flatten()
+        qk = (torch.arange(self.heads + self.kv_heads)[:, None] * d + pairs).flatten()
+        v0 = (self.heads + self.kv_heads) * d
+        return torch.cat([qk, torch.arange(v0, v0 + self.kv_heads * d)])
 
 
 def _cat_bias(mods) -> torch.Tensor | None:
@@ -97,14 +112,20 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def pre_attention(x, norm_w, w, b, cos, sin, eps: float, heads: int, kv_heads: int):
-    """q [T, H, d], k, v [T, KV, d] of token rows x [T, D], q and k rotated by cos/sin [T, 1, d]."""
+def pre_attention(x, norm_w, w, b, rope, eps: float, heads: int, kv_heads: int):
+    """q [T, H, d], k, v [T, KV, d] of token rows x [T, D], q and k rotated by `rope` (one
+    complex multiply of interleaved rows, or cos/sin of rotate-half rows; see Dims.rope)."""
     h = rms_norm(x, norm_w, eps)
     d = w.shape[0] // (heads + 2 * kv_heads)
-    q, k, v = F.linear(h, w, b).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
-    q = rotate(q.unflatten(-1, (heads, d)), cos, sin)
-    k = rotate(k.unflatten(-1, (kv_heads, d)), cos, sin)
-    return q, k, v.unflatten(-1, (kv_heads, d))
+    qk, v = F.linear(h, w, b).split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
+    v = v.unflatten(-1, (kv_heads, d))
+    if isinstance(rope, torch.Tensor):
+        qk = torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (-1, d // 2, 2))) * rope)
+        q, k = qk.flatten(-2).split([heads, kv_heads], dim=1)
+        return q, k, v
+    cos, sin = rope
+    q, k = qk.unflatten(-1, (-1, d)).split([heads, kv_heads], dim=1)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
 
 
 def post_attention(x, o, o_w, o_b, norm_w, gu_w, gu_b, down_w, down_b, eps: float):
@@ -115,31 +136,58 @@ def post_attention(x, o, o_w, o_b, norm_w, gu_w, gu_b, down_w, down_b, eps: floa
 
 
 class Layers:
-    """Runs `model`'s decoder layers block by block; attention is the caller's `attend`."""
+    """Runs `model`'s decoder layers block by block; attention is the caller's `attend`.
+
+    In float32/float64 q and k come out in the interleaved layout (`Dims.qk_interleave`) and
+    RoPE is one complex multiply; other dtypes (no complex bfloat16) keep rotate-half. Either
+    way q and k share a layout, which is all attention needs; keys cached by the caller are in
+    it too.
+    """
 
     def __init__(self, model):
         self.model = model
         self.dims = Dims.of(model.config)
+        self.interleaved = model.model.embed_tokens.weight.dtype in (torch.float32, torch.float64)
+        self._perm = self.dims.qk_interleave() if self.interleaved else None
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.model.model.embed_tokens.weight)
 
-    def run(self, x, cos, sin, attend):
-        """Rows x [T, D] through every layer; `attend(i, q, k, v)` returns layer i's attention
-        output [T, H*d] from its rows' q [T, H, d], k, v [T, KV, d]."""
-        dims = self.dims
-        for i, layer in enumerate(self.model.model.layers):
+    def rope(self, pos: torch.Tensor, dtype):
+        """The rotation of positions `pos` [T] in this model's q/k layout."""
+        return self.dims.rope(pos, dtype, self.interleaved)
+
+    def fused(self) -> list[tuple]:
+        """Per layer, (q/k/v weight, its bias, gate/up weight, its bias): the projections run
+        as one matrix each, q/k rows in this model's layout. Differentiable; a caller running
+        many forwards on fixed weights (decoding) computes them once."""
+        out = []
+        for layer in self.model.model.layers:
             a, mlp = layer.self_attn, layer.mlp
-            qkv = (a.q_proj, a.k_proj, a.v_proj)
-            q, k, v = pre_attention(
-                x, layer.input_layernorm.weight, torch.cat([m.weight for m in qkv]),
-                _cat_bias(qkv), cos, sin, dims.eps, dims.heads, dims.kv_heads,
-            )
-            gu = (mlp.gate_proj, mlp.up_proj)
+            qkv, gu = (a.q_proj, a.k_proj, a.v_proj), (mlp.gate_proj, mlp.up_proj)
+            w, b = torch.cat([m.weight for m in qkv]), _cat_bias(qkv)
+            if self._perm is not None:
+                perm = self._perm.to(w.device)
+                w = w.index_select(0, perm)
+                b = None if b is None else b.index_select(0, perm)
+            out.append((w, b, torch.cat([m.weight for m in gu]), _cat_bias(gu)))
+        return out
+
+    def run(self, x, rope, attend, fused: list[tuple] | None = None):
+        """Rows x [T, D] through every layer; `attend(i, q, k, v)` returns layer i's attention
+        output [T, H*d] from its rows' q [T, H, d], k, v [T, KV, d]. `fused`: `self.fused()`
+        computed beforehand (else now)."""
+        dims = self.dims
+        for i, (layer, (w, b, gu_w, gu_b)) in enumerate(
+            zip(self.model.model.layers, fused or self.fused(), strict=True)
+        ):
+            a, mlp = layer.self_attn, layer.mlp
+            q, k, v = pre_attention(x, layer.input_layernorm.weight, w, b, rope, dims.eps,
+                                    dims.heads, dims.kv_heads)
             x = post_attention(
                 x, attend(i, q, k, v), a.o_proj.weight, a.o_proj.bias,
-                layer.post_attention_layernorm.weight, torch.cat([m.weight for m in gu]),
-                _cat_bias(gu), mlp.down_proj.weight, mlp.down_proj.bias, dims.eps,
+                layer.post_attention_layernorm.weight, gu_w, gu_b, mlp.down_proj.weight,
+                mlp.down_proj.bias, dims.eps,
             )
         return x
 

@@ -28,6 +28,20 @@ def _bias(allowed: torch.Tensor, dtype) -> torch.Tensor:
     )
 
 
+def _heads_first(t: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+    """Token rows [rows * length, heads, d] as [rows, heads, length, d]."""
+    return t.reshape(rows, length, *t.shape[1:]).transpose(1, 2)
+
+
+def _attention(q, k, v, shape, bias, heads: int) -> torch.Tensor:
+    """Self-attention of token rows q [R*L, H, d], k, v [R*L, KV, d] within each of R rows of
+    length L (`shape`), additive `bias` [R, 1, L, L]; output [R, L, H, d]."""
+    rows, length = shape
+    q, k, v = (_heads_first(t, rows, length) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, _repeat(k, heads), _repeat(v, heads), attn_mask=bias)
+    return out.transpose(1, 2)
+
+
 def _repeat(kv: torch.Tensor, heads: int) -> torch.Tensor:
     """Key/value heads [N, KV, L, d] repeated to the query heads (grouped-query attention)."""
     g = heads // kv.shape[1]
@@ -58,35 +72,30 @@ class Scorer(torch.nn.Module):
         u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
         c_pos = u_pos[inverse, -1:] + mask[:, p : p + c1].cumsum(-1)
         x = L.embed(torch.cat([u_ids.reshape(-1), c_ids.reshape(-1)]))
-        cos, sin = dims.rope(torch.cat([u_pos.reshape(-1), c_pos.reshape(-1)]), x.dtype)
+        rope = L.rope(torch.cat([u_pos.reshape(-1), c_pos.reshape(-1)]), x.dtype)
         u_bias, c_bias = self._biases(u_mask, mask[:, p : p + c1], inverse, x.dtype)
         nu = u * p
 
         def attend(_i, q, k, v):
-            h, kv, d = dims.heads, dims.kv_heads, dims.head_dim
+            h, d = dims.heads, dims.head_dim
+            if not c1:
+                return _attention(q, k, v, (u, p), u_bias, h).reshape(nu, h * d)
+            (qu, qc), (ku, kc), (vu, vc) = (t.split([nu, n * c1]) for t in (q, k, v))
+            ou = _attention(qu, ku, vu, (u, p), u_bias, h)
+            keys = torch.cat([_heads_first(ku, u, p).index_select(0, inverse),
+                              _heads_first(kc, n, c1)], dim=2)
+            values = torch.cat([_heads_first(vu, u, p).index_select(0, inverse),
+                                _heads_first(vc, n, c1)], dim=2)
+            oc = F.scaled_dot_product_attention(_heads_first(qc, n, c1), _repeat(keys, h),
+                                                _repeat(values, h), attn_mask=c_bias)
+            return torch.cat([ou.reshape(nu, h * d), oc.transpose(1, 2).reshape(n * c1, h * d)])
 
-            def heads_first(t, rows, length, nh):
-                return t.reshape(rows, length, nh, d).transpose(1, 2)
-
-            qu, ku, vu = (heads_first(t[:nu], u, p, nh) for t, nh in ((q, h), (k, kv), (v, kv)))
-            out = F.scaled_dot_product_attention(qu, _repeat(ku, h), _repeat(vu, h),
-                                                 attn_mask=u_bias)
-            out = [out.transpose(1, 2).reshape(nu, h * d)]
-            if c1:
-                qc, kc, vc = (heads_first(t[nu:], n, c1, nh)
-                              for t, nh in ((q, h), (k, kv), (v, kv)))
-                keys = torch.cat([ku[inverse], kc], dim=2)
-                values = torch.cat([vu[inverse], vc], dim=2)
-                oc = F.scaled_dot_product_attention(qc, _repeat(keys, h), _repeat(values, h),
-                                                    attn_mask=c_bias)
-                out.append(oc.transpose(1, 2).reshape(n * c1, h * d))
-            return torch.cat(out) if len(out) > 1 else out[0]
-
-        x = L.run(x, cos, sin, attend)
-        last = x[:nu].reshape(u, p, -1)[:, -1]  # each prompt's last token: the first prediction
-        logits = L.logits(torch.cat([last, x[nu:]]))
-        first = logits[:u][inverse].unsqueeze(1)
-        return torch.cat([first, logits[u:].reshape(n, c1, -1)], dim=1) if c1 else first
+        x = L.run(x, rope, attend)
+        xu, xc = x.split([nu, n * c1])
+        last = xu.reshape(u, p, -1)[:, -1]  # each prompt's last token: the first prediction
+        first, rest = L.logits(torch.cat([last, xc])).split([u, n * c1])
+        first = first.index_select(0, inverse).unsqueeze(1)
+        return torch.cat([first, rest.reshape(n, c1, -1)], dim=1) if c1 else first
 
     @staticmethod
     def _biases(u_mask, c_mask, inverse, dtype):

@@ -43,14 +43,15 @@ class FastDecoder:
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         return (probs @ v.unsqueeze(2)).reshape(n, h, t, d)
 
-    def forward(self, ids, pos, keys, values, start: int, bias):
+    def forward(self, ids, pos, keys, values, start: int, bias, fused=None):
         """Logits [N, V] of the last of tokens `ids` [N, T] at positions `pos`, writing their
-        keys/values into the buffers at [start, start+T) and attending over [0, start+T)."""
+        keys/values into the buffers at [start, start+T) and attending over [0, start+T).
+        `fused`: the layers' fused projections (`Layers.fused`), computed once per sample."""
         L = self.layers
         n, t = ids.shape
         end = start + t
         x = L.embed(ids.reshape(-1))
-        cos, sin = L.dims.rope(pos.reshape(-1), x.dtype)
+        rope = L.rope(pos.reshape(-1), x.dtype)
 
         def attend(i, q, k, v):
             keys[i][:, :, start:end] = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
@@ -59,7 +60,7 @@ class FastDecoder:
                              keys[i][:, :, :end], values[i][:, :, :end], bias)
             return o.transpose(1, 2).reshape(n * t, -1)
 
-        x = L.run(x, cos, sin, attend)
+        x = L.run(x, rope, attend, fused)
         return L.logits(x.view(n, t, -1)[:, -1])
 
     # --- sampling ------------------------------------------------------------------------------
@@ -81,7 +82,9 @@ class FastDecoder:
                   for _ in self.model.model.layers]
         u_values = [torch.zeros_like(b) for b in u_keys]
         u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.forward(u_ids, u_pos, u_keys, u_values, 0, _prefill_bias(u_mask))[inverse]
+        fused = self.layers.fused()  # the weights stay fixed while sampling
+        logits = self.forward(u_ids, u_pos, u_keys, u_values, 0, _prefill_bias(u_mask),
+                              fused)[inverse]
         keys = [torch.zeros(n, self.kv_heads, width, self.head_dim, dtype=dtype, device=dev)
                 for _ in u_keys]
         values = [torch.zeros_like(b) for b in keys]
@@ -103,7 +106,7 @@ class FastDecoder:
             key_ok[:, p + step] = True
             pos = pos + 1
             bias = _bias(key_ok[:, : p + step + 1])[:, None, None, :]
-            logits = self.forward(token[:, None], pos, keys, values, p + step, bias)
+            logits = self.forward(token[:, None], pos, keys, values, p + step, bias, fused)
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
 
 
