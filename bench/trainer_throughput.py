@@ -1,7 +1,9 @@
 """Trainer throughput: samples/s of twoclocks' GRPO loop vs TRL's GRPOTrainer, same run, same setup.
 
 Both train `builtin:tiny-arith` on the synthetic task with G=8, 16 prompts per batch (128
-samples), 12 new tokens, fp32, lr 1e-4, token-mean loss, the same reward (strict format policy +
+samples, all in one forward/backward: our micro_batch_size = TRL's per_device_train_batch_size
+= 128, except that our first pass of a batch is split in two for its gradient-noise terms), 12
+new tokens, fp32, lr 1e-4, token-mean loss, the same reward (strict format policy +
 math-verify pool), no KL, no eval, no gradient checkpointing, for ~2k samples, and one update per
 batch or, with `--updates 2`, two (our ppo_epochs = 2; TRL's num_iterations = 2, which reuses
 each generation for two optimizer steps). Throughput is generated samples per second over the
@@ -80,6 +82,7 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool, template: st
         skip_zero_advantage=template is None,  # see --few-shot in the docstring
         ppo_epochs=updates,
         hf_decoder=decoder,
+        micro_batch_size=P * G,  # TRL's per_device_train_batch_size: the whole batch per pass
     )
     marks: list[tuple[float, int]] = []
     times = _Times()
