@@ -179,3 +179,25 @@ def test_training_with_either_forward_is_the_same(tmp_path, tiny):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (step, key)
     assert rows["auto"][3]["kl_init"] > 1e-3  # the policy moved
     assert all(rows["auto"][s]["reward_mean"] > 0 for s in (1, 2, 3))  # and had signal
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_as_close_to_float32_as_transformers(tiny, dtype):
+    """In bf16/fp16 (rotate-half RoPE: no complex half type), ours and transformers' forward
+    of the same cast weights both round; ours stays about as close to the float32 logits."""
+    import copy
+
+    _, _, model = tiny
+    roll = _rollout(tiny, 4, 12, seed=3)
+    ids, mask, p = roll.input_ids, roll.attention_mask, roll.prompt_len
+    valid = roll.completion_mask.bool()
+    half = copy.deepcopy(model).to(dtype)
+    with torch.no_grad():
+        truth = _full_row_logits(model, ids, mask, p)
+        ours = Scorer(half)(ids, mask, p)
+        theirs = _full_row_logits(half, ids, mask, p).float()
+    assert ours.dtype == dtype  # it really ran in half precision
+    ours = ours.float()
+    gap_ours = float((ours - truth)[valid].abs().max())
+    gap_theirs = float((theirs - truth)[valid].abs().max())
+    assert gap_ours <= 2 * gap_theirs  # measured: bf16 0.23 vs 0.19, fp16 0.013 vs 0.016
