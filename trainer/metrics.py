@@ -40,12 +40,13 @@ def drift(model, theta0: torch.Tensor) -> tuple[float, float]:
 
 
 def grad_sq_norm(model) -> float:
-    """Squared L2 norm of the accumulated gradient (missing grads count as zero)."""
-    total = 0.0
-    for p in model.parameters():
-        if p.grad is not None:
-            total += float(p.grad.detach().float().pow(2).sum())
-    return total
+    """Squared L2 norm of the accumulated gradient (missing grads count as zero): one fused
+    pass over every gradient (torch's clip_grad_norm_ kernel), each norm in float32."""
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    return float(torch.stack(norms).double().pow(2).sum())
 
 
 def gradient_noise_scale(sq_micro: float, b: float, sq_full: float, big: float) -> float:

@@ -33,25 +33,44 @@ class FastDecoder:
         self.heads, self.kv_heads, self.head_dim = d.heads, d.kv_heads, d.head_dim
 
     # --- the decoder -------------------------------------------------------------------------
+    def fused(self) -> list[tuple]:
+        """The layers' fused projections (`Layers.fused`) with the q rows (the first H*d, in
+        either layout) scaled by 1/sqrt(d): RoPE is linear, so attention scores come out
+        already scaled. Computed once per sample; the weights stay fixed while sampling."""
+        q_rows, scale = self.heads * self.head_dim, self.head_dim**-0.5
+        out = []
+        for w, b, gu_w, gu_b in self.layers.fused():
+            w = w.clone()
+            w[:q_rows] *= scale
+            if b is not None:
+                b = b.clone()
+                b[:q_rows] *= scale
+            out.append((w, b, gu_w, gu_b))
+        return out
+
     def _attend(self, q, k, v, bias):
-        """Attention of q [N, H, T, d] over k, v [N, KV, L, d] with additive `bias`
-        [N, 1, T, L]; query heads grouped over their key/value head (GQA)."""
+        """Attention of (pre-scaled) q [N, H, T, d] over k, v [N, KV, L, d] with additive
+        `bias` [N, 1, G*T or 1, L]; the G query heads of a key/value head (GQA) are stacked
+        along the query axis, so both products are plain batched matrix products over the
+        buffers as they lie (no copy of the keys)."""
         n, h, t, d = q.shape
-        g = h // self.kv_heads
-        q = q.reshape(n, self.kv_heads, g, t, d)
-        scores = (q @ k.unsqueeze(2).transpose(-1, -2)).float() * d**-0.5 + bias.unsqueeze(1)
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        return (probs @ v.unsqueeze(2)).reshape(n, h, t, d)
+        q = q.reshape(n, self.kv_heads, h // self.kv_heads * t, d)
+        probs = torch.softmax((q @ k.transpose(-1, -2)).float() + bias, dim=-1).to(v.dtype)
+        return (probs @ v).reshape(n, h, t, d)
 
     def forward(self, ids, pos, keys, values, start: int, bias, fused=None):
         """Logits [N, V] of the last of tokens `ids` [N, T] at positions `pos`, writing their
         keys/values into the buffers at [start, start+T) and attending over [0, start+T).
-        `fused`: the layers' fused projections (`Layers.fused`), computed once per sample."""
+        `fused`: `self.fused()`, computed once per sample (else now)."""
         L = self.layers
         n, t = ids.shape
         end = start + t
+        fused = self.fused() if fused is None else fused
         x = L.embed(ids.reshape(-1))
         rope = L.rope(pos.reshape(-1), x.dtype)
+        groups = self.heads // self.kv_heads
+        if groups > 1 and bias.shape[2] > 1:  # one bias row per query, for each head of a group
+            bias = bias.repeat(1, 1, groups, 1)
 
         def attend(i, q, k, v):
             keys[i][:, :, start:end] = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
@@ -82,7 +101,7 @@ class FastDecoder:
                   for _ in self.model.model.layers]
         u_values = [torch.zeros_like(b) for b in u_keys]
         u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
-        fused = self.layers.fused()  # the weights stay fixed while sampling
+        fused = self.fused()  # the weights stay fixed while sampling
         logits = self.forward(u_ids, u_pos, u_keys, u_values, 0, _prefill_bias(u_mask),
                               fused)[inverse]
         keys = [torch.zeros(n, self.kv_heads, width, self.head_dim, dtype=dtype, device=dev)
