@@ -2,12 +2,13 @@
 
 Both train `builtin:tiny-arith` on the synthetic task with G=8, 16 prompts per batch (128
 samples, all in one forward/backward: our micro_batch_size = TRL's per_device_train_batch_size
-= 128, except that our first pass of a batch is split in two for its gradient-noise terms), 12
-new tokens, fp32, lr 1e-4, token-mean loss, the same reward (strict format policy +
+= 128), 12 new tokens, fp32, lr 1e-4, token-mean loss, the same reward (strict format policy +
 math-verify pool), no KL, no eval, no gradient checkpointing, for ~2k samples, and one update per
 batch or, with `--updates 2`, two (our ppo_epochs = 2; TRL's num_iterations = 2, which reuses
 each generation for two optimizer steps). Throughput is generated samples per second over the
-steps after the first (warm-up excluded).
+steps after the first (warm-up excluded). The headline does TRL's work: no KL-to-init metric and
+no gradient-noise terms (kl_init_every = noise_every = 0; TRL computes neither); a second run of
+ours with both at every step shows what they cost.
 TRL is not a dependency: it runs in a subprocess when `trl` (and `datasets`) import, from the
 environment or from `--trl-path DIR` (e.g. `pip install --target DIR --no-deps trl datasets
 pandas pyarrow dill multiprocess xxhash`). Target: ours / TRL >= 1.5.
@@ -76,6 +77,7 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool, template: st
         eval_every_samples=0,
         checkpoint_every_steps=0,
         kl_init_every=1 if all_metrics else 0,
+        noise_every=1 if all_metrics else 0,  # TRL measures no gradient noise
         threads=threads,
         seed=0,
         prompt_template=template,
@@ -230,8 +232,9 @@ def main() -> None:
     print("our step (median ms over steps 2..N and runs): generation {time_gen_s}, reward "
           "{time_reward_s}, update {time_update_s}".format(**med))
     m = statistics.median(mine)
-    print(f"twoclocks GRPO (TRL's work: no KL-to-init metric): {m:8.1f} samples/s  runs {mine}")
-    print(f"twoclocks GRPO (every metric, kl_init each step):  {full:8.1f} samples/s")
+    print(f"twoclocks GRPO (TRL's work: no KL-to-init, no noise terms): {m:8.1f} samples/s  "
+          f"runs {mine}")
+    print(f"twoclocks GRPO (every metric: kl_init, noise terms each step): {full:8.1f} samples/s")
     if not theirs:
         print("TRL GRPOTrainer: trl/datasets not importable (see --trl-path); no ratio")
         return

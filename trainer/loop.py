@@ -517,10 +517,6 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
         "drift_abs": d_abs,
         "drift_rel": d_rel,
         "grad_norm": sum(st.grad_norms) / len(st.grad_norms),
-        "grad_sq_micro": st.grad_sq_micro,
-        "grad_sq_full": st.grad_sq_full,
-        "grad_micro_size": st.micro_size,
-        "grad_full_size": st.full_size,
         "lr": phase.lr,
         "batch_samples": n_all,
         "prompts": n_all // g,
@@ -537,6 +533,9 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
         "tokens_per_s": S["tokens"] / elapsed,
         "nonfinite": 0.0,
     }
+    if st.micro_size:  # a step that measured the gradient-noise terms (noise_every)
+        values.update(grad_sq_micro=st.grad_sq_micro, grad_sq_full=st.grad_sq_full,
+                      grad_micro_size=st.micro_size, grad_full_size=st.full_size)
     if batch.kl_due:
         values["kl_init"] = S["kl_init"] / S["tokens"]
     if S.get("s_n"):  # the engine's log-probs against the trainer's, on the sampled tokens
@@ -619,8 +618,9 @@ def train(
             batch.kl_due = cfg.kl_init_every > 0 and run.step % cfg.kl_init_every == 0
             t1 = time.perf_counter()
             rest = _logprobs_before_update(run, batch)
+            noise = cfg.noise_every > 0 and run.step % cfg.noise_every == 0
             st = update(run.net, run.opt, roll, batch.adv, batch.old_logp, batch.ref_logp, cfg,
-                        phase, dist)
+                        phase, dist, noise)
             _logprobs_after_update(batch, st, rest)
             run.engine.sync(run.model)
             batch.times = {"time_gen_s": t_gen, "time_reward_s": t_reward,

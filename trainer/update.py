@@ -109,12 +109,15 @@ def _idle_backward(net, rollout) -> None:
     (out.float().sum() * 0.0).backward()
 
 
-def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist) -> UpdateStats:
+def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
+           noise: bool = True) -> UpdateStats:
     """`ppo_epochs * num_minibatches` optimizer steps on one rollout batch.
 
     Each minibatch is split into micro-batches of `micro_batch_size` samples whose gradients
     accumulate against the minibatch's global normaliser (summed over ranks), so the result
-    equals one pass over the whole minibatch. Raises Diverged on a non-finite loss or gradient.
+    equals one pass over the whole minibatch. `noise`: measure the gradient-noise terms on the
+    first minibatch (split in at least two for them). Raises Diverged on a non-finite loss or
+    gradient.
     """
     stats = UpdateStats()
     n = len(rollout.texts)
@@ -133,8 +136,9 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
             den = dist.sum([grpo.normaliser(cmask[mb], cfg.loss_agg)])[0]
             dist.zero_grad(model, opt)
             bad_loss = False
-            # the first minibatch is split in at least two, so grad_sq_micro != grad_sq_full
-            size = min(cfg.micro_batch_size, -(-len(mb) // 2)) if first else cfg.micro_batch_size
+            measure = first and noise
+            # measured, the first minibatch is split in at least two (grad_sq_micro != _full)
+            size = min(cfg.micro_batch_size, -(-len(mb) // 2)) if measure else cfg.micro_batch_size
             micros = mb.split(size)
             for k, micro in enumerate(micros):
                 train_idx = micro[adv[micro] != 0] if skip else micro
@@ -150,7 +154,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
                         bad_loss = bad_loss or not math.isfinite(value)
                         stats.loss += value
                 stats.clip_tokens += float(cmask[micro].sum())
-                if first and k == 0:  # gradient of one micro-batch, scaled to its own mean
+                if measure and k == 0:  # gradient of one micro-batch, scaled to its own mean
                     micro_den = grpo.normaliser(cmask[micro], cfg.loss_agg)
                     scale = den / micro_den if micro_den else 0.0
                     stats.grad_sq_micro = M.grad_sq_norm(model) * scale**2
@@ -160,7 +164,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist)
             for p in model.parameters():  # a batch with nothing to learn still steps AdamW
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.zeros_like(p)
-            if first:
+            if measure:
                 stats.grad_sq_full = M.grad_sq_norm(model)
                 stats.full_size = int(dist.sum([len(mb)])[0])
             clip_to = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf

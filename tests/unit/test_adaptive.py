@@ -223,3 +223,16 @@ def test_the_tiny_adaptive_example_is_a_valid_train_config():
 
         TrainConfig.from_dict({**cfg.model_dump(mode="json"),
                                "adaptive": {**cfg.adaptive.model_dump(), "noise": "sign"}})
+
+
+def test_the_adaptive_controller_refuses_a_run_without_noise_terms():
+    from pathlib import Path
+
+    from trainer.config import TrainConfig, load_config
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "tiny-arith-adaptive.toml"
+    cfg = load_config(path).model_dump(mode="json")
+    with pytest.raises(ConfigError, match="noise_every must be at least 1") as info:
+        TrainConfig.from_dict({**cfg, "noise_every": 0})
+    assert "\n" not in str(info.value)
+    assert TrainConfig.from_dict({**cfg, "noise_every": 3}).noise_every == 3  # sparser is fine

@@ -114,6 +114,7 @@ STRICT_REJECTIONS = [
     ("tis_cap = 0\n", ["key 'tis_cap' = 0", "greater than 0"]),
     ('hf_decoder = "fast"\n', ["key 'hf_decoder' = 'fast'", "'auto'", "'generate'"]),
     ('scorer = "own"\n', ["key 'scorer' = 'own'", "'auto'", "'hf'"]),
+    ("noise_every = -1\n", ["key 'noise_every' = -1", "greater than or equal to 0"]),
     ("x = " + "[" * 5000 + "]" * 5000 + "\n", ["nested too deeply"]),
 ]
 
