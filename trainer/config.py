@@ -143,8 +143,7 @@ class TrainConfig(BaseModel):
         description="Measure the gradient-noise terms (grad_sq_micro, grad_sq_full and their "
         "batch sizes, behind B_simple and the adaptive controller) every this many steps; 0 = "
         "never. A measuring step splits its first minibatch in two micro-batches (one more "
-        "forward/backward call; ~8% of a tiny-model step on 2 cores); other steps log no "
-        "noise terms.",
+        "forward/backward call); other steps log no noise terms.",
     )
     sample_budget: int = Field(
         32_768,
