@@ -13,6 +13,7 @@ lost to ATen's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +90,22 @@ class Dims:
         qk = (torch.arange(self.heads + self.kv_heads)[:, None] * d + pairs).flatten()
         v0 = (self.heads + self.kv_heads) * d
         return torch.cat([qk, torch.arange(v0, v0 + self.kv_heads * d)])
+
+
+def additive_bias(allowed: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """0 where attention is allowed, -inf elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, -math.inf
+    )
+
+
+def prefill_bias(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """[U, 1, P, P] causal attention over each left-padded row's real tokens; a padding query
+    sees itself only, so no row is all -inf (its output is never used)."""
+    p = mask.shape[1]
+    causal = torch.ones(p, p, dtype=torch.bool, device=mask.device).tril()
+    eye = torch.eye(p, dtype=torch.bool, device=mask.device)
+    return additive_bias((causal[None] & mask.bool()[:, None, :]) | eye[None], dtype)[:, None]
 
 
 def _cat_bias(mods) -> torch.Tensor | None:

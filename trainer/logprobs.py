@@ -15,6 +15,7 @@ import inspect
 import torch
 
 from trainer import metrics as M
+from trainer.scorer import Scorer
 
 
 def _signature(model) -> dict:
@@ -84,8 +85,6 @@ def _shared_prompt_logits(model, ids, mask, pos, p: int):
 
 
 def _is_scorer(model) -> bool:
-    from trainer.scorer import Scorer
-
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     return isinstance(inner, Scorer)
 

@@ -13,19 +13,10 @@ backward on every rank).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from trainer.decoder_math import Layers, unsupported
-
-
-def _bias(allowed: torch.Tensor, dtype) -> torch.Tensor:
-    """0 where attention is allowed, -inf elsewhere."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-        ~allowed, -math.inf
-    )
+from trainer.decoder_math import Layers, additive_bias, prefill_bias, unsupported
 
 
 def _heads_first(t: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -102,15 +93,11 @@ class Scorer(torch.nn.Module):
         """Additive attention masks: [U, 1, P, P] causal over each distinct prompt's real tokens
         (a padding query sees itself, so no row is all -inf), and [N, 1, C', P + C'] for the
         completion rows (their prompt's real tokens, then causal over their own real ones)."""
-        p, c1 = u_mask.shape[1], c_mask.shape[1]
-        dev = u_mask.device
-        causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
-        eye = torch.eye(p, dtype=torch.bool, device=dev)
-        u_bias = _bias((causal[None] & u_mask.bool()[:, None, :]) | eye[None], dtype)[:, None]
-        own = torch.ones(c1, c1, dtype=torch.bool, device=dev).tril()[None] & c_mask.bool()[:, None]
-        n = len(inverse)
+        p, c1, n = u_mask.shape[1], c_mask.shape[1], len(inverse)
+        own = torch.ones(c1, c1, dtype=torch.bool, device=u_mask.device).tril()
+        own = own[None] & c_mask.bool()[:, None]
         allowed = torch.cat([u_mask.bool()[inverse][:, None, :].expand(n, c1, p), own], dim=-1)
-        return u_bias, _bias(allowed, dtype)[:, None]
+        return prefill_bias(u_mask, dtype), additive_bias(allowed, dtype)[:, None]
 
 
 def make_scorer(model, cfg):

@@ -20,7 +20,12 @@ import math
 
 import torch
 
-from trainer.decoder_math import ARCHITECTURES, Layers, unsupported  # noqa: F401 (re-exported)
+from trainer.decoder_math import (
+    Layers,
+    additive_bias,
+    prefill_bias,
+    unsupported,  # noqa: F401 (the HF engine imports it from here)
+)
 
 
 class FastDecoder:
@@ -102,7 +107,7 @@ class FastDecoder:
         u_values = [torch.zeros_like(b) for b in u_keys]
         u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
         fused = self.fused()  # the weights stay fixed while sampling
-        logits = self.forward(u_ids, u_pos, u_keys, u_values, 0, _prefill_bias(u_mask),
+        logits = self.forward(u_ids, u_pos, u_keys, u_values, 0, prefill_bias(u_mask),
                               fused)[inverse]
         keys = [torch.zeros(n, self.kv_heads, width, self.head_dim, dtype=dtype, device=dev)
                 for _ in u_keys]
@@ -124,23 +129,9 @@ class FastDecoder:
                 break
             key_ok[:, p + step] = True
             pos = pos + 1
-            bias = _bias(key_ok[:, : p + step + 1])[:, None, None, :]
+            bias = additive_bias(key_ok[:, : p + step + 1])[:, None, None, :]
             logits = self.forward(token[:, None], pos, keys, values, p + step, bias, fused)
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
-
-
-def _bias(allowed: torch.Tensor) -> torch.Tensor:
-    """0 where attention is allowed, -inf elsewhere (float32)."""
-    return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, -math.inf)
-
-
-def _prefill_bias(mask: torch.Tensor) -> torch.Tensor:
-    """[U, 1, P, P] causal attention over real tokens; a padding query sees itself only, so no
-    row is all -inf (its output is never used)."""
-    p = mask.shape[1]
-    causal = torch.ones(p, p, dtype=torch.bool, device=mask.device).tril()
-    eye = torch.eye(p, dtype=torch.bool, device=mask.device)
-    return _bias((causal[None] & mask.bool()[:, None, :]) | eye[None])[:, None]
 
 
 def _draw(logits: torch.Tensor, temperature: float, top_p: float):
