@@ -1,19 +1,25 @@
 """Peak RSS of a training step with its gradient sync: 2 data-parallel processes vs 1.
 
 A ~57M-parameter Llama-shaped model (random init from a small config, fp32, CPU) takes training
-steps of two micro-batches each (gradient accumulation) and an AdamW step. After two warm-up
-steps (optimizer state allocated, DDP's buckets rebuilt) each process resets its peak RSS
-(`/proc/self/clear_refs`) and reads it (VmHWM) after one more step. Modes:
+steps of two micro-batches each (gradient accumulation) and an AdamW step, its forward the
+trainer's own (`trainer.scorer.Scorer`: half of each row is prompt, half completion). After two
+warm-up steps (optimizer state allocated, DDP's buckets rebuilt) each process resets its peak
+RSS (`/proc/self/clear_refs`) and reads it (VmHWM) after one more step. Modes:
 
 - `single`: one process, no sync (the reference);
 - `ddp`: 2 processes through `trainer.dist` as the trainer runs them (accelerate-prepared DDP,
   gloo, gradients as bucket views, `no_sync` on the first micro-batch);
 - `flat`: 2 processes with the hand-rolled sync the trainer had before (every gradient copied
-  into one flat tensor, all-reduced, copied back), for comparison.
+  into one flat tensor, all-reduced, copied back), for comparison;
+- `fsdp`: 2 processes sharded by `trainer.dist` as `accelerate launch --use_fsdp --fsdp_version
+  2` selects it (`trainer.sharding`: each decoder layer a unit, gradients reduce-scattered
+  after every micro-batch).
 
 Prints each mode's per-rank peak (the larger rank), its ratio to `single`, and the extra memory
 in units of one full copy of the gradients. Target: `ddp` carries no extra full copy (extra
-well under 1.0 copies). Run on an otherwise idle machine (the load average is printed).
+well under 1.0 copies); `fsdp` holds half of parameters, gradients and AdamW moments per rank
+(of 4 full copies: expect about 2 copies below `single`). Run on an otherwise idle machine
+(the load average is printed).
 
     python bench/grad_sync_memory.py [--layers 8] [--hidden 512] [--seq 64] [--batch 4]
 """
@@ -74,22 +80,29 @@ def worker(args) -> None:
     from trainer.dist import Dist, setup_dist
 
     torch.set_num_threads(1)
-    dist = setup_dist() if args.mode == "ddp" else Dist()
+    from trainer.scorer import Scorer
+
+    if args.mode == "fsdp":  # what `accelerate launch --use_fsdp --fsdp_version 2` sets
+        os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_VERSION="2")
+    dist = setup_dist() if args.mode in ("ddp", "fsdp") else Dist()
     if args.mode == "flat":
         torch.distributed.init_process_group("gloo")
         dist = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size())
     model = _model(args)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    net, opt = dist.prepare(model, opt)
-    gen = torch.Generator().manual_seed(dist.rank)
     n_params = sum(p.numel() for p in model.parameters())
+    net, opt = dist.prepare(model, Scorer(model),
+                            lambda: torch.optim.AdamW(model.parameters(), lr=1e-5))
+    gen = torch.Generator().manual_seed(dist.rank)
+    p = args.seq // 2
 
     def step() -> None:
         dist.zero_grad(net, opt)
         for k in range(2):
             ids = torch.randint(0, 32000, (args.batch, args.seq), generator=gen)
             with dist.no_sync(net) if k == 0 else _null():
-                net(input_ids=ids, labels=ids).loss.backward()
+                logits = net(ids, torch.ones_like(ids), p)
+                torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                  ids[:, p:].flatten()).backward()
         if args.mode == "flat":
             _flat_sum(model)
         opt.step()
@@ -132,7 +145,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--worker", choices=["single", "ddp", "flat"])
+    ap.add_argument("--worker", choices=["single", "ddp", "flat", "fsdp"])
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.worker:
@@ -141,7 +154,7 @@ def main() -> None:
         return
     print(f"load average {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
-        res = {m: run_mode(m, args, Path(tmp)) for m in ("single", "ddp", "flat")}
+        res = {m: run_mode(m, args, Path(tmp)) for m in ("single", "ddp", "flat", "fsdp")}
     params = res["single"]["params"]
     grad_mb = params * 4 / 2**20
     base = max(res["single"]["peaks"])

@@ -152,6 +152,24 @@ def post_attention(x, o, o_w, o_b, norm_w, gu_w, gu_b, down_w, down_b, eps: floa
     return x + F.linear(F.silu(gate) * up, down_w, down_b)
 
 
+BLOCK = "twoclocks_block"  # a decoder layer's method FSDP treats as its forward
+
+
+def layer_block(layer, x, rope, attend, i: int, layers: Layers, fused: tuple | None = None):
+    """Decoder layer `layer` (number `i`) on rows x [T, D]: `layers.fuse` of its weights unless
+    `fused` is given, then pre-attention, the caller's `attend`, post-attention."""
+    dims = layers.dims
+    a, mlp = layer.self_attn, layer.mlp
+    w, b, gu_w, gu_b = fused if fused is not None else layers.fuse(layer)
+    q, k, v = pre_attention(x, layer.input_layernorm.weight, w, b, rope, dims.eps, dims.heads,
+                            dims.kv_heads)
+    return post_attention(
+        x, attend(i, q, k, v), a.o_proj.weight, a.o_proj.bias,
+        layer.post_attention_layernorm.weight, gu_w, gu_b, mlp.down_proj.weight,
+        mlp.down_proj.bias, dims.eps,
+    )
+
+
 class Layers:
     """Runs `model`'s decoder layers block by block; attention is the caller's `attend`.
 
@@ -174,38 +192,35 @@ class Layers:
         """The rotation of positions `pos` [T] in this model's q/k layout."""
         return self.dims.rope(pos, dtype, self.interleaved)
 
+    def fuse(self, layer) -> tuple:
+        """(q/k/v weight, its bias, gate/up weight, its bias) of one decoder layer: the
+        projections run as one matrix each, q/k rows in this model's layout. Differentiable."""
+        a, mlp = layer.self_attn, layer.mlp
+        qkv, gu = (a.q_proj, a.k_proj, a.v_proj), (mlp.gate_proj, mlp.up_proj)
+        w, b = torch.cat([m.weight for m in qkv]), _cat_bias(qkv)
+        if self._perm is not None:
+            perm = self._perm.to(w.device)
+            w = w.index_select(0, perm)
+            b = None if b is None else b.index_select(0, perm)
+        return w, b, torch.cat([m.weight for m in gu]), _cat_bias(gu)
+
     def fused(self) -> list[tuple]:
-        """Per layer, (q/k/v weight, its bias, gate/up weight, its bias): the projections run
-        as one matrix each, q/k rows in this model's layout. Differentiable; a caller running
-        many forwards on fixed weights (decoding) computes them once."""
-        out = []
-        for layer in self.model.model.layers:
-            a, mlp = layer.self_attn, layer.mlp
-            qkv, gu = (a.q_proj, a.k_proj, a.v_proj), (mlp.gate_proj, mlp.up_proj)
-            w, b = torch.cat([m.weight for m in qkv]), _cat_bias(qkv)
-            if self._perm is not None:
-                perm = self._perm.to(w.device)
-                w = w.index_select(0, perm)
-                b = None if b is None else b.index_select(0, perm)
-            out.append((w, b, torch.cat([m.weight for m in gu]), _cat_bias(gu)))
-        return out
+        """`fuse` of every layer, for a caller running many forwards on fixed weights
+        (decoding), which computes them once."""
+        return [self.fuse(layer) for layer in self.model.model.layers]
 
     def run(self, x, rope, attend, fused: list[tuple] | None = None):
         """Rows x [T, D] through every layer; `attend(i, q, k, v)` returns layer i's attention
         output [T, H*d] from its rows' q [T, H, d], k, v [T, KV, d]. `fused`: `self.fused()`
-        computed beforehand (else now)."""
-        dims = self.dims
-        for i, (layer, (w, b, gu_w, gu_b)) in enumerate(
-            zip(self.model.model.layers, fused or self.fused(), strict=True)
-        ):
-            a, mlp = layer.self_attn, layer.mlp
-            q, k, v = pre_attention(x, layer.input_layernorm.weight, w, b, rope, dims.eps,
-                                    dims.heads, dims.kv_heads)
-            x = post_attention(
-                x, attend(i, q, k, v), a.o_proj.weight, a.o_proj.bias,
-                layer.post_attention_layernorm.weight, gu_w, gu_b, mlp.down_proj.weight,
-                mlp.down_proj.bias, dims.eps,
-            )
+        computed beforehand (else each layer's now, inside its block). A layer sharded by FSDP
+        (`trainer.sharding`) carries its block as the method `BLOCK`, which gathers its weights
+        first."""
+        for i, layer in enumerate(self.model.model.layers):
+            block = getattr(layer, BLOCK, None)
+            if block is None:
+                x = layer_block(layer, x, rope, attend, i, self, fused[i] if fused else None)
+            else:
+                x = block(x, rope, attend, i, self, fused[i] if fused else None)
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer import checkpoint, grpo, sampler
+from trainer import checkpoint, grpo, sampler, sharding
 from trainer import metrics as M
 from trainer.config import TrainConfig
 from trainer.data import (
@@ -255,7 +255,9 @@ class Run:
     writer: object  # MetricWriter (rank 0's; None elsewhere or in tests)
     owner: dict  # the checkpoint owner record
     tok: object
-    model: torch.nn.Module  # the weights: checkpoints, the rollout engine, drift
+    model: torch.nn.Module  # the weights: checkpoints, drift (sharded in place under FSDP)
+    rollout_model: torch.nn.Module  # what the engine samples with: `model`, or under FSDP an
+    # unsharded copy refreshed after every update
     scorer: torch.nn.Module  # the forward scoring completions (trainer.scorer), over `model`
     net: torch.nn.Module  # what backward runs through (accelerate's DDP when world > 1)
     ref: torch.nn.Module | None  # the frozen initial policy (KL terms), if any
@@ -339,19 +341,33 @@ def _set_up(cfg, writer, workdir, dist, owner, make_rollout) -> Run:
     data_rng = np.random.default_rng([cfg.seed, 0])
     model_path, tok, model = load_model(cfg, dist.device)
     model.train()
-    theta0 = M.flat_params(model)
     ref = None
     if cfg.kl_coef > 0 or cfg.kl_init_every > 0:
-        import copy
-
-        ref = make_scorer(copy.deepcopy(model).eval().requires_grad_(False), cfg)
+        ref = make_scorer(_frozen_copy(model), cfg)
+    rollout_model = _frozen_copy(model).train() if dist.sharded else model
     scorer = make_scorer(model, cfg)
-    net, opt = dist.prepare(scorer, make_optimizer(model, cfg))
+    net, opt = dist.prepare(model, scorer, lambda: make_optimizer(model, cfg))
+    theta0 = M.flat_params(model)  # this rank's shards under FSDP
     source, held = load_data(cfg)
     reward_fn = load_reward(cfg.reward)
-    engine = (make_rollout or make_engine)(cfg, model, tok, model_path)  # unwrapped weights
-    return Run(cfg, dist, workdir, writer, owner, tok, model, scorer, net, ref, opt, engine,
-               reward_fn, source, held, data_rng, theta0)
+    engine = (make_rollout or make_engine)(cfg, rollout_model, tok, model_path)  # whole weights
+    return Run(cfg, dist, workdir, writer, owner, tok, model, rollout_model, scorer, net, ref,
+               opt, engine, reward_fn, source, held, data_rng, theta0)
+
+
+def _frozen_copy(model):
+    """An unsharded copy of `model` without gradients (made before any sharding)."""
+    import copy
+
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def _sync_engine(run: Run) -> None:
+    """Hand the rollout engine the current weights (under FSDP gathered into its copy first:
+    every rank takes part)."""
+    if run.rollout_model is not run.model:
+        sharding.copy_full_weights(run.model, run.rollout_model)
+    run.engine.sync(run.rollout_model)
 
 
 def _resume(run: Run, ckpt: Path | None) -> dict | None:
@@ -360,12 +376,16 @@ def _resume(run: Run, ckpt: Path | None) -> dict | None:
     if ckpt is None:
         return None
     main, rng = checkpoint.load(ckpt, run.dist.rank)
-    run.model.load_state_dict(main["model"])
-    run.opt.load_state_dict(main["optimizer"])
+    if run.dist.sharded:  # full tensors in the checkpoint: each rank keeps its slices
+        sharding.load_full_state(run.model, main["model"])
+        sharding.load_optimizer_state(run.opt, main["optimizer"])
+    else:
+        run.model.load_state_dict(main["model"])
+        run.opt.load_state_dict(main["optimizer"])
     run.step, run.samples = main["step"], main["samples"]
     run.source.load_state(main["data"][run.dist.rank])
     checkpoint.restore_rng(rng, run.data_rng)
-    run.engine.sync(run.model)
+    _sync_engine(run)
     return main.get("controller")
 
 
@@ -378,10 +398,13 @@ def _save(run: Run) -> None:
     else:
         states = [run.source.state()]
     main = None
+    model, optimizer = run.model.state_dict(), run.opt.state_dict()
+    if dist.sharded:  # gathered on every rank (collective), in the single-process layout
+        model, optimizer = sharding.full_state(run.model), sharding.full_optimizer_state(run.opt)
     if dist.rank == 0:
         main = {
-            "model": run.model.state_dict(),
-            "optimizer": run.opt.state_dict(),
+            "model": model,
+            "optimizer": optimizer,
             "step": run.step,
             "samples": run.samples,
             "data": states,
@@ -450,14 +473,14 @@ def _logprobs_before_update(run: Run, batch: Batch):
     cfg, roll = run.cfg, batch.roll
     rest = None
     if not on_policy(cfg):
-        batch.old_logp, batch.entropy = no_grad_logprobs(run.scorer, roll, cfg, with_entropy=True)
+        batch.old_logp, batch.entropy = no_grad_logprobs(run.scorer, roll, cfg, True, run.dist)
     else:
         idx = (batch.adv == 0).nonzero().flatten()  # the rows the update leaves out
         if not skips_zero_advantage(cfg):
             idx = idx[:0]
         rest = (idx, None, None)
-        if len(idx):
-            rest = (idx, *no_grad_logprobs(run.scorer, roll.select(idx), cfg, True))
+        if len(idx) or (run.dist.sharded and skips_zero_advantage(cfg)):  # FSDP: every rank
+            rest = (idx, *no_grad_logprobs(run.scorer, roll, cfg, True, run.dist, rows=idx))
     if run.ref is not None and (batch.kl_due or cfg.kl_coef > 0):
         batch.ref_logp, _ = no_grad_logprobs(run.ref, roll, cfg, with_entropy=False)
     return rest
@@ -507,7 +530,7 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
             batch.old_logp, roll.sampler_logp, cm)
     S = dict(zip(sums, dist.sum(list(sums.values())), strict=True))  # summed over ranks
     elapsed = time.perf_counter() - t0
-    d_abs, d_rel = M.drift(run.model, run.theta0)
+    d_abs, d_rel = M.drift(run.model, run.theta0, dist)
     values = {
         "reward_mean": batch.r_mean,
         "reward_std": batch.r_std,
@@ -622,7 +645,7 @@ def train(
             st = update(run.net, run.opt, roll, batch.adv, batch.old_logp, batch.ref_logp, cfg,
                         phase, dist, noise)
             _logprobs_after_update(batch, st, rest)
-            run.engine.sync(run.model)
+            _sync_engine(run)
             batch.times = {"time_gen_s": t_gen, "time_reward_s": t_reward,
                            "time_update_s": time.perf_counter() - t1}
             run.samples += phase.prompts_per_batch // dist.world * cfg.group_size * dist.world

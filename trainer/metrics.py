@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from trainer.grpo import k3
+from trainer.sharding import local
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
@@ -27,26 +28,36 @@ def kl_to_init(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def flat_params(model) -> torch.Tensor:
-    """All trainable parameters as one detached fp32 vector (drift needs theta and theta_0)."""
+    """All trainable parameters as one detached fp32 vector (drift needs theta and theta_0);
+    under FSDP this rank's shards only."""
     return torch.cat(
-        [p.detach().float().reshape(-1) for p in model.parameters() if p.requires_grad]
+        [local(p.detach()).float().reshape(-1) for p in model.parameters() if p.requires_grad]
     )
 
 
-def drift(model, theta0: torch.Tensor) -> tuple[float, float]:
-    """(||theta - theta_0||_2, the same divided by ||theta_0||_2)."""
-    d = float(torch.linalg.vector_norm(flat_params(model) - theta0))
-    return d, d / max(float(torch.linalg.vector_norm(theta0)), 1e-12)
+def drift(model, theta0: torch.Tensor, dist=None) -> tuple[float, float]:
+    """(||theta - theta_0||_2, the same divided by ||theta_0||_2); `dist` (a trainer.dist.Dist)
+    completes sums of squares over ranks when the parameters are sharded."""
+    # squares summed in float64: a float32 norm of ~1M entries is off in the 5th digit, which
+    # made the drift depend on how the parameters were split over ranks
+    d2 = float(torch.linalg.vector_norm(flat_params(model) - theta0, dtype=torch.float64) ** 2)
+    n2 = float(torch.linalg.vector_norm(theta0, dtype=torch.float64) ** 2)
+    if dist is not None and dist.sharded:
+        d2, n2 = dist.sum([d2, n2])
+    d = d2**0.5
+    return d, d / max(n2**0.5, 1e-12)
 
 
-def grad_sq_norm(model) -> float:
+def grad_sq_norm(model, dist=None) -> float:
     """Squared L2 norm of the accumulated gradient (missing grads count as zero): one fused
-    pass over every gradient (torch's clip_grad_norm_ kernel), each norm in float32."""
-    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return 0.0
-    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-    return float(torch.stack(norms).double().pow(2).sum())
+    pass over every gradient (torch's clip_grad_norm_ kernel), each norm in float32; sharded
+    gradients (FSDP) are summed over ranks through `dist`."""
+    grads = [local(p.grad.detach()) for p in model.parameters() if p.grad is not None]
+    total = 0.0
+    if grads:
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        total = float(torch.stack(norms).double().pow(2).sum())
+    return dist.sum_shards(total) if dist is not None else total
 
 
 def gradient_noise_scale(sq_micro: float, b: float, sq_full: float, big: float) -> float:

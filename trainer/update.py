@@ -3,8 +3,9 @@ over micro-batches against the minibatch's global normaliser, gradient-noise ter
 
 `update` runs `ppo_epochs * num_minibatches` optimizer steps; with one minibatch its first pass
 runs before any step, so it also yields the rollout policy's log-probs and entropy
-(`on_policy`). Under DDP only the last micro-batch of a minibatch all-reduces; a rank with
-nothing to train there still joins the sync (`_idle_backward`).
+(`on_policy`). Under DDP only the last micro-batch of a minibatch all-reduces, under FSDP every
+one reduce-scatters; a rank with nothing to train in a synced micro-batch still joins the sync
+(`_idle_backward`).
 """
 
 from __future__ import annotations
@@ -20,20 +21,32 @@ from trainer import metrics as M
 from trainer.config import TrainConfig
 from trainer.dist import Dist
 from trainer.logprobs import completion_logits, completion_logprobs
+from trainer.sharding import full
 
 
 class Diverged(Exception):
     """The loss, a gradient or the sampling distribution became non-finite."""
 
 
-def no_grad_logprobs(model, rollout, cfg, with_entropy: bool):
-    """Log-probs (and entropy) of every sample, in micro-batches, without building a graph."""
+def no_grad_logprobs(model, rollout, cfg, with_entropy: bool, dist: Dist | None = None,
+                     rows: torch.Tensor | None = None):
+    """Log-probs (and entropy) of the samples `rows` (default all), in micro-batches, without
+    building a graph. Under FSDP every forward is collective, so a rank with fewer micro-batches
+    than another runs one-row forwards until all ranks have run as many (`dist`)."""
     lps, ents = [], []
+    rows = torch.arange(len(rollout.texts)) if rows is None else rows
+    chunks = [c for c in rows.split(cfg.micro_batch_size) if len(c)]  # none when no rows
+    pad = int(dist.max(float(len(chunks)))) - len(chunks) if dist and dist.sharded else 0
     with torch.no_grad():
-        for idx in torch.arange(len(rollout.texts)).split(cfg.micro_batch_size):
+        for idx in chunks:
             lp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, with_entropy)
             lps.append(lp)
             ents.append(ent)
+        for _ in range(pad):
+            _one_row_logits(model, rollout)
+    if not lps:  # no rows here (a sharded rank still joined the others' forwards above)
+        empty = torch.empty(0, rollout.completion_mask.shape[1])
+        return empty, (empty.clone() if with_entropy else None)
     return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
 
 
@@ -100,13 +113,18 @@ def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cf
     return float(loss.detach())
 
 
-def _idle_backward(net, rollout) -> None:
-    """A zero-gradient forward/backward of one row, so a rank with nothing to train in the
-    last micro-batch still joins DDP's all-reduce (every rank must run the synced backward)."""
+def _one_row_logits(net, rollout) -> torch.Tensor:
+    """Logits of one row of `rollout`: a rank's share of a collective pass it has no rows for."""
     device = next(net.parameters()).device
     ids, mask = rollout.input_ids[:1].to(device), rollout.attention_mask[:1].to(device)
-    out = completion_logits(net, ids, mask, rollout.prompt_len)
-    (out.float().sum() * 0.0).backward()
+    return completion_logits(net, ids, mask, rollout.prompt_len)
+
+
+def _idle_backward(net, rollout) -> None:
+    """A zero-gradient forward/backward of one row, so a rank with nothing to train in a
+    synced micro-batch still joins the gradient sync (every rank must run each synced
+    backward: DDP's last one, every one under FSDP)."""
+    (_one_row_logits(net, rollout).float().sum() * 0.0).backward()
 
 
 def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
@@ -143,7 +161,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
             for k, micro in enumerate(micros):
                 train_idx = micro[adv[micro] != 0] if skip else micro
                 last = k == len(micros) - 1  # only the last backward all-reduces (DDP)
-                if last and not len(train_idx) and dist.synced(model):
+                if (last or dist.sharded) and not len(train_idx) and dist.synced(model):
                     _idle_backward(model, rollout)  # this rank's share of the sync
                 with contextlib.nullcontext() if last else dist.no_sync(model):
                     if len(train_idx):
@@ -155,21 +173,23 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
                         stats.loss += value
                 stats.clip_tokens += float(cmask[micro].sum())
                 if measure and k == 0:  # gradient of one micro-batch, scaled to its own mean
-                    micro_den = grpo.normaliser(cmask[micro], cfg.loss_agg)
+                    micro_den, size = grpo.normaliser(cmask[micro], cfg.loss_agg), len(micro)
+                    if dist.sharded:  # reduce-scattered already: every rank's first micro-batch
+                        micro_den, size = dist.sum([micro_den, size])
                     scale = den / micro_den if micro_den else 0.0
-                    stats.grad_sq_micro = M.grad_sq_norm(model) * scale**2
-                    stats.micro_size = len(micro)
+                    stats.grad_sq_micro = M.grad_sq_norm(model, dist) * scale**2
+                    stats.micro_size = int(size)
             if dist.sum([float(bad_loss)])[0] > 0:  # every rank stops together
                 raise Diverged("non-finite loss")
             for p in model.parameters():  # a batch with nothing to learn still steps AdamW
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.zeros_like(p)
             if measure:
-                stats.grad_sq_full = M.grad_sq_norm(model)
+                stats.grad_sq_full = M.grad_sq_norm(model, dist)
                 stats.full_size = int(dist.sum([len(mb)])[0])
             clip_to = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
             params = [p for p in model.parameters() if p.requires_grad]
-            norm = float(torch.nn.utils.clip_grad_norm_(params, clip_to))
+            norm = float(full(torch.nn.utils.clip_grad_norm_(params, clip_to)))
             if not math.isfinite(norm):
                 raise Diverged("non-finite gradient")
             stats.grad_norms.append(norm)

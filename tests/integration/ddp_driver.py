@@ -4,7 +4,9 @@ Every world size trains on one global batch per step: the prompts already are (e
 its slice of one prompt stream); completions come from `GlobalBatch`, which samples the whole
 batch from one seed on every rank and keeps this rank's rows. Rank 0 writes every step's
 metrics, the final parameters' digest and the first step's rollout to the JSON file argv[1].
-Usage: python ddp_driver.py OUT.json WORKDIR [ppo_epochs]
+Usage: python ddp_driver.py OUT.json WORKDIR [ppo_epochs [sample_budget first_call]] — with a
+budget, a checkpoint in WORKDIR is resumed (extending the budget); `first_call` numbers the
+engine's first batch as the uninterrupted run numbered it (the step it resumes after).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ class GlobalBatch:
     """A rollout engine that samples the global batch (every rank's prompts, in rank order) from
     a seed shared by all ranks and returns this rank's rows — one batch in any world size."""
 
-    def __init__(self, inner, seed: int):
-        self.inner, self.seed, self.calls, self.rollouts = inner, seed, 0, []
+    def __init__(self, inner, seed: int, first_call: int = 0):
+        self.inner, self.seed, self.calls, self.rollouts = inner, seed, first_call, []
 
     def sync(self, model) -> None:
         self.inner.sync(model)
@@ -48,47 +50,65 @@ class GlobalBatch:
         return roll.select(torch.arange(rank * n, (rank + 1) * n))
 
 
-def config(ppo_epochs: int):
+def config(ppo_epochs: int, sample_budget: int = 96):
     """The tiny run both world sizes train: 3 steps of 8 prompts x 4 completions."""
     from trainer.config import TrainConfig
 
     return TrainConfig(
-        prompts_per_batch=8, group_size=4, micro_batch_size=8, lr=1e-3, sample_budget=96,
+        prompts_per_batch=8, group_size=4, micro_batch_size=8, lr=1e-3,
+        sample_budget=sample_budget,
         seed=3, eval_every_samples=0, checkpoint_every_steps=0, threads=1,
         ppo_epochs=ppo_epochs, kl_init_every=1 if ppo_epochs > 1 else 0,
     )
 
 
-def main(out: str, workdir: str, ppo_epochs: int) -> None:
-    from trainer.dist import setup_dist
+def main(out: str, workdir: str, ppo_epochs: int, budget: int | None = None,
+         first_call: int = 0) -> None:
+    from trainer.dist import Dist, setup_dist
     from trainer.loop import train
     from trainer.rollout import make_engine
+    from trainer.sharding import is_dtensor, local
 
-    engines = []
+    engines, prepared = [], {}
+    prepare = Dist.prepare
+
+    def keep(self, model, scorer, make_optimizer):  # remember the trained model
+        prepared["model"] = model
+        return prepare(self, model, scorer, make_optimizer)
+
+    Dist.prepare = keep
 
     def make(cfg, model, tok, path):
-        engines.append(GlobalBatch(make_engine(cfg, model, tok, path), cfg.seed))
+        engines.append(GlobalBatch(make_engine(cfg, model, tok, path), cfg.seed, first_call))
         return engines[0]
 
     dist = setup_dist()
     sink = Collect()
-    status = train(config(ppo_epochs), sink, Path(workdir), make_rollout=make)
+    cfg = config(ppo_epochs) if budget is None else config(ppo_epochs, budget)
+    status = train(cfg, sink, Path(workdir), make_rollout=make, extend=budget is not None)
     if dist.rank != 0:
         return
     state = torch.load(sorted(Path(workdir).glob("checkpoints/step-*"))[-1] / "state.pt",
                        weights_only=False)
     params = torch.cat([v.float().reshape(-1) for v in state["model"].values()])
-    first = engines[0].rollouts[0]
+    first = engines[0].rollouts[0] if engines[0].rollouts else None
+    trained = prepared["model"]
     Path(out).write_text(json.dumps({
-        "status": status, "world": dist.world,
+        "status": status, "world": dist.world, "sharded": dist.sharded,
+        # the share of the weights rank 0 holds, and whether the engine samples with whole ones
+        "local_fraction": sum(local(p).numel() for p in trained.parameters())
+        / sum(p.numel() for p in trained.parameters()),
+        "engine_unsharded": not any(is_dtensor(p) for p in engines[0].inner.model.parameters()),
         "rows": sink.rows,
         "param_sum": float(params.double().sum()),
         "param_sq": float(params.double().square().sum()),
-        "first_rollout": {k: getattr(first, k).tolist() for k in
-                          ("input_ids", "attention_mask", "completion_mask")}
-                         | {"prompt_len": first.prompt_len, "texts": first.texts},
+        "first_rollout": None if first is None else
+        {k: getattr(first, k).tolist() for k in ("input_ids", "attention_mask", "completion_mask")}
+        | {"prompt_len": first.prompt_len, "texts": first.texts},
     }))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    a = sys.argv
+    main(a[1], a[2], int(a[3]) if len(a) > 3 else 1, int(a[4]) if len(a) > 4 else None,
+         int(a[5]) if len(a) > 5 else 0)

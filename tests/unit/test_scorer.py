@@ -23,8 +23,10 @@ def tiny():
     return load_tiny()
 
 
-def _rollout(tiny, group: int, n: int, seed: int, new_tokens: int = 11):
-    """A real sampled batch: n problems (prompts of several lengths, left-padded) x group."""
+def _rollout(tiny, group: int, n: int, seed: int, new_tokens: int = 12):
+    """A real sampled batch: n problems (prompts of several lengths, left-padded) x group.
+    12 new tokens fit `\\boxed{NN}` and its EOS, so two-digit answers end before the last
+    position and longer ones are cut (11 left none ending early on some builds' samples)."""
     from trainer.data import ArithmeticTask, render_prompt
 
     path, tok, model = tiny
