@@ -8,7 +8,10 @@
 #
 # 1. The tiny model end to end in bf16 with the HF engine: `twoclocks train` (rollouts, a few
 #    updates, evaluation, a checkpoint, metrics in a SQLite store), printing samples/s.
-# 2. When `vllm` imports: the same run with rollout_engine = "vllm", printing samples/s; then
+# 2. With 2 or more CUDA devices: the same HF run sharded by FSDP2 over 2 of them
+#    (`accelerate launch --use_fsdp --fsdp_version 2`, trainer/sharding.py; nccl, bf16),
+#    printing samples/s (tested on CPU with gloo in fp32 only).
+# 3. When `vllm` imports: the same run with rollout_engine = "vllm", printing samples/s; then
 #    the engine alone: sampler vs trainer log-probs on the same weights (must agree), after the
 #    trainer's weights moved (must disagree) and after `sync` (must agree again), and rollout
 #    samples/s of the engine by itself.
@@ -45,13 +48,15 @@ seed = 0
 EOF
 }
 
-train() {  # $1 engine: one run, its summary checked, samples/s printed
-  local cfg="$WORK/$1.toml" out="$WORK/$1.json" t0 t1
-  write_config "$1" "$cfg"
+train() {  # $1 engine, $2 label, then the launcher (if any): one run checked, samples/s printed
+  local engine=$1 label=$2 cfg="$WORK/$2.toml" out="$WORK/$2.json" t0 t1
+  shift 2
+  write_config "$engine" "$cfg"
   t0=$(date +%s.%N)
-  "$TC" train "$cfg" --db "$DB" --name "gpu-check-$1" --workdir "$WORK/run-$1" --json >"$out"
+  "$@" "$TC" train "$cfg" --db "$DB" --name "gpu-check-$label" --workdir "$WORK/run-$label" \
+    --json >"$out"
   t1=$(date +%s.%N)
-  "$PY" - "$out" "$t0" "$t1" "$1" <<'EOF'
+  "$PY" - "$out" "$t0" "$t1" "$label" <<'EOF'
 import json, sys
 rec = json.load(open(sys.argv[1]))
 wall = float(sys.argv[3]) - float(sys.argv[2])
@@ -66,7 +71,14 @@ print(f"gpu-check [{sys.argv[4]}]: {rec['steps']} steps, {rec['samples']} sample
 EOF
 }
 
-train hf
+train hf hf
+
+if [ "$("$PY" -c "import torch; print(torch.cuda.device_count())")" -ge 2 ]; then
+  train hf hf-fsdp "$VENV/bin/accelerate" launch --use_fsdp --fsdp_version 2 --num_processes 2 \
+    --num_machines 1 --mixed_precision no --dynamo_backend no
+else
+  echo "gpu-check: fewer than 2 CUDA devices: the FSDP run was skipped"
+fi
 
 if ! "$PY" -c "import vllm" 2>/dev/null; then
   echo "gpu-check: vllm does not import here: the vLLM half was skipped (pip install '.[vllm]')"
@@ -74,7 +86,7 @@ if ! "$PY" -c "import vllm" 2>/dev/null; then
   exit 0
 fi
 
-train vllm
+train vllm vllm
 
 "$PY" - <<'EOF'
 """The engine alone: does vLLM sample the trainer's policy, before and after a sync?"""
