@@ -39,6 +39,19 @@ def tiny_model():
     return ensure_tiny_model(0)
 
 
+@pytest.fixture(scope="module")
+def one_process(tiny_model, tmp_path_factory):
+    """The single-process reference run per ppo_epochs, run once per module (and worker)."""
+    runs: dict[int, dict] = {}
+
+    def get(ppo_epochs: int) -> dict:
+        if ppo_epochs not in runs:
+            runs[ppo_epochs] = _run(tmp_path_factory.mktemp("one"), 1, ppo_epochs)
+        return runs[ppo_epochs]
+
+    return get
+
+
 MODES = {"ddp": ["--multi_gpu"], "fsdp": ["--use_fsdp", "--fsdp_version", "2"]}
 
 
@@ -93,19 +106,19 @@ def _same_run(one: dict, two: dict, mode: str) -> None:
 
 
 @pytest.mark.parametrize("ppo_epochs", [1, 2])
-def test_two_processes_train_what_one_does(tiny_model, tmp_path, ppo_epochs):
-    one, two = _run(tmp_path, 1, ppo_epochs), _run(tmp_path, 2, ppo_epochs)
+def test_two_processes_train_what_one_does(one_process, tmp_path, ppo_epochs):
+    one, two = one_process(ppo_epochs), _run(tmp_path, 2, ppo_epochs)
     _same_run(one, two, "ddp")
     if ppo_epochs == 1:
         _check_noise_terms(one, MICRO_ROWS["ddp"])
 
 
 @pytest.mark.parametrize("ppo_epochs", [1, 2])
-def test_fsdp_two_processes_train_what_one_does(tiny_model, tmp_path, ppo_epochs):
+def test_fsdp_two_processes_train_what_one_does(one_process, tmp_path, ppo_epochs):
     """FSDP2 on 2 CPU processes: each rank holds half of every parameter and AdamW moment,
     yet every metric, the checkpointed (gathered) parameters and the noise terms' meaning
     match one process."""
-    one, two = _run(tmp_path, 1, ppo_epochs), _run(tmp_path, 2, ppo_epochs, "fsdp")
+    one, two = one_process(ppo_epochs), _run(tmp_path, 2, ppo_epochs, "fsdp")
     assert two["sharded"] and 0.4 < two["local_fraction"] < 0.6  # rank 0 holds about half
     assert two["engine_unsharded"] and not one["sharded"] and one["local_fraction"] == 1.0
     _same_run(one, two, "fsdp")
@@ -113,10 +126,10 @@ def test_fsdp_two_processes_train_what_one_does(tiny_model, tmp_path, ppo_epochs
         _check_noise_terms(two, MICRO_ROWS["fsdp"])
 
 
-def test_fsdp_checkpoint_resumes_exactly_in_any_world(tiny_model, tmp_path):
+def test_fsdp_checkpoint_resumes_exactly_in_any_world(one_process, tmp_path):
     """A sharded run checkpointed after 2 steps (full tensors, the single-process layout)
     resumes under FSDP and in one process; each third step equals the uninterrupted run's."""
-    one = _run(tmp_path, 1, 1)
+    one = one_process(1)
     half = _run(tmp_path, 2, 1, "fsdp", extra=("64", "0"))
     assert sorted(half["rows"]) == ["1", "2"]
     for mode, world in (("fsdp", 2), ("ddp", 1)):
