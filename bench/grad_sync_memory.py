@@ -16,7 +16,12 @@ RSS (`/proc/self/clear_refs`) and reads it (VmHWM) after one more step. Modes:
   after every micro-batch).
 
 Prints each mode's per-rank peak (the larger rank), its ratio to `single`, and the extra memory
-in units of one full copy of the gradients. Target: `ddp` carries no extra full copy (extra
+in units of one full copy of the gradients, twice: with glibc's allocator as it comes, and with
+a fixed mmap threshold (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` = 128 KiB). glibc
+raises its threshold after a large block is freed, so later large blocks come from a heap it
+keeps resident after they are freed: RSS then counts memory no tensor holds, which penalises
+FSDP's gather-and-free of each layer's weights. With the fixed threshold RSS follows the live
+tensors, so the modes compare what they hold. Target: `ddp` carries no extra full copy (extra
 well under 1.0 copies); `fsdp` holds half of parameters, gradients and AdamW moments per rank
 (of 4 full copies: expect about 2 copies below `single`). Run on an otherwise idle machine
 (the load average is printed).
@@ -124,17 +129,22 @@ def _null():
     return contextlib.nullcontext()
 
 
-def run_mode(mode: str, args, tmp: Path) -> dict:
-    """Run `mode` (1 or 2 processes) and return its JSON."""
+FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def run_mode(mode: str, args, tmp: Path, allocator: dict) -> dict:
+    """Run `mode` (1 or 2 processes) with glibc settings `allocator`; return its JSON."""
     out = tmp / f"{mode}.json"
     script = [os.path.abspath(__file__), "--worker", mode, "--out", str(out),
               "--layers", str(args.layers), "--hidden", str(args.hidden),
               "--seq", str(args.seq), "--batch", str(args.batch)]
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+           and k not in FIXED_MMAP} | allocator
     if mode == "single":
         cmd = [sys.executable, *script]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *script]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_port", str(_free_port()), *script]
     subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
     return json.loads(out.read_text())
 
@@ -153,17 +163,28 @@ def main() -> None:
         worker(args)
         return
     print(f"load average {os.getloadavg()[0]:.2f}")
-    with tempfile.TemporaryDirectory() as tmp:
-        res = {m: run_mode(m, args, Path(tmp)) for m in ("single", "ddp", "flat", "fsdp")}
-    params = res["single"]["params"]
-    grad_mb = params * 4 / 2**20
-    base = max(res["single"]["peaks"])
-    print(f"model {params / 1e6:.1f}M parameters; one fp32 copy of the gradients = "
-          f"{grad_mb:.0f} MB")
-    print(f"{'mode':<8}{'peak RSS/rank MB':>18}{'ratio':>8}{'extra (grad copies)':>22}")
-    for mode, r in res.items():
-        peak = max(r["peaks"])
-        print(f"{mode:<8}{peak:>18,.0f}{peak / base:>8.3f}{(peak - base) / grad_mb:>22.2f}")
+    for name, allocator in (("glibc as it comes", {}), ("fixed mmap threshold", FIXED_MMAP)):
+        with tempfile.TemporaryDirectory() as tmp:
+            res = {m: run_mode(m, args, Path(tmp), allocator)
+                   for m in ("single", "ddp", "flat", "fsdp")}
+        params = res["single"]["params"]
+        grad_mb = params * 4 / 2**20
+        base = max(res["single"]["peaks"])
+        print(f"[{name}] model {params / 1e6:.1f}M parameters; one fp32 copy of the gradients "
+              f"= {grad_mb:.0f} MB")
+        print(f"{'mode':<8}{'peak RSS/rank MB':>18}{'ratio':>8}{'extra (grad copies)':>22}")
+        for mode, r in res.items():
+            peak = max(r["peaks"])
+            print(f"{mode:<8}{peak:>18,.0f}{peak / base:>8.3f}{(peak - base) / grad_mb:>22.2f}")
+
+
+def _free_port() -> int:
+    """A TCP port nothing listens on now (each 2-process run gets its own rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

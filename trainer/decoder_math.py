@@ -186,7 +186,9 @@ class Layers:
         self._perm = self.dims.qk_interleave() if self.interleaved else None
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.model.model.embed_tokens.weight)
+        """Token embeddings, through the embedding module itself (FSDP may shard it as a unit
+        of its own, whose weight is gathered around the call)."""
+        return self.model.model.embed_tokens(ids)
 
     def rope(self, pos: torch.Tensor, dtype):
         """The rotation of positions `pos` [T] in this model's q/k layout."""
@@ -226,5 +228,5 @@ class Layers:
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head's logits of final rows x [T, D] (final norm applied)."""
         m = self.model
-        x = rms_norm(x, m.model.norm.weight, self.dims.eps)
-        return F.linear(x, m.lm_head.weight, getattr(m.lm_head, "bias", None))
+        return m.lm_head(rms_norm(x, m.model.norm.weight, self.dims.eps))  # a module call, as in
+        # `embed`

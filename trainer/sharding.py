@@ -8,7 +8,8 @@ forward (`trainer.scorer.Scorer`) runs the layer math itself, so each decoder la
 free must wrap twoclocks' per-layer block (`decoder_math.BLOCK`), which FSDP learns through
 `register_fsdp_forward_method`. One code path on CPU (gloo, tested) and GPU (nccl, not run here).
 
-Each decoder layer is one FSDP unit and the Scorer (embeddings, final norm, LM head) the root:
+Each decoder layer is one FSDP unit, so are the input embeddings and the LM head when they are
+not tied, and the Scorer (the rest: final norm, a tied embedding/LM head) is the root:
 a rank keeps 1/world of every parameter, gradient and AdamW moment; a layer's full weights
 exist only while its block runs forward or backward. Gradients are reduce-scattered after every
 micro-batch's backward (no local accumulation of full-size gradients) as a sum — the loss is
@@ -97,11 +98,17 @@ def shard(model: torch.nn.Module, scorer: torch.nn.Module, device: str, world: i
             "must agree on"
         )
     mesh = init_device_mesh(torch.device(device).type, (world,))
+    reshard = options.reshard_after_forward
     for layer in model.model.layers:
         setattr(layer, BLOCK, types.MethodType(layer_block, layer))
-        fully_shard(layer, mesh=mesh, reshard_after_forward=options.reshard_after_forward)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
         register_fsdp_forward_method(layer, BLOCK)
-    fully_shard(scorer, mesh=mesh, reshard_after_forward=options.reshard_after_forward)
+    embed, head = model.get_input_embeddings(), model.lm_head
+    if head.weight is not embed.weight:  # untied: each its own unit (a tied pair stays in the
+        # root, since one parameter cannot belong to two units)
+        fully_shard(embed, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(head, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(scorer, mesh=mesh, reshard_after_forward=reshard)
     for module in scorer.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # a sum: each rank's loss is pre-normalised

@@ -4,9 +4,10 @@ Every world size trains on one global batch per step: the prompts already are (e
 its slice of one prompt stream); completions come from `GlobalBatch`, which samples the whole
 batch from one seed on every rank and keeps this rank's rows. Rank 0 writes every step's
 metrics, the final parameters' digest and the first step's rollout to the JSON file argv[1].
-Usage: python ddp_driver.py OUT.json WORKDIR [ppo_epochs [sample_budget first_call]] — with a
-budget, a checkpoint in WORKDIR is resumed (extending the budget); `first_call` numbers the
-engine's first batch as the uninterrupted run numbered it (the step it resumes after).
+Usage: python ddp_driver.py OUT.json WORKDIR [--ppo-epochs N] [--budget SAMPLES --first-call K]
+[--model DIR] — with a budget, a checkpoint in WORKDIR is resumed (extending the budget);
+`--first-call` numbers the engine's first batch as the uninterrupted run numbered it (the step
+it resumes after); `--model` trains another model directory than the built-in tiny one.
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ class GlobalBatch:
         return roll.select(torch.arange(rank * n, (rank + 1) * n))
 
 
-def config(ppo_epochs: int, sample_budget: int = 96):
+def config(ppo_epochs: int, sample_budget: int = 96, model: str | None = None):
     """The tiny run both world sizes train: 3 steps of 8 prompts x 4 completions."""
     from trainer.config import TrainConfig
 
     return TrainConfig(
+        **({"model": model} if model else {}),
         prompts_per_batch=8, group_size=4, micro_batch_size=8, lr=1e-3,
         sample_budget=sample_budget,
         seed=3, eval_every_samples=0, checkpoint_every_steps=0, threads=1,
@@ -62,8 +64,10 @@ def config(ppo_epochs: int, sample_budget: int = 96):
     )
 
 
-def main(out: str, workdir: str, ppo_epochs: int, budget: int | None = None,
-         first_call: int = 0) -> None:
+def main(out: str, workdir: str, ppo_epochs: int = 1, budget: int | None = None,
+         first_call: int = 0, model: str | None = None) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
     from trainer.dist import Dist, setup_dist
     from trainer.loop import train
     from trainer.rollout import make_engine
@@ -73,7 +77,7 @@ def main(out: str, workdir: str, ppo_epochs: int, budget: int | None = None,
     prepare = Dist.prepare
 
     def keep(self, model, scorer, make_optimizer):  # remember the trained model
-        prepared["model"] = model
+        prepared["model"], prepared["scorer"] = model, scorer
         return prepare(self, model, scorer, make_optimizer)
 
     Dist.prepare = keep
@@ -84,7 +88,7 @@ def main(out: str, workdir: str, ppo_epochs: int, budget: int | None = None,
 
     dist = setup_dist()
     sink = Collect()
-    cfg = config(ppo_epochs) if budget is None else config(ppo_epochs, budget)
+    cfg = config(ppo_epochs, budget or 96, model)
     status = train(cfg, sink, Path(workdir), make_rollout=make, extend=budget is not None)
     if dist.rank != 0:
         return
@@ -99,6 +103,7 @@ def main(out: str, workdir: str, ppo_epochs: int, budget: int | None = None,
         "local_fraction": sum(local(p).numel() for p in trained.parameters())
         / sum(p.numel() for p in trained.parameters()),
         "engine_unsharded": not any(is_dtensor(p) for p in engines[0].inner.model.parameters()),
+        "units": sum(isinstance(m, FSDPModule) for m in prepared["scorer"].modules()),
         "rows": sink.rows,
         "param_sum": float(params.double().sum()),
         "param_sq": float(params.double().square().sum()),
@@ -109,6 +114,14 @@ def main(out: str, workdir: str, ppo_epochs: int, budget: int | None = None,
 
 
 if __name__ == "__main__":
-    a = sys.argv
-    main(a[1], a[2], int(a[3]) if len(a) > 3 else 1, int(a[4]) if len(a) > 4 else None,
-         int(a[5]) if len(a) > 5 else 0)
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("workdir")
+    ap.add_argument("--ppo-epochs", type=int, default=1)
+    ap.add_argument("--budget", type=int)
+    ap.add_argument("--first-call", type=int, default=0)
+    ap.add_argument("--model")
+    a = ap.parse_args()
+    main(a.out, a.workdir, a.ppo_epochs, a.budget, a.first_call, a.model)

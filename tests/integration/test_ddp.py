@@ -59,9 +59,10 @@ def _run(tmp_path: Path, world: int, ppo_epochs: int, mode: str = "ddp",
          extra: tuple[str, ...] = (), workdir: Path | None = None) -> dict:
     """The driver's JSON after a run with `world` processes (`mode`: accelerate's DDP or FSDP;
     `extra`: more driver arguments; `workdir`: the checkpoint directory, default a new one)."""
-    tag = f"{world}-{ppo_epochs}-{mode}{'-'.join(extra)}"
+    tag = f"{world}-{ppo_epochs}-{mode}{'-'.join(Path(e).name for e in extra)}"
     out, work = tmp_path / f"o{tag}.json", workdir or tmp_path / f"w{tag}"
-    cmd = [sys.executable, str(DRIVER), str(out), str(work), str(ppo_epochs), *extra]
+    cmd = [sys.executable, str(DRIVER), str(out), str(work), "--ppo-epochs", str(ppo_epochs),
+           *extra]
     if world > 1:
         accelerate = shutil.which("accelerate", path=os.path.dirname(sys.executable))
         cmd = [accelerate, "launch", *MODES[mode], "--num_processes", str(world),
@@ -126,16 +127,35 @@ def test_fsdp_two_processes_train_what_one_does(one_process, tmp_path, ppo_epoch
         _check_noise_terms(two, MICRO_ROWS["fsdp"])
 
 
+def test_fsdp_shards_untied_embeddings_and_head_as_units_of_their_own(tiny_model, tmp_path):
+    """An untied model (the tiny one with its LM head made a separate copy of the embeddings):
+    FSDP makes the input embeddings and the LM head units of their own; 2 sharded processes
+    still train what 1 does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    untied = tmp_path / "untied"
+    model.save_pretrained(untied)
+    AutoTokenizer.from_pretrained(str(tiny_model)).save_pretrained(untied)
+    extra = ("--model", str(untied))
+    one, two = _run(tmp_path, 1, 1, extra=extra), _run(tmp_path, 2, 1, "fsdp", extra=extra)
+    assert two["units"] == 4 + 2 + 1 and one["units"] == 0  # layers, embeddings, head, root
+    _same_run(one, two, "fsdp")
+
+
 def test_fsdp_checkpoint_resumes_exactly_in_any_world(one_process, tmp_path):
     """A sharded run checkpointed after 2 steps (full tensors, the single-process layout)
     resumes under FSDP and in one process; each third step equals the uninterrupted run's."""
     one = one_process(1)
-    half = _run(tmp_path, 2, 1, "fsdp", extra=("64", "0"))
+    half = _run(tmp_path, 2, 1, "fsdp", extra=("--budget", "64"))
     assert sorted(half["rows"]) == ["1", "2"]
     for mode, world in (("fsdp", 2), ("ddp", 1)):
         work = tmp_path / f"resume-{mode}"
-        shutil.copytree(tmp_path / "w2-1-fsdp64-0", work)
-        rest = _run(tmp_path, world, 1, mode, extra=("96", "2"), workdir=work)
+        shutil.copytree(tmp_path / "w2-1-fsdp--budget-64", work)
+        rest = _run(tmp_path, world, 1, mode, extra=("--budget", "96", "--first-call", "2"),
+                    workdir=work)
         assert sorted(rest["rows"]) == ["3"], mode
         for key in set(one["rows"]["3"]) - TIMING - NOISE_MICRO[mode]:
             a, b = one["rows"]["3"][key], rest["rows"]["3"][key]
