@@ -13,7 +13,8 @@ pyproject's addopts). The hooks below keep that sound and fast on a 2-core machi
   2-CPU node: two workers' arrays would queue behind each other into the tests' timeouts);
   modules whose module-scoped fixture is expensive keep it to one worker (built once, not twice);
 - `builtin:tiny-arith` is built at the start on one worker when a selected test needs it,
-  while the other worker runs tests (before: inside whichever test needed it first).
+  while the other worker runs tests (before: inside whichever test needed it first); the tests
+  that need it run after all others, so that worker does not wait on the build's lock.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ NEEDS_TINY_MODEL = {
     "tests/integration/test_train_interrupt.py",
     "tests/integration/test_trl_backend.py",
     "tests/integration/test_trl_callback.py",
+    "tests/unit/test_fast_decode.py",
+    "tests/unit/test_noise_every.py",
+    "tests/unit/test_scorer.py",
+    "tests/unit/test_tis.py",
     "tests/unit/test_vllm_engine.py",
 }
 # Modules kept whole on one worker: an expensive module-scoped fixture (a simulated sweep, a
@@ -76,6 +81,8 @@ def _module(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    # the tests needing the built tiny model last (a stable sort: every process orders alike)
+    items.sort(key=lambda item: _module(item) in NEEDS_TINY_MODEL)
     for item in items:
         module = _module(item)
         if item.get_closest_marker("slurm"):
