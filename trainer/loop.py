@@ -343,7 +343,10 @@ def _set_up(cfg, writer, workdir, dist, owner, make_rollout) -> Run:
     model.train()
     ref = None
     if cfg.kl_coef > 0 or cfg.kl_init_every > 0:
-        ref = make_scorer(_frozen_copy(model), cfg)
+        ref_model = _frozen_copy(model)
+        ref = make_scorer(ref_model, cfg)
+        if dist.sharded:  # sharded like the model: its forwards are collective too
+            sharding.shard(ref_model, ref, dist.device, dist.world, dist.fsdp)
     rollout_model = _frozen_copy(model).train() if dist.sharded else model
     scorer = make_scorer(model, cfg)
     net, opt = dist.prepare(model, scorer, lambda: make_optimizer(model, cfg))
@@ -397,10 +400,11 @@ def _save(run: Run) -> None:
         torch.distributed.all_gather_object(states, run.source.state())
     else:
         states = [run.source.state()]
-    main = None
-    model, optimizer = run.model.state_dict(), run.opt.state_dict()
+    main = model = optimizer = None
     if dist.sharded:  # gathered on every rank (collective), in the single-process layout
         model, optimizer = sharding.full_state(run.model), sharding.full_optimizer_state(run.opt)
+    elif dist.rank == 0:
+        model, optimizer = run.model.state_dict(), run.opt.state_dict()
     if dist.rank == 0:
         main = {
             "model": model,
@@ -482,7 +486,7 @@ def _logprobs_before_update(run: Run, batch: Batch):
         if len(idx) or (run.dist.sharded and skips_zero_advantage(cfg)):  # FSDP: every rank
             rest = (idx, *no_grad_logprobs(run.scorer, roll, cfg, True, run.dist, rows=idx))
     if run.ref is not None and (batch.kl_due or cfg.kl_coef > 0):
-        batch.ref_logp, _ = no_grad_logprobs(run.ref, roll, cfg, with_entropy=False)
+        batch.ref_logp, _ = no_grad_logprobs(run.ref, roll, cfg, False, run.dist)
     return rest
 
 

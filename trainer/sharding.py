@@ -14,9 +14,9 @@ a rank keeps 1/world of every parameter, gradient and AdamW moment; a layer's fu
 exist only while its block runs forward or backward. Gradients are reduce-scattered after every
 micro-batch's backward (no local accumulation of full-size gradients) as a sum — the loss is
 already divided by the global normaliser. The rollout engine reads a separate unsharded copy of
-the weights, refreshed by an all-gather after every update (`copy_full_weights`); the reference
-policy for KL terms is likewise an unsharded copy. Checkpoints hold full tensors, in the same
-layout as a single process's (so a run resumes in any world size and either mode).
+the weights, refreshed by an all-gather after every update (`copy_full_weights`); the frozen
+reference policy of the KL terms is sharded like the model. Checkpoints hold full tensors, in
+the same layout as a single process's (so a run resumes in any world size and either mode).
 """
 
 from __future__ import annotations

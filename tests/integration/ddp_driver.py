@@ -68,6 +68,7 @@ def main(out: str, workdir: str, ppo_epochs: int = 1, budget: int | None = None,
          first_call: int = 0, model: str | None = None) -> None:
     from torch.distributed.fsdp import FSDPModule
 
+    from trainer import sharding
     from trainer.dist import Dist, setup_dist
     from trainer.loop import train
     from trainer.rollout import make_engine
@@ -81,6 +82,13 @@ def main(out: str, workdir: str, ppo_epochs: int = 1, budget: int | None = None,
         return prepare(self, model, scorer, make_optimizer)
 
     Dist.prepare = keep
+    shard, sharded = sharding.shard, []
+
+    def count(model, *args):  # which models were sharded: the trained one, the reference
+        sharded.append(model)
+        return shard(model, *args)
+
+    sharding.shard = count
 
     def make(cfg, model, tok, path):
         engines.append(GlobalBatch(make_engine(cfg, model, tok, path), cfg.seed, first_call))
@@ -104,6 +112,7 @@ def main(out: str, workdir: str, ppo_epochs: int = 1, budget: int | None = None,
         / sum(p.numel() for p in trained.parameters()),
         "engine_unsharded": not any(is_dtensor(p) for p in engines[0].inner.model.parameters()),
         "units": sum(isinstance(m, FSDPModule) for m in prepared["scorer"].modules()),
+        "sharded_models": len(sharded),
         "rows": sink.rows,
         "param_sum": float(params.double().sum()),
         "param_sq": float(params.double().square().sum()),

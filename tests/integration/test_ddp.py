@@ -122,6 +122,8 @@ def test_fsdp_two_processes_train_what_one_does(one_process, tmp_path, ppo_epoch
     one, two = one_process(ppo_epochs), _run(tmp_path, 2, ppo_epochs, "fsdp")
     assert two["sharded"] and 0.4 < two["local_fraction"] < 0.6  # rank 0 holds about half
     assert two["engine_unsharded"] and not one["sharded"] and one["local_fraction"] == 1.0
+    # the frozen reference (kl_init every step at two updates per batch) is sharded as well
+    assert two["sharded_models"] == (2 if ppo_epochs == 2 else 1)
     _same_run(one, two, "fsdp")
     if ppo_epochs == 1:
         _check_noise_terms(two, MICRO_ROWS["fsdp"])
