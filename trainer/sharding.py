@@ -66,6 +66,9 @@ def options_from_env() -> FsdpOptions | None:
 
 
 def is_dtensor(t) -> bool:
+    """Whether `t` is a sharded (DTensor) tensor; False on a torch built without distributed."""
+    if not torch.distributed.is_available():
+        return False
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
