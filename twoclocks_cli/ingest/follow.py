@@ -85,10 +85,11 @@ def _sync(store, path: Path, opts, state: _Followed, fresh: bool) -> int:
     if fresh or run_id != state.run_id:
         state.written = {} if fresh else state.written
     state.run_id = run_id
-    n = _write(store, run_id, plan, skip=state.written)
-    state.written = {s: (plan.samples[s], v) for s, v in plan.log.steps.items() if v}
+    # running before its first metric lands: a reader never sees stored steps of a `planned` run
     if store.get_run(run_id).status != RunStatus.running.value:
         store.set_status(run_id, RunStatus.running, message=f"following {path}")
+    n = _write(store, run_id, plan, skip=state.written)
+    state.written = {s: (plan.samples[s], v) for s, v in plan.log.steps.items() if v}
     log = plan.log
     state.last = IngestResult(
         path=str(path), format=log.fmt, sweep=opts.sweep, run_id=run_id, action="followed",
