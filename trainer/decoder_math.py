@@ -13,6 +13,7 @@ lost to ATen's.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -218,15 +219,11 @@ class Layers:
         (`trainer.sharding`) carries its block as the method `BLOCK`, which gathers its weights
         first."""
         for i, layer in enumerate(self.model.model.layers):
-            block = getattr(layer, BLOCK, None)
-            if block is None:
-                x = layer_block(layer, x, rope, attend, i, self, fused[i] if fused else None)
-            else:
-                x = block(x, rope, attend, i, self, fused[i] if fused else None)
+            block = getattr(layer, BLOCK, None) or functools.partial(layer_block, layer)
+            x = block(x, rope, attend, i, self, fused[i] if fused else None)
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head's logits of final rows x [T, D] (final norm applied)."""
-        m = self.model
-        return m.lm_head(rms_norm(x, m.model.norm.weight, self.dims.eps))  # a module call, as in
-        # `embed`
+        m = self.model  # the head called as a module, as in `embed`
+        return m.lm_head(rms_norm(x, m.model.norm.weight, self.dims.eps))
