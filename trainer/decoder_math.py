@@ -109,6 +109,31 @@ def prefill_bias(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return additive_bias((causal[None] & mask.bool()[:, None, :]) | eye[None], dtype)[:, None]
 
 
+def attention(q, k, v, bias, scale: float = 1.0) -> torch.Tensor:
+    """softmax(scale * q kᵀ + bias) v of q [N, H, T, d] over k, v [N, KV, L, d] with additive
+    `bias` [N, 1, T or 1, L]; output [N, H, T, d].
+
+    On CPU it is plain batched matrix products: at the short lengths of a GRPO batch's rows
+    (tens of tokens) they ran forward + backward in half the time of
+    `scaled_dot_product_attention`'s CPU flash kernel (2.9 vs 6.4 ms for 120 rows, 4 heads,
+    11 queries over 17 keys, 2 threads). Elsewhere (CUDA) that kernel, which never holds the
+    score matrix. The G query heads of a key/value head (GQA) are stacked along the query axis,
+    so the keys are used as they lie, with no repeated copy. Scores are softmaxed in float32 at least.
+    """
+    n, h, t, d = q.shape
+    kv = k.shape[1]
+    if q.device.type != "cpu":
+        g = h // kv
+        k, v = (x if g == 1 else x.repeat_interleave(g, dim=1) for x in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
+    if h != kv and bias.shape[2] > 1:  # one bias row per query, for each head of a group
+        bias = bias.repeat(1, 1, h // kv, 1)
+    scores = q.reshape(n, kv, h // kv * t, d) @ k.transpose(-1, -2)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    probs = torch.softmax(torch.add(bias, scores, alpha=scale), dim=-1).to(v.dtype)
+    return (probs @ v).reshape(n, h, t, d)
+
+
 def _cat_bias(mods) -> torch.Tensor | None:
     """The biases of linear layers `mods` concatenated (zeros for those without), or None."""
     if all(m.bias is None for m in mods):

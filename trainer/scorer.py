@@ -14,9 +14,8 @@ backward on every rank).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from trainer.decoder_math import Layers, additive_bias, prefill_bias, unsupported
+from trainer.decoder_math import Layers, additive_bias, attention, prefill_bias, unsupported
 
 
 def _heads_first(t: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -24,19 +23,12 @@ def _heads_first(t: torch.Tensor, rows: int, length: int) -> torch.Tensor:
     return t.reshape(rows, length, *t.shape[1:]).transpose(1, 2)
 
 
-def _attention(q, k, v, shape, bias, heads: int) -> torch.Tensor:
+def _attention(q, k, v, shape, bias) -> torch.Tensor:
     """Self-attention of token rows q [R*L, H, d], k, v [R*L, KV, d] within each of R rows of
     length L (`shape`), additive `bias` [R, 1, L, L]; output [R, L, H, d]."""
     rows, length = shape
     q, k, v = (_heads_first(t, rows, length) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, _repeat(k, heads), _repeat(v, heads), attn_mask=bias)
-    return out.transpose(1, 2)
-
-
-def _repeat(kv: torch.Tensor, heads: int) -> torch.Tensor:
-    """Key/value heads [N, KV, L, d] repeated to the query heads (grouped-query attention)."""
-    g = heads // kv.shape[1]
-    return kv if g == 1 else kv.repeat_interleave(g, dim=1)
+    return attention(q, k, v, bias, q.shape[-1] ** -0.5).transpose(1, 2)
 
 
 class Scorer(torch.nn.Module):
@@ -70,15 +62,14 @@ class Scorer(torch.nn.Module):
         def attend(_i, q, k, v):
             h, d = dims.heads, dims.head_dim
             if not c1:
-                return _attention(q, k, v, (u, p), u_bias, h).reshape(nu, h * d)
+                return _attention(q, k, v, (u, p), u_bias).reshape(nu, h * d)
             (qu, qc), (ku, kc), (vu, vc) = (t.split([nu, n * c1]) for t in (q, k, v))
-            ou = _attention(qu, ku, vu, (u, p), u_bias, h)
+            ou = _attention(qu, ku, vu, (u, p), u_bias)
             keys = torch.cat([_heads_first(ku, u, p).index_select(0, inverse),
                               _heads_first(kc, n, c1)], dim=2)
             values = torch.cat([_heads_first(vu, u, p).index_select(0, inverse),
                                 _heads_first(vc, n, c1)], dim=2)
-            oc = F.scaled_dot_product_attention(_heads_first(qc, n, c1), _repeat(keys, h),
-                                                _repeat(values, h), attn_mask=c_bias)
+            oc = attention(_heads_first(qc, n, c1), keys, values, c_bias, d**-0.5)
             return torch.cat([ou.reshape(nu, h * d), oc.transpose(1, 2).reshape(n * c1, h * d)])
 
         x = L.run(x, rope, attend)

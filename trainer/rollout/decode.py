@@ -23,6 +23,7 @@ import torch
 from trainer.decoder_math import (
     Layers,
     additive_bias,
+    attention,
     prefill_bias,
     unsupported,  # noqa: F401 (the HF engine imports it from here)
 )
@@ -53,16 +54,6 @@ class FastDecoder:
             out.append((w, b, gu_w, gu_b))
         return out
 
-    def _attend(self, q, k, v, bias):
-        """Attention of (pre-scaled) q [N, H, T, d] over k, v [N, KV, L, d] with additive
-        `bias` [N, 1, G*T or 1, L]; the G query heads of a key/value head (GQA) are stacked
-        along the query axis, so both products are plain batched matrix products over the
-        buffers as they lie (no copy of the keys)."""
-        n, h, t, d = q.shape
-        q = q.reshape(n, self.kv_heads, h // self.kv_heads * t, d)
-        probs = torch.softmax((q @ k.transpose(-1, -2)).float() + bias, dim=-1).to(v.dtype)
-        return (probs @ v).reshape(n, h, t, d)
-
     def forward(self, ids, pos, keys, values, start: int, bias, fused=None):
         """Logits [N, V] of the last of tokens `ids` [N, T] at positions `pos`, writing their
         keys/values into the buffers at [start, start+T) and attending over [0, start+T).
@@ -73,15 +64,12 @@ class FastDecoder:
         fused = self.fused() if fused is None else fused
         x = L.embed(ids.reshape(-1))
         rope = L.rope(pos.reshape(-1), x.dtype)
-        groups = self.heads // self.kv_heads
-        if groups > 1 and bias.shape[2] > 1:  # one bias row per query, for each head of a group
-            bias = bias.repeat(1, 1, groups, 1)
 
         def attend(i, q, k, v):
             keys[i][:, :, start:end] = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
             values[i][:, :, start:end] = v.view(n, t, self.kv_heads, -1).transpose(1, 2)
-            o = self._attend(q.view(n, t, self.heads, -1).transpose(1, 2),
-                             keys[i][:, :, :end], values[i][:, :, :end], bias)
+            o = attention(q.view(n, t, self.heads, -1).transpose(1, 2),
+                          keys[i][:, :, :end], values[i][:, :, :end], bias)
             return o.transpose(1, 2).reshape(n * t, -1)
 
         x = L.run(x, rope, attend, fused)
