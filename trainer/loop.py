@@ -267,7 +267,7 @@ class Run:
     source: FileSource | TaskSource
     held: list[Problem]
     data_rng: np.random.Generator
-    theta0: torch.Tensor
+    drift: M.Drift  # parameter drift from the initial weights
     step: int = 0
     samples: int = 0
     ctl: object = None  # the adaptive controller, if batch_schedule = "adaptive"
@@ -350,12 +350,12 @@ def _set_up(cfg, writer, workdir, dist, owner, make_rollout) -> Run:
     rollout_model = _frozen_copy(model).train() if dist.sharded else model
     scorer = make_scorer(model, cfg)
     net, opt = dist.prepare(model, scorer, lambda: make_optimizer(model, cfg))
-    theta0 = M.flat_params(model)  # this rank's shards under FSDP
+    drift = M.Drift(model, dist)
     source, held = load_data(cfg)
     reward_fn = load_reward(cfg.reward)
     engine = (make_rollout or make_engine)(cfg, rollout_model, tok, model_path)  # whole weights
     return Run(cfg, dist, workdir, writer, owner, tok, model, rollout_model, scorer, net, ref,
-               opt, engine, reward_fn, source, held, data_rng, theta0)
+               opt, engine, reward_fn, source, held, data_rng, drift)
 
 
 def _frozen_copy(model):
@@ -534,7 +534,7 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
             batch.old_logp, roll.sampler_logp, cm)
     S = dict(zip(sums, dist.sum(list(sums.values())), strict=True))  # summed over ranks
     elapsed = time.perf_counter() - t0
-    d_abs, d_rel = M.drift(run.model, run.theta0, dist)
+    d_abs, d_rel = run.drift(run.model)
     values = {
         "reward_mean": batch.r_mean,
         "reward_std": batch.r_std,

@@ -27,25 +27,32 @@ def kl_to_init(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return k3(logp, ref_logp)
 
 
-def flat_params(model) -> torch.Tensor:
-    """All trainable parameters as one detached fp32 vector (drift needs theta and theta_0);
-    under FSDP this rank's shards only."""
-    return torch.cat(
-        [local(p.detach()).float().reshape(-1) for p in model.parameters() if p.requires_grad]
-    )
+def _trainable(model) -> list[torch.Tensor]:
+    """This rank's part (its shards under FSDP) of every trainable parameter, detached."""
+    return [local(p.detach()) for p in model.parameters() if p.requires_grad]
 
 
-def drift(model, theta0: torch.Tensor, dist=None) -> tuple[float, float]:
-    """(||theta - theta_0||_2, the same divided by ||theta_0||_2); `dist` (a trainer.dist.Dist)
-    completes sums of squares over ranks when the parameters are sharded."""
-    # squares summed in float64: a float32 norm of ~1M entries is off in the 5th digit, which
-    # made the drift depend on how the parameters were split over ranks
-    d2 = float(torch.linalg.vector_norm(flat_params(model) - theta0, dtype=torch.float64) ** 2)
-    n2 = float(torch.linalg.vector_norm(theta0, dtype=torch.float64) ** 2)
-    if dist is not None and dist.sharded:
-        d2, n2 = dist.sum([d2, n2])
-    d = d2**0.5
-    return d, d / max(n2**0.5, 1e-12)
+class Drift:
+    """||theta - theta_0||_2 and its ratio to ||theta_0||_2, theta_0 being the trainable
+    parameters when this was made (a copy; this rank's shards under FSDP). `dist` (a
+    trainer.dist.Dist) completes the sums of squares over ranks when they are sharded."""
+
+    def __init__(self, model, dist=None):
+        self.theta0 = [t.clone() for t in _trainable(model)]
+        self.dist = dist
+        self.norm0_sq = self._sum_sq(self.theta0)  # fixed: computed once
+
+    def _sum_sq(self, tensors: list[torch.Tensor]) -> float:
+        # per tensor in float64, then summed: a float32 norm of ~1M entries is off in the 5th
+        # digit, which made the drift depend on how the parameters were split over ranks
+        total = float(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))
+                      .pow(2).sum()) if tensors else 0.0
+        return self.dist.sum_shards(total) if self.dist is not None else total
+
+    def __call__(self, model) -> tuple[float, float]:
+        """(absolute, relative) drift of `model`'s parameters now."""
+        d = self._sum_sq(torch._foreach_sub(_trainable(model), self.theta0)) ** 0.5
+        return d, d / max(self.norm0_sq**0.5, 1e-12)
 
 
 def grad_sq_norm(model, dist=None) -> float:
