@@ -302,6 +302,7 @@ class Batch:
     old_logp: torch.Tensor | None = None  # [N, C] rollout policy's log-probs of the samples
     entropy: torch.Tensor | None = None  # [N, C] its token entropy
     ref_logp: torch.Tensor | None = None  # [N, C] the initial policy's log-probs, when needed
+    from_sampler: torch.Tensor | None = None  # rows whose old_logp/entropy are the sampler's
     kl_due: bool = False
     times: dict = field(default_factory=dict)
 
@@ -473,7 +474,8 @@ def _logprobs_before_update(run: Run, batch: Batch):
     """The forwards needed before the update: the rollout policy's log-probs and entropy of
     every row (off-policy) or, on-policy, only of the rows the update skips — returned as
     (index, log-probs, entropy), the update's own forward gives the rest — and the reference's
-    log-probs when a KL term is due."""
+    log-probs when a KL term is due. Skipped rows take the sampler's numbers instead when the
+    engine's are the policy's own (`Rollout.sampler_entropy`): no forward at all for them."""
     cfg, roll = run.cfg, batch.roll
     rest = None
     if not on_policy(cfg):
@@ -483,7 +485,12 @@ def _logprobs_before_update(run: Run, batch: Batch):
         if not skips_zero_advantage(cfg):
             idx = idx[:0]
         rest = (idx, None, None)
-        if len(idx) or (run.dist.sharded and skips_zero_advantage(cfg)):  # FSDP: every rank
+        if roll.sampler_entropy is not None:  # every rank alike (one engine kind): no forward
+            if len(idx):  # NaN off the mask -> 0: every use of them is masked
+                rest = (idx, roll.sampler_logp[idx].nan_to_num(0.0),
+                        roll.sampler_entropy[idx].nan_to_num(0.0))
+                batch.from_sampler = idx
+        elif len(idx) or (run.dist.sharded and skips_zero_advantage(cfg)):  # FSDP: every rank
             rest = (idx, *no_grad_logprobs(run.scorer, roll, cfg, True, run.dist, rows=idx))
     if run.ref is not None and (batch.kl_due or cfg.kl_coef > 0):
         batch.ref_logp, _ = no_grad_logprobs(run.ref, roll, cfg, False, run.dist)
@@ -529,9 +536,10 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
         "tis_w": st.tis_weight,
         "tis_hit": st.tis_capped,
     }
-    if roll.sampler_logp is not None:
+    if roll.sampler_logp is not None:  # over the rows the trainer itself scored
+        own = cm if batch.from_sampler is None else cm.index_fill(0, batch.from_sampler, 0.0)
         sums["s_abs"], sums["s_k3"], sums["s_n"] = sampler.mismatch_sums(
-            batch.old_logp, roll.sampler_logp, cm)
+            batch.old_logp, roll.sampler_logp, own)
     S = dict(zip(sums, dist.sum(list(sums.values())), strict=True))  # summed over ranks
     elapsed = time.perf_counter() - t0
     d_abs, d_rel = run.drift(run.model)

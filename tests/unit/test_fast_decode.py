@@ -51,10 +51,16 @@ def test_sampler_logprobs_equal_the_trainers_forward(tiny, decoder):
     roll = engine.generate(_prompts(tok, 12, seed=1, group=4))
     m = roll.completion_mask.bool()
     with torch.no_grad():
-        logp, _ = completion_logprobs(model, roll, 1.0)
+        logp, entropy = completion_logprobs(model, roll, 1.0, with_entropy=True)
     assert int(m.sum()) > 100
     assert torch.allclose(roll.sampler_logp[m], logp[m], atol=1e-4)
     assert bool(torch.isnan(roll.sampler_logp[~m]).all())
+    if decoder == "auto":  # the loop's numbers are the policy's own: its entropy too
+        assert torch.allclose(roll.sampler_entropy[m], entropy[m], atol=1e-4)
+        assert bool(torch.isnan(roll.sampler_entropy[~m]).all())
+        assert float(entropy[m].std()) > 0.01  # entropies that differ, not one constant
+    else:  # `generate` is transformers' code: nothing is claimed about its numerics
+        assert roll.sampler_entropy is None
     assert set(roll.texts) != {roll.texts[0]}  # it really sampled
 
 
@@ -131,7 +137,7 @@ def test_non_finite_weights_raise_the_engines_divergence_error(tiny):
 @pytest.mark.parametrize("arch", ["qwen2-gqa", "llama"])
 def test_other_shapes_match_the_forward(arch):
     """Grouped key/value heads (Qwen2) and bias-free projections (Llama), random weights:
-    each decode step's logits equal the full forward over the sequence so far."""
+    each decode step's log-prob and entropy equal the full forward's over the sequence so far."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     kw = dict(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -144,7 +150,7 @@ def test_other_shapes_match_the_forward(arch):
     ids = torch.randint(3, 50, (3, 5))
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
     torch.manual_seed(4)
-    tokens, logp = dec.sample(ids, mask, torch.tensor([0, 1, 2, 2]), 6, 1.0, 1.0, -1, 0)
+    tokens, logp, ent = dec.sample(ids, mask, torch.tensor([0, 1, 2, 2]), 6, 1.0, 1.0, -1, 0)
     rows = ids[[0, 1, 2, 2]]
     rmask = mask[[0, 1, 2, 2]]
     for t in range(tokens.shape[1]):
@@ -156,6 +162,7 @@ def test_other_shapes_match_the_forward(arch):
                                           position_ids=pos).logits[:, -1], -1)
         assert torch.allclose(logp[:, t], ref.gather(1, tokens[:, t : t + 1]).squeeze(1),
                               atol=1e-5)
+        assert torch.allclose(ent[:, t], -(ref.exp() * ref).sum(-1), atol=1e-5)
 
 
 def test_unsupported_architectures_say_why():

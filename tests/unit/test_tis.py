@@ -29,17 +29,30 @@ class _Shifted:
     def generate(self, prompts, temperature=None):
         roll = self.inner.generate(prompts, temperature)
         roll.sampler_logp = roll.sampler_logp - DELTA
+        roll.sampler_entropy = None  # its numbers are no longer the policy's own
         return roll
 
 
-def _first_step(tmp_path, name: str, shifted: bool, **over) -> dict:
+class _Foreign(_Shifted):
+    """The HF engine claiming nothing about its numerics (as vLLM): no `sampler_entropy`, so
+    the trainer runs its own forward for the rows the update skips."""
+
+    def generate(self, prompts, temperature=None):
+        roll = self.inner.generate(prompts, temperature)
+        roll.sampler_entropy = None
+        return roll
+
+
+def _first_step(tmp_path, name: str, shifted: bool | type, **over) -> dict:
     from trainer.config import TrainConfig
     from trainer.loop import train
     from trainer.rollout import make_engine
 
+    wrap = _Shifted if shifted is True else shifted or None
+
     def make(cfg, model, tok, path):
         engine = make_engine(cfg, model, tok, path)
-        return _Shifted(engine) if shifted else engine
+        return wrap(engine) if wrap else engine
 
     cfg = TrainConfig(prompts_per_batch=8, group_size=4, lr=1e-3, sample_budget=32, seed=5,
                       eval_every_samples=0, checkpoint_every_steps=0, threads=1,
@@ -71,3 +84,19 @@ def test_a_shifted_sampler_is_measured_and_corrected(tmp_path, epochs):
         if epochs == 1:
             assert row["grad_norm"] == pytest.approx(weight * base["grad_norm"], rel=1e-4)
         assert row["grad_sq_full"] == pytest.approx(weight**2 * base["grad_sq_full"], rel=1e-3)
+
+
+def test_skipped_rows_take_the_samplers_numbers_as_a_forward_would_give_them(tmp_path):
+    """The decode loop's log-probs and entropy stand in for a trainer forward over the rows the
+    update leaves out (zero advantage): the step's entropy and KL-to-init equal those of the
+    run that scores them with its own forward, to float rounding; everything else is equal."""
+    ours = _first_step(tmp_path, "sampler", shifted=False)
+    forward = _first_step(tmp_path, "forward", shifted=_Foreign)
+    assert ours["zero_std_frac"] > 0  # there were rows to leave out
+    assert ours["reward_mean"] == forward["reward_mean"]
+    assert ours["entropy"] == pytest.approx(forward["entropy"], rel=1e-5)
+    assert ours["kl_init"] == pytest.approx(forward["kl_init"], abs=1e-7)
+    for key in ("loss", "grad_norm", "clip_frac", "drift_abs"):
+        assert ours[key] == pytest.approx(forward[key], rel=1e-6), key
+    # the mismatch is measured on the rows the trainer scored itself, and stays at rounding
+    assert 0 <= ours["sampler_abs_logratio"] < 1e-4

@@ -21,7 +21,10 @@ class Rollout:
     to C); `completion_mask` [N, C] marks completion tokens up to and including the first EOS;
     `truncated` [N] is True where no EOS came within max_new_tokens; `sampler_logp` [N, C] is
     the engine's log-prob of each sampled token at the sampling temperature (NaN off the mask
-    or where the engine gave none; None when it gave none at all).
+    or where the engine gave none; None when it gave none at all). `sampler_entropy` [N, C]
+    (NaN off the mask) comes only from an engine whose numbers are the training policy's own
+    to float rounding — its forward's math on its live weights (the HF engine's decode loop) —
+    so the trainer may use them, with `sampler_logp`, in place of a forward of its own.
     """
 
     input_ids: torch.Tensor
@@ -31,6 +34,7 @@ class Rollout:
     texts: list[str]
     truncated: torch.Tensor
     sampler_logp: torch.Tensor | None = None
+    sampler_entropy: torch.Tensor | None = None
 
     @property
     def completion_ids(self) -> torch.Tensor:
@@ -47,6 +51,7 @@ class Rollout:
             [self.texts[i] for i in idx],
             self.truncated[index],
             None if self.sampler_logp is None else self.sampler_logp[index],
+            None if self.sampler_entropy is None else self.sampler_entropy[index],
         )
 
 

@@ -78,13 +78,15 @@ class FastDecoder:
     # --- sampling ------------------------------------------------------------------------------
     def sample(self, u_ids, u_mask, inverse, max_new_tokens: int, temperature: float,
                top_p: float, eos_id: int, pad_id: int):
-        """(completion ids [N, C'], the sampler's log-prob of each [N, C']) for N rows, row r
-        continuing distinct left-padded prompt `inverse[r]` of `u_ids`/`u_mask` [U, P].
+        """(completion ids [N, C'], the sampler's log-prob of each, the entropy of each
+        token's distribution [N, C']) for N rows, row r continuing distinct left-padded prompt
+        `inverse[r]` of `u_ids`/`u_mask` [U, P].
 
         Tokens come from softmax(logits / T) (top-p filtered when top_p < 1; greedy when
         T = 0) through the global torch generator, so checkpointed RNG state resumes it. The
-        log-prob is of the token under softmax(logits / T) — what the trainer computes. Rows
-        past their EOS get `pad_id`; decoding stops once every row has ended (C' <= C).
+        log-prob and entropy are of softmax(logits / T), unfiltered — what the trainer computes.
+        Rows past their EOS get `pad_id` (log-prob and entropy NaN); decoding stops once every
+        row has ended (C' <= C).
         Raises FloatingPointError when the logits are not finite.
         """
         n, p = len(inverse), u_ids.shape[1]
@@ -106,12 +108,13 @@ class FastDecoder:
         key_ok[:, :p] = u_mask[inverse].bool()
         pos = u_pos[inverse, -1:]
         done = torch.zeros(n, dtype=torch.bool, device=dev)
-        tokens, logps = [], []
+        tokens, logps, ents = [], [], []
         for step in range(max_new_tokens):
-            token, logp = _draw(logits.float(), temperature, top_p)
-            token = torch.where(done, torch.full_like(token, pad_id), token)
+            token, logp, ent = _draw(logits.float(), temperature, top_p)
+            token = token.masked_fill(done, pad_id)
             tokens.append(token)
-            logps.append(torch.where(done, torch.full_like(logp, math.nan), logp))
+            logps.append(logp.masked_fill(done, math.nan))
+            ents.append(ent.masked_fill(done, math.nan))
             done = done | (token == eos_id)
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
@@ -119,26 +122,27 @@ class FastDecoder:
             pos = pos + 1
             bias = additive_bias(key_ok[:, : p + step + 1])[:, None, None, :]
             logits = self.forward(token[:, None], pos, keys, values, p + step, bias, fused)
-        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), torch.stack(ents, dim=1)
 
 
 def _draw(logits: torch.Tensor, temperature: float, top_p: float):
-    """(token [N], its log-prob under softmax(logits / T)) — by inverse-CDF sampling from the
-    (top-p filtered) distribution, or the argmax when T = 0."""
+    """(token [N], its log-prob under softmax(logits / T), that distribution's entropy) — by
+    inverse-CDF sampling from the (top-p filtered) distribution, or the argmax when T = 0."""
     if not bool(torch.isfinite(logits).all()):
         raise FloatingPointError("non-finite logits while sampling")
-    scaled = logits / temperature if temperature > 0 else logits
+    scaled = logits / temperature if temperature > 0 and temperature != 1 else logits
     logp_all = torch.log_softmax(scaled, dim=-1)
+    probs = logp_all.exp()
+    entropy = -(probs * logp_all).sum(dim=-1)
     if temperature <= 0:
         token = logits.argmax(dim=-1)
     else:
-        probs = logp_all.exp()
         if top_p < 1.0:
             probs = _top_p(probs, top_p)
         cdf = probs.cumsum(dim=-1)
         u = torch.rand(len(probs), 1, device=probs.device) * cdf[:, -1:]
         token = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
-    return token, logp_all.gather(1, token[:, None]).squeeze(1)
+    return token, logp_all.gather(1, token[:, None]).squeeze(1), entropy
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

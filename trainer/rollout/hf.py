@@ -4,7 +4,9 @@ A GRPO batch repeats each prompt G times: the engine tokenizes each distinct pro
 pre-fills its keys/values once. Qwen2/Llama models decode through twoclocks' own loop
 (`trainer.rollout.decode`); anything else through transformers `generate`, handed that cache
 re-indexed to every row (generate then only runs each row's last prompt token). Either way the
-sampler's log-prob of every token comes back on the Rollout (`sampler_logp`).
+sampler's log-prob of every token comes back on the Rollout (`sampler_logp`); the decode loop,
+which is the training forward's own math on the live weights, also returns each token's entropy
+(`sampler_entropy`), so the trainer needs no forward of its own for the rows it does not train.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ class HFEngine:
         self.model.eval()
         try:
             with torch.no_grad():
+                entropy = None  # only the decode loop's numbers are the policy's own
                 if self.decoder is not None:
-                    completion, logp = self.decoder.sample(
+                    completion, logp, entropy = self.decoder.sample(
                         u_ids, u_mask, inverse.to(device), cfg.max_new_tokens, t, cfg.top_p,
                         tok.eos_token_id, tok.pad_token_id,
                     )
@@ -71,7 +74,10 @@ class HFEngine:
             self.model.train(was_training)
         roll = assemble(ids.cpu(), mask.cpu(), completion.cpu(), tok.eos_token_id,
                         tok.pad_token_id, tok)
-        roll.sampler_logp = logp.float().cpu().masked_fill(~roll.completion_mask.bool(), math.nan)
+        off = ~roll.completion_mask.bool()
+        roll.sampler_logp = logp.float().cpu().masked_fill(off, math.nan)
+        if entropy is not None:
+            roll.sampler_entropy = entropy.float().cpu().masked_fill(off, math.nan)
         return roll
 
     def _generate(self, u_ids, u_mask, ids, mask, inverse, kwargs):
