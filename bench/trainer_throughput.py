@@ -66,6 +66,11 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool, template: st
     """(samples/s of trainer.loop.train over steps 2..N, median step times in ms)."""
     from trainer.config import TrainConfig
     from trainer.loop import train
+    from trainer.rewards import _parse
+
+    # every run starts with math-verify's parse cache cold, as TRL's fresh process does (this
+    # process runs ours several times over the same problems)
+    _parse.cache_clear()
 
     cfg = TrainConfig(
         model=model,
