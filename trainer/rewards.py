@@ -32,11 +32,6 @@ FINAL_BOXED = r"(?s).*\\boxed\{[^{}]*\}\s*"
 _CHUNK = 32
 # Verdicts remembered per (completion, gold answer); a full memo is dropped and refilled.
 _MEMO_SIZE = 1 << 16
-# A boxed integer completion and an integer gold answer (either boxed or bare), short enough
-# that math-verify's work on them is bounded: such items are verified in this process, since a
-# worker's round trip costs more than the verification (see MathVerifyReward._score).
-_SIMPLE_COMPLETION = re.compile(r"\\boxed\{-?[0-9]{1,18}\}\s{0,16}")
-_SIMPLE_ANSWER = re.compile(r"-?[0-9]{1,18}|\\boxed\{-?[0-9]{1,18}\}")
 
 
 class RewardFunction(Protocol):
@@ -58,11 +53,6 @@ def _parse(text: str, timeout: int | None):
     from math_verify import parse
 
     return parse(text, parsing_timeout=timeout)
-
-
-def _is_simple(completion: str, answer: str) -> bool:
-    """Whether (completion, answer) is a boxed integer against an integer, both short."""
-    return bool(_SIMPLE_COMPLETION.fullmatch(completion) and _SIMPLE_ANSWER.fullmatch(answer))
 
 
 def _verify(completion: str, answer: str, timeout: int | None) -> float | None:
@@ -153,9 +143,7 @@ class MathVerifyReward:
     `answer_pattern` must match the whole completion (re.fullmatch); `timeout_s` bounds each
     item's verification (an overrun scores 0 and its worker is replaced); `workers` forked
     processes verify in parallel (0 = in this process, main thread only, using math-verify's own
-    signal-based timeout rounded up to whole seconds). A boxed integer of at most 18 digits
-    against an integer answer is verified in this process either way: math-verify's work on it
-    is bounded, and cheaper than a worker's round trip.
+    signal-based timeout rounded up to whole seconds).
     """
 
     def __init__(
@@ -219,12 +207,7 @@ class MathVerifyReward:
         if self.n_workers == 0:
             seconds = max(1, math.ceil(self.timeout_s))
             return [_verify(c, a, seconds) for c, a in items]
-        # short integers cannot hang math-verify: verified here, with no timeout, since a
-        # worker's round trip costs more than the check (the tiny task's step: 10 vs 17 ms)
-        rest = [i for i, (c, a) in enumerate(items) if not _is_simple(c, a)]
-        out = dict(zip(rest, self._pool_score([items[i] for i in rest]) if rest else [],
-                       strict=True))
-        return [out[i] if i in out else _verify(c, a, None) for i, (c, a) in enumerate(items)]
+        return self._pool_score(items)
 
     def _pool_score(self, items: list[tuple[str, str]]) -> list[float | None]:
         """Scores from the worker pool, enforcing the per-item deadline from this process."""
