@@ -68,8 +68,9 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool, template: st
     from trainer.loop import train
     from trainer.rewards import _parse
 
-    # every run starts with math-verify's parse cache cold, as TRL's fresh process does (this
-    # process runs ours several times over the same problems)
+    # every run starts with math-verify's parse cache cold, as TRL's fresh process does: this
+    # process runs ours several times over the same problems, and the reward pool's workers
+    # fork from it
     _parse.cache_clear()
 
     cfg = TrainConfig(
