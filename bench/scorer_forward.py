@@ -4,6 +4,8 @@ One micro-batch of the bench's shape — 8 prompts x G=8 completions of 12 token
 tiny model (left-padded prompts, some completions ended early) — scored and back-propagated
 through a token-mean log-prob loss, alternating the two forwards; prints the median ms of each
 and their ratio. Both share each prompt across its group (transformers through its KV cache).
+A third contender is twoclocks' forward with its attention through torch's
+scaled_dot_product_attention (what it runs on CUDA): the baseline of its CPU matmul attention.
 
     python bench/scorer_forward.py [--runs 40] [--threads 2]
 """
@@ -45,7 +47,8 @@ def main() -> None:
     model.train()
     scorer = Scorer(model)
     forwards = {"transformers": lambda: completion_logits(model, ids, mask, p),
-                "twoclocks": lambda: scorer(ids, mask, p)}
+                "twoclocks": lambda: scorer(ids, mask, p),
+                "twoclocks-sdpa": lambda: _with_sdpa(lambda: scorer(ids, mask, p))}
 
     def once(forward) -> float:
         model.zero_grad(set_to_none=True)
@@ -66,6 +69,28 @@ def main() -> None:
     for k, v in med.items():
         print(f"{k:>13} forward + backward: {v:6.1f} ms (median of {a.runs})")
     print(f"ratio transformers/twoclocks: {med['transformers'] / med['twoclocks']:.2f}x")
+    print(f"ratio twoclocks-sdpa/twoclocks: {med['twoclocks-sdpa'] / med['twoclocks']:.2f}x "
+          "(its attention by torch's scaled_dot_product_attention, as on CUDA, instead of the "
+          "CPU's batched matmuls)")
+
+
+def _with_sdpa(forward):
+    """`forward()` with the Scorer's attention through scaled_dot_product_attention (the path
+    decoder_math.attention takes off the CPU): the baseline of its CPU matmul path."""
+    import torch.nn.functional as F
+
+    import trainer.scorer as scorer_mod
+
+    def sdpa(q, k, v, bias, scale=1.0):
+        g = q.shape[1] // k.shape[1]
+        k, v = (x if g == 1 else x.repeat_interleave(g, dim=1) for x in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
+
+    plain, scorer_mod.attention = scorer_mod.attention, sdpa
+    try:
+        return forward()
+    finally:
+        scorer_mod.attention = plain
 
 
 if __name__ == "__main__":
