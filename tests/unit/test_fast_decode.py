@@ -75,8 +75,9 @@ def test_greedy_tokens_equal_transformers_generate(tiny):
 
 
 def test_each_distinct_prompt_is_prefilled_once(tiny):
-    """Groups of 4: one pre-fill of the 3 distinct prompts, then one token per row per step;
-    greedy rows equal those of the distinct prompts alone."""
+    """Groups of 4: one pre-fill of the 3 distinct prompts; greedy rows of a group never
+    diverge, so every later pass runs one row per group still decoding (never the 12 rows),
+    and the rows equal those of the distinct prompts alone."""
     _, tok, _ = tiny
     engine = _engine(tiny, max_new_tokens=6)
     shapes = []
@@ -92,10 +93,25 @@ def test_each_distinct_prompt_is_prefilled_once(tiny):
     shapes.clear()
     grouped = engine.generate([p for p in distinct for _ in range(4)], temperature=0.0)
     p = grouped.prompt_len
-    assert shapes[0] == (3, p) and set(shapes[1:]) == {(12, 1)}
+    assert shapes[0] == (3, p) and shapes[1] == (3, 1)
+    assert all(k <= 3 and t == 1 for k, t in shapes[1:])
     assert len(shapes) == grouped.completion_ids.shape[1]  # no pass after the last token
     assert torch.equal(grouped.input_ids, alone.input_ids.repeat_interleave(4, 0))
     assert grouped.texts == [t for t in alone.texts for _ in range(4)]
+
+
+def test_rows_with_one_history_share_a_pass():
+    """`_shared_rows`: one row per distinct (prompt, tokens so far) among rows still decoding,
+    each row pointing at its history's; ended rows left out; None when all differ."""
+    from trainer.rollout.decode import _shared_rows
+
+    history = torch.tensor([[0, 5], [0, 5], [1, 5], [0, 6], [1, 5]])
+    done = torch.tensor([False, False, False, True, False])
+    rows, back = _shared_rows(history, done)
+    assert rows.tolist() == [0, 2]  # histories (0, 5) and (1, 5); (0, 6) has ended
+    assert back[torch.tensor([0, 1, 2, 4])].tolist() == [0, 0, 1, 1]
+    assert _shared_rows(history[:3:2], torch.tensor([False, False])) is None
+    assert _shared_rows(history, torch.ones(5, dtype=torch.bool)) is None
 
 
 def test_first_tokens_follow_the_softmax(tiny):

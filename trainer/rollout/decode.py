@@ -5,9 +5,11 @@ small models on CPU that bookkeeping costs as much as the arithmetic. This loop 
 decoder (read from the live training model's own modules, so there is nothing to sync) over
 static key/value buffers: the distinct prompts are pre-filled once and their keys/values copied
 to every row of their group, then each new token is one pass of plain tensor ops (RMSNorm,
-RoPE, attention over the buffer, SwiGLU MLP). Its logits agree with the model's own forward to
-float rounding (tests/unit/test_fast_decode.py); the trainer recomputes every log-prob with
-the model's forward anyway, and the per-token sampler log-probs it returns measure the gap.
+RoPE, attention over the buffer, SwiGLU MLP) over the rows whose histories still differ (rows
+of a group that sampled the same tokens so far share it; ended rows are left out). Its logits
+agree with the model's own forward to float rounding (tests/unit/test_fast_decode.py); the
+trainer recomputes every log-prob with the model's forward anyway, and the per-token sampler
+log-probs it returns measure the gap.
 
 The layer math is `trainer.decoder_math`'s (shared with the update's forward): only
 architectures it reproduces are accepted (`unsupported` says why not); anything else goes
@@ -54,10 +56,12 @@ class FastDecoder:
             out.append((w, b, gu_w, gu_b))
         return out
 
-    def forward(self, ids, pos, keys, values, start: int, bias, fused=None):
+    def forward(self, ids, pos, keys, values, start: int, bias, fused=None, share=None):
         """Logits [N, V] of the last of tokens `ids` [N, T] at positions `pos`, writing their
         keys/values into the buffers at [start, start+T) and attending over [0, start+T).
-        `fused`: `self.fused()`, computed once per sample (else now)."""
+        `fused`: `self.fused()`, computed once per sample (else now). `share` = (rows, back):
+        the N inputs are buffer rows `rows`, and buffer row r receives the keys/values of input
+        `back[r]` (rows with one history so far share one pass; see `sample`)."""
         L = self.layers
         n, t = ids.shape
         end = start + t
@@ -66,10 +70,18 @@ class FastDecoder:
         rope = L.rope(pos.reshape(-1), x.dtype)
 
         def attend(i, q, k, v):
-            keys[i][:, :, start:end] = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
-            values[i][:, :, start:end] = v.view(n, t, self.kv_heads, -1).transpose(1, 2)
-            o = attention(q.view(n, t, self.heads, -1).transpose(1, 2),
-                          keys[i][:, :, :end], values[i][:, :, :end], bias)
+            k = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
+            v = v.view(n, t, self.kv_heads, -1).transpose(1, 2)
+            if share is None:
+                keys[i][:, :, start:end] = k
+                values[i][:, :, start:end] = v
+                seen_k, seen_v = keys[i][:, :, :end], values[i][:, :, :end]
+            else:
+                rows, back = share
+                keys[i][:, :, start:end] = k[back]
+                values[i][:, :, start:end] = v[back]
+                seen_k, seen_v = keys[i][rows, :, :end], values[i][rows, :, :end]
+            o = attention(q.view(n, t, self.heads, -1).transpose(1, 2), seen_k, seen_v, bias)
             return o.transpose(1, 2).reshape(n * t, -1)
 
         x = L.run(x, rope, attend, fused)
@@ -108,6 +120,7 @@ class FastDecoder:
         key_ok[:, :p] = u_mask[inverse].bool()
         pos = u_pos[inverse, -1:]
         done = torch.zeros(n, dtype=torch.bool, device=dev)
+        history = inverse[:, None]  # each row's prompt and tokens so far
         tokens, logps, ents = [], [], []
         for step in range(max_new_tokens):
             token, logp, ent = _draw(logits.float(), temperature, top_p)
@@ -121,8 +134,37 @@ class FastDecoder:
             key_ok[:, p + step] = True
             pos = pos + 1
             bias = additive_bias(key_ok[:, : p + step + 1])[:, None, None, :]
-            logits = self.forward(token[:, None], pos, keys, values, p + step, bias, fused)
+            history = torch.cat([history, token[:, None]], dim=1)
+            share = _shared_rows(history, done)
+            if share is None:
+                logits = self.forward(token[:, None], pos, keys, values, p + step, bias, fused)
+            else:
+                rows, back = share
+                logits = self.forward(token[rows, None], pos[rows], keys, values, p + step,
+                                      bias[rows], fused, share)[back]
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), torch.stack(ents, dim=1)
+
+
+def _shared_rows(history: torch.Tensor, done: torch.Tensor):
+    """(rows, back) when rows still decoding share histories [N, S] (same prompt, same tokens
+    so far — the next token's distribution is then the same): one row of each distinct
+    history (`rows`), and for every row the position in `rows` of its history (`back`; ended
+    rows, whose logits are never used, map to 0). None when every row is distinct and live.
+
+    Early in a completion most of a group's G rows agree (a format's opening tokens, a chat
+    template's first words), so a pass over the distinct ones does the same work for fewer
+    rows; the rows still draw their tokens one by one from those logits."""
+    live = (~done).nonzero().squeeze(1)
+    if len(live) == 0:
+        return None
+    distinct, where = torch.unique(history[live], dim=0, return_inverse=True)
+    if len(distinct) == len(history):
+        return None
+    rows = torch.full((len(distinct),), len(history), dtype=live.dtype, device=live.device)
+    rows = rows.scatter_reduce(0, where, live, reduce="amin")  # the first row of each history
+    back = torch.zeros(len(history), dtype=where.dtype, device=where.device)
+    back[live] = where
+    return rows, back
 
 
 def _draw(logits: torch.Tensor, temperature: float, top_p: float):
