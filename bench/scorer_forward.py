@@ -4,8 +4,10 @@ One micro-batch of the bench's shape — 8 prompts x G=8 completions of 12 token
 tiny model (left-padded prompts, some completions ended early) — scored and back-propagated
 through a token-mean log-prob loss, alternating the two forwards; prints the median ms of each
 and their ratio. Both share each prompt across its group (transformers through its KV cache).
-A third contender is twoclocks' forward with its attention through torch's
-scaled_dot_product_attention (what it runs on CUDA): the baseline of its CPU matmul attention.
+Two more contenders are baselines of twoclocks' own choices: its attention through torch's
+scaled_dot_product_attention (what it runs on CUDA) instead of the CPU's batched matmuls, and
+every completion position run for its own row instead of each prefix shared by the rows of a
+group run once.
 
     python bench/scorer_forward.py [--runs 40] [--threads 2]
 """
@@ -48,7 +50,8 @@ def main() -> None:
     scorer = Scorer(model)
     forwards = {"transformers": lambda: completion_logits(model, ids, mask, p),
                 "twoclocks": lambda: scorer(ids, mask, p),
-                "twoclocks-sdpa": lambda: _with_sdpa(lambda: scorer(ids, mask, p))}
+                "twoclocks-sdpa": lambda: _with_sdpa(lambda: scorer(ids, mask, p)),
+                "twoclocks-unshared": lambda: _unshared(lambda: scorer(ids, mask, p))}
 
     def once(forward) -> float:
         model.zero_grad(set_to_none=True)
@@ -72,6 +75,27 @@ def main() -> None:
     print(f"ratio twoclocks-sdpa/twoclocks: {med['twoclocks-sdpa'] / med['twoclocks']:.2f}x "
           "(its attention by torch's scaled_dot_product_attention, as on CUDA, instead of the "
           "CPU's batched matmuls)")
+    print(f"ratio twoclocks-unshared/twoclocks: "
+          f"{med['twoclocks-unshared'] / med['twoclocks']:.2f}x (every completion position run "
+          "for its own row, instead of each prefix the rows of a group share once)")
+
+
+def _unshared(forward):
+    """`forward()` with every completion position run for its own row (no prefix shared by
+    the rows of a group run once): the baseline of that sharing."""
+    import torch
+
+    import trainer.scorer as scorer_mod
+
+    def alone(prompt, tokens, mask):
+        flat = torch.arange(tokens.numel())
+        return flat, flat.clone()
+
+    plain, scorer_mod._prefix_nodes = scorer_mod._prefix_nodes, alone
+    try:
+        return forward()
+    finally:
+        scorer_mod._prefix_nodes = plain
 
 
 def _with_sdpa(forward):

@@ -51,33 +51,41 @@ class Scorer(torch.nn.Module):
         unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
         u_ids, u_mask, u = unique[:, :p], unique[:, p:], len(unique)
         c_ids = ids[:, p:-1] if c > 1 else ids[:, :0]  # the inputs after each prompt's last
+        c_mask = mask[:, p : p + c_ids.shape[1]]
         c1 = c_ids.shape[1]
         u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
-        c_pos = u_pos[inverse, -1:] + mask[:, p : p + c1].cumsum(-1)
-        x = L.embed(torch.cat([u_ids.reshape(-1), c_ids.reshape(-1)]))
-        rope = L.rope(torch.cat([u_pos.reshape(-1), c_pos.reshape(-1)]), x.dtype)
-        u_bias, c_bias = self._biases(u_mask, mask[:, p : p + c1], inverse, x.dtype)
+        c_pos = u_pos[inverse, -1:] + c_mask.cumsum(-1)
+        node, rep = _prefix_nodes(inverse, c_ids, c_mask)  # each shared prefix once
+        m = len(rep)
+        x = L.embed(torch.cat([u_ids.reshape(-1), c_ids.reshape(-1)[rep]]))
+        rope = L.rope(torch.cat([u_pos.reshape(-1), c_pos.reshape(-1)[rep]]), x.dtype)
+        u_bias, c_bias = self._biases(u_mask, c_mask, inverse, x.dtype)
         nu = u * p
 
         def attend(_i, q, k, v):
             h, d = dims.heads, dims.head_dim
             if not c1:
                 return _attention(q, k, v, (u, p), u_bias).reshape(nu, h * d)
-            (qu, qc), (ku, kc), (vu, vc) = (t.split([nu, n * c1]) for t in (q, k, v))
+            (qu, qm), (ku, km), (vu, vm) = (t.split([nu, m]) for t in (q, k, v))
             ou = _attention(qu, ku, vu, (u, p), u_bias)
+            # every row's completion positions, each read from its prefix's node
+            qc, kc, vc = (t.index_select(0, node) for t in (qm, km, vm))
             keys = torch.cat([_heads_first(ku, u, p).index_select(0, inverse),
                               _heads_first(kc, n, c1)], dim=2)
             values = torch.cat([_heads_first(vu, u, p).index_select(0, inverse),
                                 _heads_first(vc, n, c1)], dim=2)
             oc = attention(_heads_first(qc, n, c1), keys, values, c_bias, d**-0.5)
-            return torch.cat([ou.reshape(nu, h * d), oc.transpose(1, 2).reshape(n * c1, h * d)])
+            om = oc.transpose(1, 2).reshape(n * c1, h * d).index_select(0, rep)
+            return torch.cat([ou.reshape(nu, h * d), om])
 
         x = L.run(x, rope, attend)
-        xu, xc = x.split([nu, n * c1])
+        xu, xm = x.split([nu, m])
         last = xu.reshape(u, p, -1)[:, -1]  # each prompt's last token: the first prediction
-        first, rest = L.logits(torch.cat([last, xc])).split([u, n * c1])
+        first, rest = L.logits(torch.cat([last, xm])).split([u, m])
         first = first.index_select(0, inverse).unsqueeze(1)
-        return torch.cat([first, rest.reshape(n, c1, -1)], dim=1) if c1 else first
+        if not c1:
+            return first
+        return torch.cat([first, rest.index_select(0, node).reshape(n, c1, -1)], dim=1)
 
     @staticmethod
     def _biases(u_mask, c_mask, inverse, dtype):
@@ -89,6 +97,29 @@ class Scorer(torch.nn.Module):
         own = own[None] & c_mask.bool()[:, None]
         allowed = torch.cat([u_mask.bool()[inverse][:, None, :].expand(n, c1, p), own], dim=-1)
         return prefill_bias(u_mask, dtype), additive_bias(allowed, dtype)[:, None]
+
+
+def _prefix_nodes(prompt: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor):
+    """(node [N*C'], rep [M]) for completion inputs `tokens`/`mask` [N, C'] after prompts
+    `prompt` [N] (distinct-prompt ids): positions with one history — same prompt, same tokens
+    and mask up to and including it — are one node, since every layer computes the same for
+    them; `node` numbers each row-major position's node, `rep` is one position of each.
+
+    G completions of a prompt often open alike (a format's first tokens, a chat template's
+    first words): their shared prefix then runs once through every layer, forward and backward,
+    as the shared prompt does, and its gradient collects every row's."""
+    n, c = tokens.shape
+    node = torch.empty(n, c, dtype=torch.long, device=tokens.device)
+    parent, count = prompt, 0
+    for j in range(c):  # a position's node: (its parent's node, its token, its mask bit)
+        _, local = torch.unique(torch.stack([parent, tokens[:, j], mask[:, j]], 1), dim=0,
+                                return_inverse=True)
+        node[:, j] = parent = local + count
+        count += int(local.max()) + 1 if n else 0
+    flat = node.reshape(-1)
+    positions = torch.arange(len(flat), device=flat.device)
+    rep = torch.full((count,), len(flat), dtype=torch.long, device=flat.device)
+    return flat, rep.scatter_reduce(0, flat, positions, reduce="amin")
 
 
 def make_scorer(model, cfg):
