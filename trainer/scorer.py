@@ -115,7 +115,13 @@ def _prefix_nodes(prompt: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
         _, local = torch.unique(torch.stack([parent, tokens[:, j], mask[:, j]], 1), dim=0,
                                 return_inverse=True)
         node[:, j] = parent = local + count
-        count += int(local.max()) + 1 if n else 0
+        distinct = int(local.max()) + 1 if n else 0
+        count += distinct
+        if distinct == n:  # every row on its own: histories never merge again
+            rest = n * (c - j - 1)
+            node[:, j + 1 :] = count + torch.arange(rest, device=node.device).reshape(n, -1)
+            count += rest
+            break
     flat = node.reshape(-1)
     positions = torch.arange(len(flat), device=flat.device)
     rep = torch.full((count,), len(flat), dtype=torch.long, device=flat.device)

@@ -105,11 +105,11 @@ def test_rows_with_one_history_share_a_pass():
     each row pointing at its history's; ended rows left out; None when all differ."""
     from trainer.rollout.decode import _shared_rows
 
-    history = torch.tensor([[0, 5], [0, 5], [1, 5], [0, 6], [1, 5]])
+    history = torch.tensor([7, 7, 3, 9, 3])  # ids of (prompt, tokens so far)
     done = torch.tensor([False, False, False, True, False])
     rows, back = _shared_rows(history, done)
-    assert rows.tolist() == [0, 2]  # histories (0, 5) and (1, 5); (0, 6) has ended
-    assert back[torch.tensor([0, 1, 2, 4])].tolist() == [0, 0, 1, 1]
+    assert rows.tolist() == [2, 0]  # histories 3 and 7 (unique sorts them); 9 has ended
+    assert back[torch.tensor([0, 1, 2, 4])].tolist() == [1, 1, 0, 0]
     assert _shared_rows(history[:3:2], torch.tensor([False, False])) is None
     assert _shared_rows(history, torch.ones(5, dtype=torch.bool)) is None
 

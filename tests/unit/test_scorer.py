@@ -255,3 +255,27 @@ def test_prefix_nodes_by_hand():
                                            [0, 3, 8]]
     assert rep.tolist() == [0, 9, 1, 7, 10, 2, 5, 8, 14, 11]
     assert torch.equal(node[rep], torch.arange(len(rep)))
+
+
+def test_prefix_nodes_match_a_trie_of_tuples():
+    """Two positions share a node exactly when their (prompt, tokens and mask so far) are
+    equal — checked against Python tuples on random batches that share much, little (every
+    row apart from the first token: the early exit) or nothing."""
+    from trainer.scorer import _prefix_nodes
+
+    gen = torch.Generator().manual_seed(0)
+    for vocab, n, c in ((2, 12, 6), (3, 9, 5), (50, 8, 7), (1, 4, 3)):
+        tokens = torch.randint(0, vocab, (n, c), generator=gen)
+        mask = (torch.rand(n, c, generator=gen) > 0.2).long()
+        prompt = torch.randint(0, 2, (n,), generator=gen)
+        node, rep = _prefix_nodes(prompt, tokens, mask)
+        keys = [(int(prompt[r]), *tokens[r, : j + 1].tolist(), *mask[r, : j + 1].tolist(), j)
+                for r in range(n) for j in range(c)]
+        ids = {}
+        truth = torch.tensor([ids.setdefault(k, len(ids)) for k in keys])
+        flat = node.tolist()
+        assert len(rep) == len(ids)
+        for a in range(len(keys)):
+            for b in range(len(keys)):
+                assert (flat[a] == flat[b]) == (truth[a] == truth[b])
+        assert torch.equal(node[rep], torch.arange(len(rep)))

@@ -120,7 +120,7 @@ class FastDecoder:
         key_ok[:, :p] = u_mask[inverse].bool()
         pos = u_pos[inverse, -1:]
         done = torch.zeros(n, dtype=torch.bool, device=dev)
-        history = inverse[:, None]  # each row's prompt and tokens so far
+        history = inverse  # an id of each row's prompt and tokens so far
         tokens, logps, ents = [], [], []
         for step in range(max_new_tokens):
             token, logp, ent = _draw(logits.float(), temperature, top_p)
@@ -134,7 +134,8 @@ class FastDecoder:
             key_ok[:, p + step] = True
             pos = pos + 1
             bias = additive_bias(key_ok[:, : p + step + 1])[:, None, None, :]
-            history = torch.cat([history, token[:, None]], dim=1)
+            history = torch.unique(torch.stack([history, token], 1), dim=0,
+                                   return_inverse=True)[1]
             share = _shared_rows(history, done)
             if share is None:
                 logits = self.forward(token[:, None], pos, keys, values, p + step, bias, fused)
@@ -146,10 +147,11 @@ class FastDecoder:
 
 
 def _shared_rows(history: torch.Tensor, done: torch.Tensor):
-    """(rows, back) when rows still decoding share histories [N, S] (same prompt, same tokens
-    so far — the next token's distribution is then the same): one row of each distinct
-    history (`rows`), and for every row the position in `rows` of its history (`back`; ended
-    rows, whose logits are never used, map to 0). None when every row is distinct and live.
+    """(rows, back) when rows still decoding share a history (`history` [N]: an id per distinct
+    prompt and tokens so far; the next token's distribution is then the same): one row of each
+    distinct history (`rows`), and for every row the position in `rows` of its history
+    (`back`; ended rows, whose logits are never used, map to 0). None when every row is
+    distinct and live.
 
     Early in a completion most of a group's G rows agree (a format's opening tokens, a chat
     template's first words), so a pass over the distinct ones does the same work for fewer
@@ -157,7 +159,7 @@ def _shared_rows(history: torch.Tensor, done: torch.Tensor):
     live = (~done).nonzero().squeeze(1)
     if len(live) == 0:
         return None
-    distinct, where = torch.unique(history[live], dim=0, return_inverse=True)
+    distinct, where = torch.unique(history[live], return_inverse=True)
     if len(distinct) == len(history):
         return None
     rows = torch.full((len(distinct),), len(history), dtype=live.dtype, device=live.device)
