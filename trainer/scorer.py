@@ -3,12 +3,13 @@
 `Scorer` wraps the HF model (its parameters are the model's) and computes what
 `trainer.logprobs.completion_logits` computes through transformers — each distinct prompt run
 once, its keys/values shared by the G completions of its group — with the layer math of
-`trainer.decoder_math`: the distinct prompts' tokens and every completion token go through each
+`trainer.decoder_math`: the distinct prompts' tokens and each distinct completion prefix's
+last token (rows whose prompt and tokens so far agree share it: `_prefix_nodes`) go through each
 layer's projections and MLP as one block of rows, and only the attention is split (prompt rows
-attend causally within their prompt; completion rows over their prompt's keys and causally
-over their own). No cache object, no mask builder, no per-layer module dispatch, fused q/k/v
-and gate/up projections. Being one module call, it is also what DDP wraps (one forward per
-backward on every rank).
+attend causally within their prompt; every row's completion positions, read from their
+prefixes, over their prompt's keys and causally over their own). No cache object, no mask
+builder, no per-layer module dispatch, fused q/k/v and gate/up projections. Being one module
+call, it is also what DDP wraps (one forward per backward on every rank).
 """
 
 from __future__ import annotations
