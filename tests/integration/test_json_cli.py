@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import twoclocks
+from tests.support.cli import sigint_deliverable, twoclocks
 
 SWEEP = """\
 name = "{name}"
@@ -214,7 +214,8 @@ def test_train_json_after_ctrl_c_is_the_cancelled_run_and_its_checkpoint(tmp_pat
     proc = subprocess.Popen(
         [sys.executable, "-m", "twoclocks_cli", "train", str(cfg), "--db", f"sqlite:///{db}",
          "--workdir", str(wd), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "TWOCLOCKS_PROGRESS_S": "0"})
+        text=True, env={**os.environ, "TWOCLOCKS_PROGRESS_S": "0"},
+        preexec_fn=sigint_deliverable)
     deadline = time.monotonic() + 300
     while checkpoint.latest(wd) is None and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.support.cli import running_pids, twoclocks
+from tests.support.cli import running_pids, sigint_deliverable, twoclocks
 from twoclocks_cli.store import Store
 
 CONFIG = """\
@@ -173,7 +173,7 @@ def test_cancel_stops_a_debug_sweep_in_its_own_process(tmp_path):
     open(cfg, "w").write(text.replace("group_size = 8", "group_size = 1"))
     proc = subprocess.Popen([sys.executable, "-m", "twoclocks_cli", "sweep", cfg, "--db", url,
                              "--executor", "debug"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_deliverable)
     from twoclocks_cli.errors import NotFoundError
 
     store, deadline = None, time.monotonic() + 60

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.support.cli import sigint_deliverable
+
 pytestmark = pytest.mark.slow
 
 
@@ -40,7 +42,8 @@ threads = 1
 def _start(args, cwd):
     env = {**os.environ, "TWOCLOCKS_PROGRESS_S": "0"}  # a line per step
     return subprocess.Popen([sys.executable, "-m", "twoclocks_cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_deliverable)
 
 
 def test_ctrl_c_says_how_to_resume_and_the_resume_says_where_from(tmp_path, tiny_model):

@@ -96,3 +96,14 @@ def kill_tree(root: int) -> int:
         except ProcessLookupError:
             pass
     return len(stopped)
+
+
+def sigint_deliverable() -> None:
+    """`preexec_fn` for a process a test will Ctrl-C: SIGINT at its default disposition and
+    unblocked, as a terminal starts a command. A process inherits an ignored SIGINT (Python
+    then installs no KeyboardInterrupt handler) and a blocked one from whoever spawns it; a
+    fresh-clone CI run saw three such tests' SIGINT have no effect."""
+    import signal as _signal
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
