@@ -135,6 +135,14 @@ def attention(q, k, v, bias, scale: float = 1.0) -> torch.Tensor:
     return (probs @ v).reshape(n, h, t, d)
 
 
+def first_of_each(groups: torch.Tensor, count: int, index: torch.Tensor) -> torch.Tensor:
+    """For group ids `groups` [K] in [0, count), the smallest of `index` [K] in each group: one
+    representative of each (rows sharing a prefix, in the decode loop and the Scorer)."""
+    first = torch.full((count,), torch.iinfo(index.dtype).max, dtype=index.dtype,
+                       device=index.device)
+    return first.scatter_reduce(0, groups, index, reduce="amin")
+
+
 def _cat_bias(mods) -> torch.Tensor | None:
     """The biases of linear layers `mods` concatenated (zeros for those without), or None."""
     if all(m.bias is None for m in mods):

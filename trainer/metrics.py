@@ -45,9 +45,7 @@ class Drift:
     def _sum_sq(self, tensors: list[torch.Tensor]) -> float:
         # per tensor in float64, then summed: a float32 norm of ~1M entries is off in the 5th
         # digit, which made the drift depend on how the parameters were split over ranks
-        total = float(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))
-                      .pow(2).sum()) if tensors else 0.0
-        return self.dist.sum_shards(total) if self.dist is not None else total
+        return _sum_sq(tensors, torch.float64, self.dist)
 
     def __call__(self, model) -> tuple[float, float]:
         """(absolute, relative) drift of `model`'s parameters now."""
@@ -60,9 +58,15 @@ def grad_sq_norm(model, dist=None) -> float:
     pass over every gradient (torch's clip_grad_norm_ kernel), each norm in float32; sharded
     gradients (FSDP) are summed over ranks through `dist`."""
     grads = [local(p.grad.detach()) for p in model.parameters() if p.grad is not None]
+    return _sum_sq(grads, torch.float32, dist)
+
+
+def _sum_sq(tensors: list[torch.Tensor], dtype, dist=None) -> float:
+    """Sum of squares of every entry of `tensors`: one fused norm per tensor in `dtype`, their
+    squares summed in float64; completed over ranks through `dist` when sharded (FSDP)."""
     total = 0.0
-    if grads:
-        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    if tensors:
+        norms = torch._foreach_norm(tensors, 2, dtype=dtype)
         total = float(torch.stack(norms).double().pow(2).sum())
     return dist.sum_shards(total) if dist is not None else total
 

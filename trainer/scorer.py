@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from trainer.decoder_math import Layers, additive_bias, attention, prefill_bias, unsupported
+from trainer.decoder_math import (
+    Layers,
+    additive_bias,
+    attention,
+    first_of_each,
+    prefill_bias,
+    unsupported,
+)
 
 
 def _heads_first(t: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -124,9 +131,7 @@ def _prefix_nodes(prompt: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
             count += rest
             break
     flat = node.reshape(-1)
-    positions = torch.arange(len(flat), device=flat.device)
-    rep = torch.full((count,), len(flat), dtype=torch.long, device=flat.device)
-    return flat, rep.scatter_reduce(0, flat, positions, reduce="amin")
+    return flat, first_of_each(flat, count, torch.arange(len(flat), device=flat.device))
 
 
 def make_scorer(model, cfg):

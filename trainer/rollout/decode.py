@@ -26,6 +26,7 @@ from trainer.decoder_math import (
     Layers,
     additive_bias,
     attention,
+    first_of_each,
     prefill_bias,
     unsupported,  # noqa: F401 (the HF engine imports it from here)
 )
@@ -162,8 +163,7 @@ def _shared_rows(history: torch.Tensor, done: torch.Tensor):
     distinct, where = torch.unique(history[live], return_inverse=True)
     if len(distinct) == len(history):
         return None
-    rows = torch.full((len(distinct),), len(history), dtype=live.dtype, device=live.device)
-    rows = rows.scatter_reduce(0, where, live, reduce="amin")  # the first row of each history
+    rows = first_of_each(where, len(distinct), live)
     back = torch.zeros(len(history), dtype=where.dtype, device=where.device)
     back[live] = where
     return rows, back
