@@ -13,7 +13,6 @@ import difflib
 import functools
 import importlib.util
 import re
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -21,8 +20,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from twoclocks_cli.adaptive import AdaptiveConfig
-from twoclocks_cli.config.limits import INT32_MAX, INT64_MAX, Int32, nul_key, path_problem
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core import toml
+from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import INT32_MAX, INT64_MAX, Int32, nul_key, path_problem
+from twoclocks_cli.core.numbers import short
 
 # strict: a string, a bool or a float is never turned into a number of another type; finite only
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -457,9 +458,9 @@ def _module_found(module: str) -> bool:
         return False
 
 
-def _short(value, limit: int = 60) -> str:
-    text = repr(value) if not isinstance(value, dict) else "{...}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _quoted(value) -> str:
+    """A user's value in an error line; a whole table is not worth quoting."""
+    return "{...}" if isinstance(value, dict) else short(value)
 
 
 _MESSAGES = {"float_type": "must be a number (not a string or a bool)",
@@ -491,24 +492,13 @@ def describe(err: ValidationError, source: str, data: dict,
         return f"{source}: missing required key '{loc}'"
     if not loc:
         return f"{source}: {msg}"
-    return f"{source}: key '{loc}' = {_short(e.get('input'))}: {msg}"
+    return f"{source}: key '{loc}' = {_quoted(e.get('input'))}: {msg}"
 
 
 def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a TOML training config (for training in this process)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise ConfigError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+    data = toml.read(path)
     cfg = TrainConfig.from_dict(data, source=str(path))
     if cfg.reward != "math-verify":  # this process trains: the reward must load, now
         _check_reward(cfg.reward, path)

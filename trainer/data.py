@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 # The prompt the built-in tiny model was trained on (it has no chat template); the expected
 # completion is `\boxed{ANSWER}` followed by the tokenizer's EOS token.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer import sharding
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 
 def _sum_hook(_state, bucket):

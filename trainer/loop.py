@@ -40,7 +40,7 @@ from trainer.update import (
     update,
 )
 from twoclocks_cli.adaptive import MODES, decision_metrics
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
 

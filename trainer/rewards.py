@@ -21,7 +21,7 @@ from multiprocessing.connection import wait
 from typing import Protocol
 
 from trainer.data import Problem
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 # The tiny task's policy: exactly `\boxed{<integer>}`, optionally followed by whitespace.
 STRICT_INTEGER_BOXED = r"\\boxed\{-?[0-9]+\}\s*"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

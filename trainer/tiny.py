@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 TINY_MODEL_ID = "builtin:tiny-arith"
 # Bump when the recipe changes: a new version never reuses an old cache entry.

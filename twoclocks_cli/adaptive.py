@@ -34,7 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
 DRIFT_KEYS = ("drift_rel", "drift_abs", "kl_init")

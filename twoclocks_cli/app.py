@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from twoclocks_cli import __version__
-from twoclocks_cli.errors import TwoclocksError
+from twoclocks_cli.core.errors import TwoclocksError
 
 
 class _Group(TyperGroup):

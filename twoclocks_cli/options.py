@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.errors import StoreError
+from twoclocks_cli.core.errors import StoreError
 
 
 def _db_value(value: str | None) -> str | None:

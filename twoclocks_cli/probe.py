@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from twoclocks_cli.errors import AnalysisError, ConfigError
+from twoclocks_cli.core.errors import AnalysisError, ConfigError
 
 
 @dataclass

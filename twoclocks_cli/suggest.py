@@ -27,7 +27,7 @@ import math
 from collections import Counter
 
 from twoclocks_cli.clocks.result import Analysis, BatchRow, Recommended
-from twoclocks_cli.errors import AnalysisError, ConfigError
+from twoclocks_cli.core.errors import AnalysisError, ConfigError
 
 EXTRA_SEEDS = 2  # seeds added by a `seeds` or `budget` suggestion
 MAX_FAR = 4  # at most this many grid points beyond the grid's edge for an extrapolated estimate
@@ -300,7 +300,7 @@ _ADAM_TRAINER = ("adam_beta1", "adam_beta2", "adam_epsilon")
 
 def suggested_config(name: str, stored: dict | None, ref, suggestions: list[dict],
                      budget: int, store_url: str | None = None) -> tuple[dict, list]:
-    """The sweep config (a dict for `tomlwrite.dumps`) whose grid holds only `suggestions`, and
+    """The sweep config (a dict for `core.toml.dumps`) whose grid holds only `suggestions`, and
     its planned cells. `ref` is a run of the analysed setting: the fixed sim/trainer options
     are taken from its cell, and the config must plan that very cell back (else ConfigError:
     the file would start another setting, not extend this one)."""

@@ -88,7 +88,7 @@ def test_two_stores_in_one_directory_each_train_their_own_run(tiny_model, tmp_pa
 
     # a sweep job (the grpo backend) given a workdir holding another run's checkpoint
     from twoclocks_cli.backends import run_cell
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Run, Store
 
     store = Store.open(b)

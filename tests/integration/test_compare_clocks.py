@@ -8,7 +8,7 @@ import pytest
 from tests.integration.simsweep import LR0, G, make_sweep
 from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
 from twoclocks_cli.clocks.compare import compare_schedule
-from twoclocks_cli.errors import AnalysisError
+from twoclocks_cli.core.errors import AnalysisError
 from twoclocks_cli.store import Store
 
 SIM = {"log_every": 4, "flat_dims": 32, "checkpoint_every": 5000}

@@ -122,7 +122,7 @@ def test_local_reconcile_a_killed_cell_and_cancel_the_rest(tmp_path):
     import signal
     import time
 
-    from twoclocks_cli.launch.local import pid_alive
+    from twoclocks_cli.core.process import pid_alive
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     cfg = _config(tmp_path, "long", batch="[1]", seeds="[0, 1]")
@@ -174,7 +174,7 @@ def test_cancel_stops_a_debug_sweep_in_its_own_process(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "twoclocks_cli", "sweep", cfg, "--db", url,
                              "--executor", "debug"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=sigint_deliverable)
-    from twoclocks_cli.errors import NotFoundError
+    from twoclocks_cli.core.errors import NotFoundError
 
     store, deadline = None, time.monotonic() + 60
     while True:

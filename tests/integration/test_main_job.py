@@ -114,7 +114,7 @@ def test_main_job_end_to_end(tmp_path):
             {"until_samples": 768, "prompts_per_batch": 2, "lr": lr[16]},
             {"until_samples": 1536, "prompts_per_batch": 8, "lr": lr[64]},
         ]}
-        from twoclocks_cli.tomlwrite import dumps
+        from twoclocks_cli.core.toml import dumps
 
         phases_file.write_text(dumps(sched))
     else:

@@ -14,7 +14,7 @@ import pytest
 
 from trainer import tiny
 from trainer.data import ArithmeticTask, render_prompt
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 # Tests marked slow share one real build (≈3 min on 2 free cores) per session, in the user cache.
 # A short recipe for the cache-mechanics tests (a real build, seconds instead of minutes).

@@ -267,7 +267,7 @@ def test_a_cells_grpo_config_generates_p_times_g_completions_per_rollout_batch(t
 
 def test_grid_trl_axes_cross_grpo_config_fields_into_cells(tmp_path):
     from twoclocks_cli.commands.plan import cell_lines, load_plan
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     cfg = _config(tmp_path, "ax", "[2, 4]", 64, "builtin:tiny-arith", every=4)
     cfg.write_text(cfg.read_text().replace("[local]", "[grid.trl]\nnum_iterations = [1, 2]\n"

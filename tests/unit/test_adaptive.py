@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from twoclocks_cli.adaptive import AdaptiveConfig, Controller, calibration_of, schedule_of
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 G = 4
 

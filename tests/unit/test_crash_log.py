@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from twoclocks_cli.app import _Group
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 
 def _app() -> typer.Typer:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trainer.data import ArithmeticTask, Problem, load_problems, render_prompt
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 
 def _check(p: Problem) -> bool:

@@ -256,7 +256,7 @@ TRAIN_MUTATIONS = st.one_of(
 @given(mutation=TRAIN_MUTATIONS)
 def test_invalid_train_configs_are_refused_before_training(tmp_path_factory, seeded, mutation):
     from trainer.config import load_config
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     case = _case(tmp_path_factory, seeded)
     key, value = mutation

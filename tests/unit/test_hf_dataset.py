@@ -9,7 +9,7 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.loop import load_data
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 datasets = pytest.importorskip("datasets")  # the `hf` extra; CI installs it
 

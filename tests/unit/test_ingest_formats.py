@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import IngestOptions, parse_file, parse_map
 
 FIX = Path(__file__).parents[1] / "fixtures" / "ingest"

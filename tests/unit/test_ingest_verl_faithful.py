@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import IngestOptions, parse_file
 
 FIX = Path(__file__).parents[1] / "fixtures" / "ingest"

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import inspect
 
 from tests.support.cli import assert_one_line_error, twoclocks
-from twoclocks_cli.errors import StoreError
+from twoclocks_cli.core.errors import StoreError
 from twoclocks_cli.store import Store
 from twoclocks_cli.store.engine import make_engine
 from twoclocks_cli.store.migrate import (

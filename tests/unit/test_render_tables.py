@@ -9,7 +9,8 @@ import math
 import pytest
 
 from tests.support.cli import twoclocks
-from twoclocks_cli.render.tables import LOG_WIDTH, console, count, num
+from twoclocks_cli.core.numbers import count, num
+from twoclocks_cli.render.tables import LOG_WIDTH, console
 
 
 @pytest.mark.parametrize(("value", "text"), [

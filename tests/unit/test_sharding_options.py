@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainer.sharding import FsdpOptions, options_from_env, shard
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 FSDP = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
 

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
-from twoclocks_cli.errors import StoreError
+from twoclocks_cli.core.errors import StoreError
 from twoclocks_cli.store import Run, RunStatus, Store, Sweep
 from twoclocks_cli.store.engine import parse_url, resolve_url
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli.config import parse_config, plan
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 VALID = """\
 name = "t"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from twoclocks_cli.config import parse_config, plan
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.launch import sweeps
 from twoclocks_cli.launch.debug import DebugExecutor
 from twoclocks_cli.store import Run, Sweep

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.theory import (
     ModelConfig,
     SimState,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from twoclocks_cli.backends import run_cell
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.store import Run, RunStatus, Store, Sweep
 
 COMMON = {

@@ -6,7 +6,7 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 from trainer.config import TrainConfig, load_config
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 
 def _train(tmp_path, toml: str, *files: tuple[str, str]):

@@ -28,7 +28,7 @@ from trainer.config import TrainConfig
 from trainer.rng import cuda_devices, preserved_rng, private_torch_rng
 from trainer.rollout import assemble
 from trainer.rollout import vllm_inputs as V
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 
 # --- output-shaped stand-ins for vllm.outputs / vllm.logprobs (fields as in vLLM 0.27-0.30) ----

@@ -37,7 +37,7 @@ import os
 
 from trainer.rng import preserved_rng
 from trainer.rollout import vllm_inputs as V
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 
 def _load(model, *, weights):

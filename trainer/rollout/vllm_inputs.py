@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.rollout import Rollout
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 DEFAULT_PROMPT_TOKENS = 1024  # prompt room when vllm_max_prompt_tokens is None (capped by model)
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around the HF model

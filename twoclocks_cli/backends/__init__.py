@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 # name → "module:function"; imported only when a run of that backend executes.
 BACKENDS = {

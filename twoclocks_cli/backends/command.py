@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 PLACEHOLDERS = ("prompts", "group_size", "lr", "clip_low", "clip_high", "seed", "total_steps",
                 "workdir")

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from twoclocks_cli.adaptive import decision_metrics
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.store.models import RunStatus
 from twoclocks_cli.theory.model import ModelConfig
 from twoclocks_cli.theory.simulate import SimState

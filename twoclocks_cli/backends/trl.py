@@ -30,7 +30,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 BUILTINS = {"builtin:tiny-arith": "twoclocks_cli.backends.trl_tiny:tiny_arith_trainer"}
 CHECKPOINTS = "trl"  # the trainer's output_dir inside the cell's workdir

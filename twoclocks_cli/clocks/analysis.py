@@ -17,7 +17,7 @@ from twoclocks_cli.clocks.curves import smooth_curve
 from twoclocks_cli.clocks.options import AnalysisOptions, parse_target
 from twoclocks_cli.clocks.runclock import Clock, RunClocks, load_signals, prepare, run_clocks
 from twoclocks_cli.clocks.stats import aggregate, slope_test
-from twoclocks_cli.errors import AnalysisError, NotFoundError
+from twoclocks_cli.core.errors import AnalysisError, NotFoundError
 
 
 @dataclass
@@ -432,7 +432,7 @@ def _theory(runs, tau, metric, opts, warnings) -> dict | None:
     """The local quadratic model's B_crit for a sim sweep (its lr rule, cap and this target)."""
     if not opts.theory or not runs or any(r.backend != "sim" for r in runs):
         return None
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.theory import ModelConfig, predict_critical_batch
 
     ref = min(runs, key=lambda r: r.batch_samples or np.inf)

@@ -9,7 +9,6 @@ sweep's stored analysis (the functions of `twoclocks_cli.clocks`), so the number
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,8 @@ import numpy as np
 from twoclocks_cli.clocks.options import AnalysisOptions
 from twoclocks_cli.clocks.result import Analysis
 from twoclocks_cli.clocks.runclock import load_signals, run_clocks
-from twoclocks_cli.errors import AnalysisError, ConfigError, NotFoundError
-from twoclocks_cli.tomlwrite import value as _toml_value
+from twoclocks_cli.core import toml
+from twoclocks_cli.core.errors import AnalysisError, ConfigError, NotFoundError
 
 # Keys the schedule's phases replace: a single-phase batch/lr would only confuse a reader.
 _PHASE_KEYS = ("prompts_per_batch", "samples_per_batch", "lr", "phases")
@@ -27,13 +26,8 @@ _PHASE_KEYS = ("prompts_per_batch", "samples_per_batch", "lr", "phases")
 def read_phases(path: str | Path) -> list[dict]:
     """The `[[phases]]` tables of a schedule TOML file, validated as the trainer will."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: schedule file not found (write it with `twoclocks schedule "
-                          "--out FILE`)")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    data = toml.read(path, "schedule file",
+                     " (write it with `twoclocks schedule --out FILE`)")
     phases = data.get("phases")
     if not isinstance(phases, list) or not phases or not all(isinstance(p, dict) for p in phases):
         raise ConfigError(f"{path}: no [[phases]] tables: expected the output of "
@@ -83,9 +77,9 @@ def to_toml(cfg: dict, header: list[str] = ()) -> str:
     lines = [f"# {h}" for h in header]
     for key, value in cfg.items():
         if key != "phases" and value is not None:
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{key} = {toml.value(value)}")
     for ph in cfg.get("phases", []):
-        lines += ["", "[[phases]]"] + [f"{k} = {_toml_value(v)}" for k, v in ph.items()
+        lines += ["", "[[phases]]"] + [f"{k} = {toml.value(v)}" for k, v in ph.items()
                                        if v is not None]
     return "\n".join(lines) + "\n"
 

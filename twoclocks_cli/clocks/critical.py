@@ -59,7 +59,7 @@ class Estimate:
 
     def text(self) -> str:
         """'>= 512', '<= 8', '36 [30, 41]', '10,240' (samples; thousands separated)."""
-        from twoclocks_cli.render.tables import num
+        from twoclocks_cli.core.numbers import num
 
         if self.b_crit is None:
             return "unknown"

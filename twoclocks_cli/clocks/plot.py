@@ -14,7 +14,7 @@ import numpy as np
 
 from twoclocks_cli.clocks.curves import clean, smooth
 from twoclocks_cli.clocks.result import Analysis
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 PROGRESS_COLOUR, FAILURE_COLOUR = "#2e86c1", "#c0392b"
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from twoclocks_cli.clocks.result import Analysis, BatchRow, Recommended
-from twoclocks_cli.errors import AnalysisError
+from twoclocks_cli.core.errors import AnalysisError
 
 
 @dataclass
@@ -250,7 +250,7 @@ def _predicted_failure(by: dict[float, BatchRow], b_small, b_large, n_switch,
 
 def to_toml(schedule: dict) -> str:
     """The phase list as TOML ([[phases]] tables), with the rationale as comments."""
-    from twoclocks_cli.tomlwrite import dumps
+    from twoclocks_cli.core.toml import dumps
 
     header = [f"twoclocks schedule for sweep {schedule['sweep']!r}"] + list(schedule["rationale"])
     phases = []

@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
+from twoclocks_cli.core.numbers import count, num
 from twoclocks_cli.options import DbOption, JsonOption
-from twoclocks_cli.render.tables import console, count, num
+from twoclocks_cli.render.tables import console
 
 
 def _fmt(v, digits=4) -> str:
@@ -152,7 +153,7 @@ def write_csv(doc: dict, path: str) -> None:
     import csv
 
     from twoclocks_cli.clocks.result import Analysis
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     cols = ["run_id", "name", "batch_samples", "batch_prompts", "lr", "clip_low", "clip_high",
             "seed", "status", "partial", "progress_samples", "progress_censored",
@@ -267,7 +268,7 @@ def analyze(
     store = Store.open(db)
     if sweeps and len(sweeps) > 1:
         if csv or plot:
-            from twoclocks_cli.errors import ConfigError
+            from twoclocks_cli.core.errors import ConfigError
 
             raise ConfigError("--csv and --plot take one sweep; several sweeps are compared "
                               "side by side (drop --csv/--plot, or name one sweep)")
@@ -300,7 +301,7 @@ def analyze(
 
 def resolve_sweep(store, sweep: str | None) -> str:
     """The named sweep, or the only one; a clear error when there are none or several."""
-    from twoclocks_cli.errors import NotFoundError
+    from twoclocks_cli.core.errors import NotFoundError
 
     if sweep is not None:
         return store.get_sweep(sweep).name

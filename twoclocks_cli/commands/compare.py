@@ -28,7 +28,7 @@ def schedule_config(
     import os
 
     from twoclocks_cli.clocks.compare import read_phases, schedule_train_config, to_toml
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
     plist = read_phases(phases)
@@ -63,7 +63,7 @@ def compare(
     """Both clocks of a schedule or adaptive run beside the sweep's constant-batch clocks and the
     static schedule it recommends (same options)."""
     from twoclocks_cli.clocks.compare import compare_schedule
-    from twoclocks_cli.errors import AnalysisError
+    from twoclocks_cli.core.errors import AnalysisError
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
@@ -88,7 +88,7 @@ def static_schedule(analysis: dict) -> dict:
     """The static schedule `twoclocks schedule` recommends from the analysis: its phases and
     predicted clocks (None with the reason where it cannot schedule)."""
     from twoclocks_cli.clocks import make_schedule
-    from twoclocks_cli.errors import AnalysisError
+    from twoclocks_cli.core.errors import AnalysisError
 
     try:
         plan = make_schedule(analysis)
@@ -111,7 +111,7 @@ def merged_phases(phases: list[dict]) -> list[dict]:
 
 
 def _clock(c: dict) -> str:
-    from twoclocks_cli.render.tables import count
+    from twoclocks_cli.core.numbers import count
 
     if c.get("median") is not None:
         lo, hi = c.get("low"), c.get("high")
@@ -121,7 +121,7 @@ def _clock(c: dict) -> str:
 
 
 def _one(c: dict) -> str:
-    from twoclocks_cli.render.tables import count
+    from twoclocks_cli.core.numbers import count
 
     if c["samples"] is not None:
         return count(c["samples"]) + (f" ({c['rule']})" if c.get("rule") else "")
@@ -132,7 +132,8 @@ def render(result: dict) -> None:
     """A rich table: constant batches, then the schedule row; the phases; the verdict."""
     from rich.table import Table
 
-    from twoclocks_cli.render.tables import console, count, num
+    from twoclocks_cli.core.numbers import count, num
+    from twoclocks_cli.render.tables import console
 
     con = console()
     t = result["target"]

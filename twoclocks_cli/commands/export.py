@@ -17,7 +17,7 @@ SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "j
 
 def _choose_format(fmt: str | None, out: Path | None) -> str:
     """--format, else the --out suffix, else csv; anything else is refused."""
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.export import FORMATS
 
     if fmt is None:
@@ -29,7 +29,7 @@ def _choose_format(fmt: str | None, out: Path | None) -> str:
 
 def _select_runs(store, sweep: str | None, run_refs: list[str] | None) -> tuple[list, str]:
     """The runs to export (a sweep's, or the --run ones) and a phrase naming them."""
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     if (sweep is None) == (not run_refs):
         raise ConfigError("name a SWEEP or one or more --run RUN (not both)")
@@ -70,7 +70,7 @@ def export(
     lr, clip, seed, backend and status as columns."""
     from twoclocks_cli.commands.runs import check_keys, parse_keys
     from twoclocks_cli.commands.runs import fmt as fmt_num
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.export import LAYOUTS, check_out, table, write
     from twoclocks_cli.store import Store
 

@@ -49,7 +49,7 @@ def ingest(
     as_json: JsonOption = False,
 ) -> None:
     """Import training logs as completed runs, one per file; re-importing changes nothing."""
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.ingest import FORMATS, IngestOptions, ingest_files, parse_map
     from twoclocks_cli.store import Store
 
@@ -100,7 +100,7 @@ def _check_follow(paths: list[Path], idle: float, poll: float, pid: int | None) 
     """--follow takes one file and positive, finite waits."""
     import math
 
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     if len(paths) != 1:
         raise ConfigError(f"--follow follows one file, got {len(paths)}")
@@ -116,7 +116,7 @@ def _check_options(sweep: str, lr, batch_prompts, group_size, seed) -> None:
     import math
     import re
 
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", sweep):
         raise ConfigError(f"--sweep {sweep!r}: a sweep name is 1-200 letters, digits, '.', '_' "

@@ -29,7 +29,7 @@ def plan_table(p, title: str):
     """A rich table of planned cells."""
     from rich.table import Table
 
-    from twoclocks_cli.render.tables import num
+    from twoclocks_cli.core.numbers import num
 
     table = Table(title=title)
     for col in ("cell", "prompts", "G", "samples/batch", "lr", "clip", "seed", "steps",
@@ -79,7 +79,8 @@ def plan_cmd(config: ConfigArg, as_json: JsonOption = False) -> None:
                                "sample_budget": p.config.sample_budget, "cells": cells,
                                "warnings": p.warnings}, indent=2))
         return
-    from twoclocks_cli.render.tables import console, num
+    from twoclocks_cli.core.numbers import num
+    from twoclocks_cli.render.tables import console
 
     console().print(plan_table(p, f"sweep {p.config.name}: {len(p.cells)} cells, backend "
                                   f"{p.config.backend}, {num(p.config.sample_budget)} samples "

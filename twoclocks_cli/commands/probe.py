@@ -10,7 +10,7 @@ from twoclocks_cli.options import DbOption, JsonOption
 
 
 def _floats(text: str, option: str) -> list[float]:
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -52,7 +52,8 @@ def probe(
         return
     from rich.table import Table
 
-    from twoclocks_cli.render.tables import console, count, num
+    from twoclocks_cli.core.numbers import count, num
+    from twoclocks_cli.render.tables import console
 
     con = console()
     t = Table(title=f"run {run_id} branched at {result.at_samples:,.0f} samples: samples from "

@@ -54,14 +54,14 @@ def run_record(run) -> dict:
 
 def fmt(x) -> str:
     """A number for a table (the shared rule: render.tables.num)."""
-    from twoclocks_cli.render.tables import num
+    from twoclocks_cli.core.numbers import num
 
     return num(x)
 
 
 def parse_keys(text: str | None) -> list[str] | None:
     """`--keys a,b` as a list (None: all keys); an empty list is refused."""
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     if text is None:
         return None
@@ -73,7 +73,7 @@ def parse_keys(text: str | None) -> list[str] | None:
 
 def check_keys(store, run_ids: list[int], keys: list[str] | None, what: str) -> list[str]:
     """The keys to use: all logged ones, or `keys` after checking each was logged."""
-    from twoclocks_cli.errors import NotFoundError
+    from twoclocks_cli.core.errors import NotFoundError
 
     known = store.metric_keys(run_ids)
     if keys is None:
@@ -212,7 +212,7 @@ def show(
 def prepare_delete(store, runs: list, force: bool, alone: bool = True) -> list:
     """Reconcile the runs' jobs, then refuse busy runs (unless --force and, with `alone`, each
     can be cancelled by itself). Returns the busy runs; nothing is changed on a refusal."""
-    from twoclocks_cli.errors import ConfigError, LaunchError
+    from twoclocks_cli.core.errors import ConfigError, LaunchError
     from twoclocks_cli.launch import runcancel, sweeps
 
     for name in sorted({r.sweep.name for r in runs if r.sweep is not None}):

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
+from twoclocks_cli.core.numbers import count
 from twoclocks_cli.options import DbOption, JsonOption
 from twoclocks_cli.render.jsonout import print_json
-from twoclocks_cli.render.tables import count
 
 
 def schedule_sweep(
@@ -50,7 +50,7 @@ def schedule(
     """Recommend phases (until_samples, batch, lr, clip) from the analysed clocks of a sweep."""
     from twoclocks_cli.clocks import to_toml
     from twoclocks_cli.commands.analyze import resolve_sweep
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
     store = Store.open(db)

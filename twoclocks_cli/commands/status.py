@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 
+from twoclocks_cli.core.numbers import num
 from twoclocks_cli.options import DbOption, JsonOption
 from twoclocks_cli.render.jsonout import print_json
-from twoclocks_cli.render.tables import console, num
+from twoclocks_cli.render.tables import console
 
 ORDER = ("planned", "submitted", "running", "lost", "completed", "diverged", "failed",
          "cancelled")

@@ -18,7 +18,7 @@ from twoclocks_cli.options import DbOption, JsonOption
 
 
 def _check_budget(budget: float | None) -> int | None:
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     if budget is None:
         return None
@@ -29,7 +29,7 @@ def _check_budget(budget: float | None) -> int | None:
 
 def _check_out(out: Path | None) -> None:
     """Refuse an --out that cannot be written before any work is done (nothing is created)."""
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     if out is None:
         return
@@ -44,7 +44,7 @@ def _check_out(out: Path | None) -> None:
 
 def _write(out: Path, text: str) -> None:
     """Write atomically: a temporary file beside `out`, renamed over it (no partial file)."""
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
@@ -153,9 +153,9 @@ def _config_text(store, name, doc, analysis, runs, db) -> tuple[str, list]:
     import tomllib
 
     from twoclocks_cli.config import parse_config
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
+    from twoclocks_cli.core.toml import dumps
     from twoclocks_cli.suggest import estimate_text, suggested_config
-    from twoclocks_cli.tomlwrite import dumps
 
     sweep = store.get_sweep(name)
     url = _store_url(db)
@@ -186,7 +186,8 @@ def _config_text(store, name, doc, analysis, runs, db) -> tuple[str, list]:
 def _render(doc: dict) -> None:
     from rich.table import Table
 
-    from twoclocks_cli.render.tables import console, count
+    from twoclocks_cli.core.numbers import count
+    from twoclocks_cli.render.tables import console
     from twoclocks_cli.suggest import estimate_text
 
     con = console()

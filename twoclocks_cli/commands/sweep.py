@@ -33,7 +33,7 @@ def sweep(
     """
     from twoclocks_cli.commands.plan import load_plan, print_warnings
     from twoclocks_cli.commands.status import follow, snapshot, sweep_table, wait_quietly
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.launch import sweeps
     from twoclocks_cli.render.tables import console
     from twoclocks_cli.store import Store
@@ -98,7 +98,7 @@ def cancel(
     as_json: JsonOption = False,
 ) -> None:
     """Cancel every planned, submitted or running cell of SWEEP (one scheduler call)."""
-    from twoclocks_cli.errors import LaunchError
+    from twoclocks_cli.core.errors import LaunchError
     from twoclocks_cli.launch import sweeps
     from twoclocks_cli.store import Store
 

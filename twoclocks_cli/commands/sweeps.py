@@ -55,7 +55,7 @@ def delete(
     """Delete sweep NAME with its runs, their metrics and status history, and its stored
     analyses, in one transaction. Submitted/running runs are refused unless --force."""
     from twoclocks_cli.commands.runs import confirm, do_delete, prepare_delete, report_delete
-    from twoclocks_cli.errors import LaunchError
+    from twoclocks_cli.core.errors import LaunchError
     from twoclocks_cli.launch import sweeps
     from twoclocks_cli.store import Store
 

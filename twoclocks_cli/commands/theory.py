@@ -83,7 +83,7 @@ def theory_table(
 
 
 def _parse_set(items: list[str]) -> dict:
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     out = {}
     for item in items:
@@ -124,7 +124,7 @@ def theory(
     as_json: JsonOption = False,
 ) -> None:
     """Print the local quadratic model's predictions for a batch grid (--simulate: and clocks)."""
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.theory import SCALING_RULES
 
     try:
@@ -160,7 +160,8 @@ def theory(
         return
     from rich.table import Table
 
-    from twoclocks_cli.render.tables import console, num
+    from twoclocks_cli.core.numbers import num
+    from twoclocks_cli.render.tables import console
 
     con = console()
     t = Table(
@@ -208,6 +209,6 @@ def theory(
 
 
 def _g(v) -> str:
-    from twoclocks_cli.render.tables import num
+    from twoclocks_cli.core.numbers import num
 
     return "never (censored)" if v is None else num(v)

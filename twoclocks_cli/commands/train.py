@@ -21,7 +21,7 @@ def _validate(cfg) -> None:
 
     from trainer.loop import load_data
     from trainer.tiny import TINY_MODEL_ID, resolve_model_path
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
 
     if cfg.model != TINY_MODEL_ID:
         resolve_model_path(cfg.model)
@@ -38,7 +38,7 @@ def _resume_row(store, cfg, workdir: Path, extend: bool) -> int:
     config (or only a larger sample_budget with `extend`, then stored), its checkpoint its own.
     Every refusal is one ConfigError, raised before anything is written."""
     from trainer import checkpoint
-    from twoclocks_cli.errors import ConfigError, NotFoundError
+    from twoclocks_cli.core.errors import ConfigError, NotFoundError
     from twoclocks_cli.launch import owner
 
     rec = owner.read(workdir) or {}
@@ -79,7 +79,7 @@ def _run_row(store, cfg, name: str, workdir: Path | None, extend: bool = False
     import uuid
 
     from trainer import checkpoint
-    from twoclocks_cli.errors import ConfigError
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.launch import owner
 
     if workdir is not None and owner.read(workdir) is not None:
@@ -144,7 +144,7 @@ def train(
     """Train one GRPO run in-process; every step's metrics go to the store."""
     from trainer.config import load_config
     from trainer.loop import setup_dist
-    from twoclocks_cli.errors import TwoclocksError
+    from twoclocks_cli.core.errors import TwoclocksError
     from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.models import RunStatus

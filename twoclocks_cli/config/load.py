@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from twoclocks_cli.config.limits import nul_key
 from twoclocks_cli.config.models import SweepConfig
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core import toml
+from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import nul_key
+from twoclocks_cli.core.numbers import short
 
 
 def load_config(path: str | Path) -> SweepConfig:
     """Parse and validate the TOML file at `path` (raises ConfigError naming file and key)."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+    data = toml.read(path)
     return parse_config(data, str(path))
 
 
@@ -129,7 +120,7 @@ def describe(error: dict, data: dict, source: str) -> str:
         allowed = _allowed_keys(parent)
         hint = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
         where = ".".join(parent) or "top level"
-        msg = f"{source}: unknown key {dotted!r} = {_short(value)}"
+        msg = f"{source}: unknown key {dotted!r} = {short(value)}"
         if hint:
             msg += f": did you mean {'.'.join(parent + [hint[0]])!r}?"
         return msg + f" (allowed in {where}: {', '.join(allowed)})"
@@ -138,7 +129,7 @@ def describe(error: dict, data: dict, source: str) -> str:
     text = _message(error)
     if kind == "string_pattern_mismatch":
         text = "must be letters, digits, '.', '_' or '-' (at most 100)"
-    return f"{source}: key {dotted!r} = {_short(value)}: {text}"
+    return f"{source}: key {dotted!r} = {short(value)}: {text}"
 
 
 def _doc(keys: list[str]) -> str:
@@ -155,6 +146,3 @@ def _doc(keys: list[str]) -> str:
     return field.description if field and field.description else "see the README"
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from twoclocks_cli.config.limits import INT64_MAX, Int32
+from twoclocks_cli.core.limits import INT64_MAX, Int32
 
 Alpha = Annotated[float, Field(ge=-4, le=4)]  # a larger exponent overflows lr at any grid
 

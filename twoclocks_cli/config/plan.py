@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twoclocks_cli.config.limits import (
+from twoclocks_cli.config.models import BatchRange, SweepConfig
+from twoclocks_cli.core.errors import ConfigError, StoreError
+from twoclocks_cli.core.limits import (
     INT32_MAX,
     MAX_CELLS,
     MAX_RANGE_STEPS,
     PATH_RESERVE,
     path_problem,
 )
-from twoclocks_cli.config.models import BatchRange, SweepConfig
-from twoclocks_cli.errors import ConfigError, StoreError
+from twoclocks_cli.core.numbers import short
 
 COMMON_KEYS = ("prompts_per_batch", "group_size", "lr", "clip_eps_low", "clip_eps_high", "seed",
                "sample_budget")
@@ -262,7 +263,7 @@ def _check_paths(cfg: SweepConfig, source: str) -> None:
     if problem is None and os.path.exists(cfg.workdir) and not os.path.isdir(cfg.workdir):
         problem = "exists and is not a folder"
     if problem:
-        raise ConfigError(f"{source}: key 'workdir' = {_short(cfg.workdir)}: {problem}")
+        raise ConfigError(f"{source}: key 'workdir' = {short(cfg.workdir)}: {problem}")
     if cfg.store is not None:
         from twoclocks_cli.store.engine import check_url
 
@@ -270,11 +271,6 @@ def _check_paths(cfg: SweepConfig, source: str) -> None:
             check_url(cfg.store)
         except StoreError as err:
             raise ConfigError(f"{source}: key 'store': {err}") from None
-
-
-def _short(value, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # a cell's common keys are set by the sweep; name the sweep key that set them

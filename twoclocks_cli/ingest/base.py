@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.numbers import short
 
 FORMATS = ("trl", "verl", "csv", "jsonl")
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -107,7 +108,7 @@ def to_number(value) -> float:
         if isinstance(value, str):
             return float(value.strip())
     except OverflowError:  # an int beyond a float's range, e.g. 10**400
-        raise ValueError(f"number {_short(value)} is out of a float's range") from None
+        raise ValueError(f"number {short(value, 40)} is out of a float's range") from None
     raise ValueError(f"not a number: {value!r}")
 
 
@@ -123,17 +124,12 @@ def to_step(value, limit: int = STEP_MAX) -> int:
     else:
         v = to_number(value)
         if not math.isfinite(v) or v != int(v):
-            raise ValueError(f"step must be a non-negative integer, got {_short(value)}")
+            raise ValueError(f"step must be a non-negative integer, got {short(value, 40)}")
     if v < 0:
-        raise ValueError(f"step must be a non-negative integer, got {_short(value)}")
+        raise ValueError(f"step must be a non-negative integer, got {short(value, 40)}")
     if v > limit:
-        raise ValueError(f"{_short(value)} is above {limit}, the most the store holds")
+        raise ValueError(f"{short(value, 40)} is above {limit}, the most the store holds")
     return int(v)
-
-
-def _short(value, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class NoStepsError(ConfigError):

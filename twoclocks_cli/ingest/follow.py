@@ -68,7 +68,7 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
 
 def _alive(pid: int) -> bool:
     """Whether process `pid` (the writer) still runs: the launcher's own check."""
-    from twoclocks_cli.launch.local import pid_alive
+    from twoclocks_cli.core.process import pid_alive
 
     return pid_alive(pid)
 

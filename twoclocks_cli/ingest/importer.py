@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import base, tabular, trl, verl
 from twoclocks_cli.ingest.base import IngestOptions, ParsedLog
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 TRL_KEYS: dict[str, tuple[str, ...]] = {
     "reward_mean": ("reward",),

@@ -13,7 +13,7 @@ import io
 import json
 from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import mapping
 from twoclocks_cli.ingest.base import (
     SAMPLES_MAX,

@@ -23,7 +23,7 @@ import math
 
 from transformers import TrainerCallback
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import mapping
 from twoclocks_cli.ingest.trl import _reward_pick
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import typer
 
-from twoclocks_cli.errors import LaunchError
+from twoclocks_cli.core.errors import LaunchError
+from twoclocks_cli.core.process import pid_alive
 from twoclocks_cli.launch.base import JobInfo, Submission
 from twoclocks_cli.launch.job import CellJob
-from twoclocks_cli.launch.local import pid_alive, process_states
+from twoclocks_cli.launch.local import process_states
 
 
 def _is_twoclocks(pid: int) -> bool:

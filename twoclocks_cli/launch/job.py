@@ -19,7 +19,7 @@ from pathlib import Path
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from twoclocks_cli.errors import TwoclocksError
+from twoclocks_cli.core.errors import TwoclocksError
 from twoclocks_cli.launch import owner
 from twoclocks_cli.store.models import RunStatus
 

@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from twoclocks_cli.errors import LaunchError
+from twoclocks_cli.core.errors import LaunchError
+from twoclocks_cli.core.process import pid_alive
 from twoclocks_cli.launch.base import JobInfo, JobState, Submission
 from twoclocks_cli.launch.job import RUNNER_ENV, CellJob
 
@@ -29,21 +30,6 @@ def default_parallel(threads_per_job: int) -> int:
     """Cells at once: usable cores // threads per cell, at least 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // threads_per_job)
-
-
-def pid_alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def process_states(job_ids: list[str]) -> dict[str, JobInfo]:

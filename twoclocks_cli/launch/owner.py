@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 RUN_FILE = "run.json"
 EXTENDABLE = ("sample_budget",)  # what `twoclocks train --extend` may change on a resume

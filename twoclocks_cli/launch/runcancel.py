@@ -12,7 +12,7 @@ import signal
 import socket
 import time
 
-from twoclocks_cli.errors import LaunchError
+from twoclocks_cli.core.errors import LaunchError
 from twoclocks_cli.launch.state import ACTIVE
 from twoclocks_cli.store.models import RunStatus
 
@@ -60,7 +60,7 @@ def cancel_run(store, run) -> str:
     except ProcessLookupError:
         return f"run {run.id}: cancelled (process {pid} had already exited)"
     deadline = time.monotonic() + STOP_WAIT_S
-    from twoclocks_cli.launch.local import pid_alive
+    from twoclocks_cli.core.process import pid_alive
 
     while pid_alive(pid):
         if time.monotonic() > deadline:

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 from twoclocks_cli.config.models import Slurm
-from twoclocks_cli.errors import LaunchError
+from twoclocks_cli.core.errors import LaunchError
 from twoclocks_cli.launch.base import JobInfo, JobState, Submission
 from twoclocks_cli.launch.job import CellJob
 

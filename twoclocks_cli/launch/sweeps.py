@@ -12,7 +12,7 @@ from pathlib import Path
 
 from twoclocks_cli.config.models import SweepConfig
 from twoclocks_cli.config.plan import Plan
-from twoclocks_cli.errors import LaunchError
+from twoclocks_cli.core.errors import LaunchError
 from twoclocks_cli.launch.base import JobState, Submission
 from twoclocks_cli.launch.state import ACTIVE, PENDING, RETRYABLE
 from twoclocks_cli.store.models import Run, RunStatus

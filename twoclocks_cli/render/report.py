@@ -18,7 +18,7 @@ from pathlib import Path
 
 from twoclocks_cli.clocks.result import Analysis, RunRow
 from twoclocks_cli.clocks.stats import Aggregate
-from twoclocks_cli.errors import AnalysisError, TwoclocksError
+from twoclocks_cli.core.errors import AnalysisError, TwoclocksError
 
 PROGRESS_KEYS = ("eval_accuracy", "reward_mean", "accuracy")
 SIDE_KEYS = ("reward_mean", "accuracy", "entropy", "kl_init", "drift_abs", "resp_len_mean",
@@ -366,7 +366,7 @@ def write_report(store, opts: ReportOptions) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        from twoclocks_cli.errors import ConfigError
+        from twoclocks_cli.core.errors import ConfigError
 
         raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
     data = gather(store, opts)

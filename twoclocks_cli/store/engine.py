@@ -9,7 +9,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
-from twoclocks_cli.errors import StoreError
+from twoclocks_cli.core.errors import StoreError
 
 DEFAULT_URL = "sqlite:///twoclocks.db"
 ENV_VAR = "TWOCLOCKS_DB"
@@ -88,7 +88,7 @@ def check_url(url: str) -> URL:
 
 def _check_sqlite_path(parsed: URL) -> None:
     """The file of a SQLite URL is a path the OS accepts, in an existing folder, writable."""
-    from twoclocks_cli.config.limits import path_problem
+    from twoclocks_cli.core.limits import path_problem
 
     db, masked = parsed.database, mask_url(parsed)
     if not db or db == ":memory:" or db.startswith("file:"):

@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from twoclocks_cli.errors import StoreError
+from twoclocks_cli.core.errors import StoreError
 from twoclocks_cli.store.engine import describe_db_error, mask_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, select
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep, apply_status
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, delete, func, or_, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from twoclocks_cli.errors import ConfigError, NotFoundError, StoreError
+from twoclocks_cli.core.errors import ConfigError, NotFoundError, StoreError
 from twoclocks_cli.store.analyses import AnalysisQueries
 from twoclocks_cli.store.engine import describe_db_error, make_engine, mask_url, resolve_url
 from twoclocks_cli.store.lifecycle import LifecycleQueries

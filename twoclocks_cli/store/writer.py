@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from twoclocks_cli.errors import StoreError
+from twoclocks_cli.core.errors import StoreError
 from twoclocks_cli.store.engine import describe_db_error
 from twoclocks_cli.store.pgretry import Backoff, transient
 

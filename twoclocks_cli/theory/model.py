@@ -9,7 +9,7 @@ from functools import cached_property
 
 import numpy as np
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
 
 OPTIMIZERS = ("adam", "sgd", "normalized")
 INT32_MAX = 2**31 - 1  # steps and counts the store's INTEGER columns hold

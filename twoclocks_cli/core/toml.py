@@ -1,4 +1,7 @@
-"""The one TOML writer of the project: values with escaped strings, and whole documents.
+"""The project's one TOML reader and writer.
+
+`read(path, what)` loads a file, every problem (missing, unreadable, not TOML) one ConfigError
+line naming the file. The writer:
 
 `value(v)` writes one TOML value (bool, int, finite float, string, list, inline table);
 `dumps(doc)` a document: the scalars of each table, then its sub-tables (`[a.b]`) and its lists
@@ -10,8 +13,29 @@ from __future__ import annotations
 
 import math
 import re
+import tomllib
+from pathlib import Path
 
-from twoclocks_cli.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError
+
+
+def read(path: str | Path, what: str = "config file", hint: str = "") -> dict:
+    """The TOML document at `path`; a missing, unreadable or invalid file is one ConfigError
+    line (`what` names the kind of file, `hint` says how to make a missing one)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ConfigError(f"{path}: {what} not found{hint}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
