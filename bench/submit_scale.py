@@ -63,7 +63,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=256, help="cells (a multiple of 8)")
     args = ap.parse_args()
-    from twoclocks_cli.commands.plan import load_plan
+    from twoclocks_cli.config import load_plan
     from twoclocks_cli.launch import sweeps
     from twoclocks_cli.store import Store
 

@@ -1,10 +1,11 @@
 """Options shared by several commands, declared once (Typer `Annotated` style)."""
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from twoclocks_cli.core.errors import StoreError
+from twoclocks_cli.core.errors import ConfigError, StoreError
 
 
 def _db_value(value: str | None) -> str | None:
@@ -28,3 +29,22 @@ DbOption = Annotated[
 ]
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+KeysOption = Annotated[str | None, typer.Option(
+    "--keys", help="Comma-separated metric keys (default: every key the run logged).")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ForceOption = Annotated[bool, typer.Option(
+    "--force", help="Cancel submitted/running runs first, then delete (runs delete: local "
+    "cells only; sweeps delete: the whole sweep, as `twoclocks cancel`).")]
+ConfigArg = Annotated[Path, typer.Argument(help="Sweep config (TOML); see docs/sweeps.md.",
+                                           show_default=False)]
+
+
+def parse_keys(text: str | None) -> list[str] | None:
+    """`--keys a,b` as a list (None: all keys); an empty list is refused."""
+    if text is None:
+        return None
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    if not keys:
+        raise ConfigError(f"--keys {text!r}: name at least one metric key")
+    return list(dict.fromkeys(keys))

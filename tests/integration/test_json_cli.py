@@ -93,7 +93,7 @@ def test_sweep_json_says_what_was_registered_submitted_and_skipped(swept):
 
 
 def test_cancel_json_lists_each_run_before_and_after(swept, tmp_path):
-    from twoclocks_cli.commands.plan import load_plan
+    from twoclocks_cli.config import load_plan
     from twoclocks_cli.launch import sweeps
     from twoclocks_cli.store import Store
 

@@ -54,7 +54,7 @@ def _block_a_cell(url: str, cfg: str) -> int:
     that cell raises when it runs; returns its run id."""
     from pathlib import Path
 
-    from twoclocks_cli.commands.plan import load_plan
+    from twoclocks_cli.config import load_plan
     from twoclocks_cli.launch import sweeps
 
     store = Store.open(url)

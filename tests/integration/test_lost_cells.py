@@ -149,7 +149,7 @@ def test_kill9_of_the_whole_tree_then_plain_reruns_equal_an_uninterrupted_sweep(
 def test_a_cell_that_raised_stays_failed_while_a_lost_one_resumes(tmp_path):
     """Three cells: one raises (its workdir is a file), one is killed -9 mid-run, one completes.
     A plain rerun resubmits only the lost one; the failed one needs --retry-failed."""
-    from twoclocks_cli.commands.plan import load_plan
+    from twoclocks_cli.config import load_plan
     from twoclocks_cli.launch import sweeps
 
     cfg = _config(tmp_path, "mix", budget=150_000, batch="[4]")

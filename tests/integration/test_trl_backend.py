@@ -193,7 +193,8 @@ def test_kill9_mid_cell_then_a_plain_rerun_resumes_from_the_checkpoint(tmp_path)
 NO_TORCH = """
 import sys
 from pathlib import Path
-from twoclocks_cli.commands.plan import cell_lines, load_plan
+from twoclocks_cli.commands.plan import cell_lines
+from twoclocks_cli.config import load_plan
 p = load_plan(Path(sys.argv[1]))
 for line in cell_lines(p).values():
     print(line)
@@ -266,7 +267,8 @@ def test_a_cells_grpo_config_generates_p_times_g_completions_per_rollout_batch(t
 
 
 def test_grid_trl_axes_cross_grpo_config_fields_into_cells(tmp_path):
-    from twoclocks_cli.commands.plan import cell_lines, load_plan
+    from twoclocks_cli.commands.plan import cell_lines
+    from twoclocks_cli.config import load_plan
     from twoclocks_cli.core.errors import ConfigError
 
     cfg = _config(tmp_path, "ax", "[2, 4]", 64, "builtin:tiny-arith", every=4)

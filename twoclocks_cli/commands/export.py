@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.commands.runs import KeysOption
-from twoclocks_cli.options import DbOption
+from twoclocks_cli.options import DbOption, KeysOption, parse_keys
 
 SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl",
             ".ndjson": "jsonl"}
@@ -68,11 +67,11 @@ def export(
 ) -> None:
     """Export step metrics, each row with its run's id, name, sweep, batch size, group size,
     lr, clip, seed, backend and status as columns."""
-    from twoclocks_cli.commands.runs import check_keys, parse_keys
-    from twoclocks_cli.commands.runs import fmt as fmt_num
     from twoclocks_cli.core.errors import ConfigError
+    from twoclocks_cli.core.numbers import num as fmt_num
     from twoclocks_cli.export import LAYOUTS, check_out, table, write
     from twoclocks_cli.store import Store
+    from twoclocks_cli.store.records import check_keys
 
     fmt = _choose_format(fmt, out)
     if layout not in LAYOUTS:

@@ -6,23 +6,11 @@ the GRPOConfig fields the sweep sets."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import JsonOption
-
-ConfigArg = Annotated[Path, typer.Argument(help="Sweep config (TOML); see README, ## Sweeps.",
-                                           show_default=False)]
-
-
-def load_plan(config: Path):
-    """Load and plan a config file (ConfigError on any problem)."""
-    from twoclocks_cli.config import load_config, plan
-
-    cfg = load_config(config)
-    return plan(cfg, str(config), config_dir=str(Path(config).parent))
+from twoclocks_cli.options import ConfigArg, JsonOption
+from twoclocks_cli.render.warnings import print_warnings
 
 
 def plan_table(p, title: str):
@@ -63,13 +51,10 @@ def cell_lines(p) -> dict[str, str]:
     return {}
 
 
-def print_warnings(warnings: list[str]) -> None:
-    for w in warnings:
-        typer.echo(f"warning: {w}", err=True)
-
-
 def plan_cmd(config: ConfigArg, as_json: JsonOption = False) -> None:
     """Show the cells CONFIG resolves to (lr by the scaling rule, steps, identity) and warnings."""
+    from twoclocks_cli.config import load_plan
+
     p = load_plan(config)
     lines = cell_lines(p)
     key = "command" if p.config.backend == "command" else "grpo_config"

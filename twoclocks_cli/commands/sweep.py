@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.commands.plan import ConfigArg
-from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.options import ConfigArg, DbOption, JsonOption
 from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
 
 ExecutorOption = Annotated[
@@ -31,11 +30,13 @@ def sweep(
     Re-running submits nothing completed or running; a changed config adds its new cells.
     With --json: one document (counts, and per cell its run id, submitted or skipped, status).
     """
-    from twoclocks_cli.commands.plan import load_plan, print_warnings
-    from twoclocks_cli.commands.status import follow, snapshot, sweep_table, wait_quietly
+    from twoclocks_cli.config import load_plan
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.launch import sweeps
+    from twoclocks_cli.launch.monitor import snapshot
+    from twoclocks_cli.render.status import follow, sweep_table, wait_quietly
     from twoclocks_cli.render.tables import console
+    from twoclocks_cli.render.warnings import print_warnings
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.engine import resolve_url
 

@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.commands.runs import ForceOption, YesOption
-from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.options import DbOption, ForceOption, JsonOption, YesOption
 from twoclocks_cli.render.jsonout import print_json
 
 app = typer.Typer(help="Sweeps in the store.", no_args_is_help=True)
@@ -16,7 +15,7 @@ app = typer.Typer(help="Sweeps in the store.", no_args_is_help=True)
 @app.command("list")
 def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     """List sweeps with their cell counts by status."""
-    from twoclocks_cli.commands.status import ORDER
+    from twoclocks_cli.render.status import ORDER
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
@@ -54,26 +53,16 @@ def delete(
 ) -> None:
     """Delete sweep NAME with its runs, their metrics and status history, and its stored
     analyses, in one transaction. Submitted/running runs are refused unless --force."""
-    from twoclocks_cli.commands.runs import confirm, do_delete, prepare_delete, report_delete
-    from twoclocks_cli.core.errors import LaunchError
-    from twoclocks_cli.launch import sweeps
+    from twoclocks_cli.launch import delete as deletion
+    from twoclocks_cli.render import deletion as say
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
     runs = store.sweep_runs(name)
-    busy = prepare_delete(store, runs, force, alone=False)
+    busy = deletion.prepare(store, runs, force, alone=False)
     metrics = store.count_metrics_of([r.id for r in runs])
     what = f"sweep {name}"
-    confirm(what, {"runs": len(runs), "metrics": metrics}, yes)
-
-    def cancel_sweep() -> list[str]:
-        """The whole sweep goes: stop it as `twoclocks cancel` does (arrays, runners)."""
-        n, problems = sweeps.cancel(store, name)
-        if problems:
-            raise LaunchError(f"sweep {name}: {n} cell(s) marked cancelled, but stopping their "
-                              f"jobs failed: {'; '.join(problems)} (nothing deleted)")
-        return [f"sweep {name}: cancelled {n} cell(s)"]
-
-    notes, counts = do_delete(store, busy, lambda refuse: store.delete_sweep(name, refuse),
-                              cancel_sweep)
-    report_delete(what, notes, counts, as_json)
+    say.confirm(what, {"runs": len(runs), "metrics": metrics}, yes)
+    notes, counts = deletion.execute(store, busy, lambda refuse: store.delete_sweep(name, refuse),
+                                     lambda: deletion.cancel_sweep(store, name))
+    say.report(what, notes, counts, as_json)
