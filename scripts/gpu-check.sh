@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the trainer (issue 15, deliverable 5). NEVER RUN IN CI, AND NOT YET RUN AT ALL:
+# GPU check of the trainer. NEVER RUN IN CI, AND NOT YET RUN AT ALL:
 # no machine this project has been developed or tested on had a CUDA GPU, so this script was
 # written without being executed. Run it on a CUDA machine with the `train` extra installed
 # (and the `vllm` extra for the vLLM half):

@@ -9,7 +9,7 @@ from twoclocks_cli.core.errors import ConfigError, StoreError
 
 
 def _db_value(value: str | None) -> str | None:
-    """`--db ''` is an error (it used to fall back silently to ./twoclocks.db)."""
+    """`--db ''` is an error: falling back to ./twoclocks.db would write where nobody looks."""
     if value is not None and not value.strip():
         raise StoreError(f"--db {value!r}: empty database URL; give e.g. sqlite:///path/to.db "
                          "or postgresql://user:pass@host:5432/dbname")

@@ -1,8 +1,8 @@
-"""Numbers beyond what the store holds in an imported log (issue 12): one line, nothing written.
+"""Numbers beyond what the store holds in an imported log: one line, nothing written.
 
 Steps go to metrics.step (INTEGER: at most 2^31 - 1 on PostgreSQL), samples to metrics.samples
-(BIGINT: 2^63 - 1); a value beyond a float (10**400) is not a metric. Each used to raise an
-OverflowError and leave a failed run with 0 rows.
+(BIGINT: 2^63 - 1); a value beyond a float (10**400) is not a metric. Unchecked, each would raise
+an OverflowError and leave a failed run with 0 rows.
 """
 
 from __future__ import annotations

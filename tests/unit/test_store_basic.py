@@ -69,7 +69,7 @@ def test_list_runs_by_sweep(store):
     assert len(store.list_runs()) == 2
 
 
-# --- database URLs and foreign files (issue 12): one line, no password, nothing written ------
+# --- database URLs and foreign files: one line, no password, nothing written ---------------
 
 def _dump(path) -> list[str]:
     """Every table and row of a SQLite file, independent of twoclocks."""
@@ -104,7 +104,7 @@ def test_empty_db_option_is_an_error_not_the_default(tmp_path):
         resolve_url("")
     proc = twoclocks("status", "--db", "", cwd=tmp_path)
     assert_one_line_error(proc, "--db ''", "empty database URL")
-    assert not (tmp_path / "twoclocks.db").exists()  # it used to fall back to ./twoclocks.db
+    assert not (tmp_path / "twoclocks.db").exists()  # no silent fallback to ./twoclocks.db
 
 
 def test_sqlite_paths_the_os_refuses(tmp_path):

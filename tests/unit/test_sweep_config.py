@@ -65,7 +65,7 @@ REJECTIONS = [
      ["scaling.reference_bacth", "did you mean 'scaling.reference_batch'"]),
     ("backend = \"sim\"", "backend = \"jax\"", ["'backend'", "'grpo' or 'sim'"]),
     ("[grid]", "[grid\n", ["sweep.toml", "not valid TOML"]),
-    # issue 12: a backend table is validated before anything is written (was: 10 failed runs)
+    # a backend table is validated before anything is written (else every cell fails later)
     ("seeds = [0]", "seeds = [0]\n[sim]\nlog_evry = 1",
      ["unknown key 'sim.log_evry'", "did you mean 'sim.log_every'"]),
     ("batch = [2, 4, 8]", "batch = {start = 2, stop = 32, factor = inf}",
@@ -180,7 +180,7 @@ def test_cell_hashes_are_stable_across_processes_and_sensitive_to_config():
     assert not set(changed) & set(here)
 
 
-# issue 12: every value a cell would fail on, or the store could not hold, is a plan error
+# every value a cell would fail on, or the store could not hold, is a plan error
 PLAN_REJECTIONS = [
     ({"grid__batch": {"start": 2, "stop": 32, "factor": math.inf}},
      ["grid.batch.factor", "finite"]),
@@ -247,7 +247,7 @@ def test_plan_validates_grpo_cells_with_the_trainers_config(over, needles):
 
 
 def test_geometric_ranges_terminate_and_match_the_progression():
-    # a huge factor: one batch (was an OverflowError); an exact progression includes `stop`
+    # a huge factor: one batch (no OverflowError); an exact progression includes `stop`
     p = plan(parse_config(_doc(grid={"batch": {"start": 2, "stop": 32, "factor": 1e308},
                                      "group_size": 8})))
     assert [c.prompts for c in p.cells] == [2]

@@ -23,7 +23,7 @@ SCALARS = st.one_of(
     st.integers(-5, 5000), st.floats(allow_nan=False, allow_infinity=False, width=32),
     st.text(max_size=6), st.booleans(), st.lists(st.integers(-3, 64), max_size=3),
     st.just([]), st.fixed_dictionaries({"start": st.integers(-2, 8), "stop": st.integers(-2, 64)}),
-    # issue 12: values the store or a cell cannot take (each used to pass, hang or crash)
+    # values the store or a cell cannot take (each would pass, hang or crash unchecked)
     st.sampled_from([float("inf"), float("-inf"), float("nan"), 1e308, 2**31, 10**20, "w" * 300]),
     st.fixed_dictionaries({"start": st.integers(1, 8), "stop": st.integers(8, 10**6),
                            "factor": st.sampled_from([1.000000001, 1e308, float("inf"), 1.5])}),

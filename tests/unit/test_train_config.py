@@ -91,7 +91,7 @@ def test_defaults_and_batch_forms(tmp_path):
     )
 
 
-# issue 12: the train config is strict like the sweep config (each of these used to train)
+# the train config is strict like the sweep config (none of these may start training)
 STRICT_REJECTIONS = [
     ("lr = true\n", ["key 'lr' = True", "not a string or a bool"]),
     ('lr = "1e-4"\n', ["key 'lr' = '1e-4'", "must be a number"]),

@@ -179,7 +179,7 @@ class Store(RegistryQueries, LifecycleQueries, AnalysisQueries):
                 q = q.where(Metric.run_id == run_id)
             return int(s.scalar(q))
 
-    # -- runs show, export, delete (issue 13) ---------------------------------------------
+    # -- runs show, export, delete ------------------------------------------------------
 
     def find_run(self, ref: str) -> Run:
         """A run named by the user: its id, or a run name that only one run has."""
