@@ -39,7 +39,7 @@ from trainer.update import (
     skips_zero_advantage,
     update,
 )
-from twoclocks_cli.adaptive import MODES, decision_metrics
+from twoclocks_cli.clocks.controller import MODES, decision_metrics
 from twoclocks_cli.core.errors import ConfigError
 
 EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
@@ -216,7 +216,7 @@ def _controller(cfg: TrainConfig, writer, state: dict | None):
     event); a resumed one carries its calibration in the checkpointed state."""
     if cfg.batch_schedule != "adaptive":
         return None, None
-    from twoclocks_cli.adaptive import Controller, calibrate, record_event
+    from twoclocks_cli.clocks.controller import Controller, calibrate, record_event
 
     store = None
     if writer is not None and getattr(writer, "engine", None) is not None:

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from twoclocks_cli.adaptive import AdaptiveConfig, Controller, calibration_of, schedule_of
+from trainer.adaptive_config import AdaptiveConfig
+from twoclocks_cli.clocks.controller import Controller, calibration_of, schedule_of
 from twoclocks_cli.core.errors import ConfigError
 
 G = 4

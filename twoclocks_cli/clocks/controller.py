@@ -6,13 +6,13 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
   rounded to whole prompts (kappa * B_noise estimates the local B_crit; `overhead` is the share
   of it to run at: McCandlish's E(B) = E_min (1 + B/B_crit) makes that (1 + overhead) x the
   fewest samples; at overhead 1 the theory-model runs took 1.00-1.37x the best constant's
-  samples, so the tests, which ask <= 1.1x, use 0.1), moved by at most a factor `max_change`
-  per decision. B_noise is the gradient noise scale from EMAs of its two-batch terms, as
-  `analyze` computes it: McCandlish's B_simple = tr(S)/|G|^2 (noise = "euclidean", from
-  grad_sq_micro/grad_sq_full) or the sign-descent B_sign (noise = "sign", from the l1 terms;
-  see twoclocks_cli.clocks.noise). `kappa` (default 1) corrects for noise in directions that do
-  not matter for progress; it can be calibrated from an analysed sweep (`from_sweep`: its
-  recommended B_crit over the median noise scale of its smallest batch's runs).
+  samples, at 0.1 within 1.1x), moved by at most a factor `max_change` per decision. B_noise
+  is the gradient noise scale from EMAs of its two-batch terms, as `analyze` computes it:
+  McCandlish's B_simple = tr(S)/|G|^2 (noise = "euclidean", from grad_sq_micro/grad_sq_full)
+  or the sign-descent B_sign (noise = "sign", from the l1 terms; see twoclocks_cli.clocks.noise).
+  `kappa` (default 1) corrects for noise in directions that do not matter for progress; it can
+  be calibrated from an analysed sweep (`from_sweep`: its recommended B_crit over the median
+  noise scale of its smallest batch's runs).
 - failure guard: with a `drift_threshold` (given, or from `from_sweep`: the lowest drift at
   which its runs failed), when the drift projected over the next `lookahead` samples at the
   rate of the last decision interval (the rate of drift^2: noise-driven drift is a random walk,
@@ -23,99 +23,23 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
   (fast, then saturating), which the random-walk projection would carry forward as if it went on.
 - lr follows the scaling rule from the reference (batch, lr): lr = lr_ref (B / B_ref)^alpha.
 
-The controller is pure python/numpy (no torch), its state a JSON-able dict (exact resume).
+The options are `trainer.adaptive_config.AdaptiveConfig` (a training option: the trainer
+reads them without this package). The controller is pure python/numpy (no torch), its
+state a JSON-able dict (exact resume); `start` builds one for a run, calibrated from the
+store or restored from a checkpoint.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
+from trainer.adaptive_config import AdaptiveConfig
 from twoclocks_cli.core.errors import ConfigError
 
 SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
 DRIFT_KEYS = ("drift_rel", "drift_abs", "kl_init")
 MODES = {"progress": 0, "guard": 1}
-
-
-class AdaptiveConfig(BaseModel):
-    """The `[adaptive]` table of a run with `batch_schedule = "adaptive"`."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-    adapt_every: int = Field(2048, gt=0, le=2**62, description="Samples between two decisions.")
-    kappa: float | None = Field(
-        None, gt=0, description="Batch = kappa x B_noise. None: 1, or from_sweep's calibration.")
-    from_sweep: str | None = Field(
-        None, min_length=1, description="An analysed sweep that calibrates kappa (its recommended "
-        "B_crit / its median noise scale) and drift_threshold (the lowest drift at which its runs "
-        "failed) where they are not given.")
-    overhead: float = Field(
-        1.0, gt=0, description="Extra samples accepted over the small-batch limit: the batch is "
-        "overhead x kappa x B_noise. With E(B) = E_min (1 + B/B_crit) (McCandlish) a batch of "
-        "overhead x B_crit spends (1 + overhead) E_min samples: 1 is B_crit itself (twice the "
-        "samples, half the steps of the small-batch limit), 0.1 stays within 10% of E_min.")
-    noise: Literal["euclidean", "sign"] = Field(
-        "euclidean", description="Noise scale: euclidean (B_simple) or sign (B_sign).")
-    noise_ema: float = Field(
-        0.01, gt=0, le=1, description="EMA weight of the newest step in the noise terms (as "
-        "analyze's --noise-ema; one step's terms are noisy, so ~100 steps by default).")
-    batch_min: int = Field(1, gt=0, le=2**31 - 1, description="Smallest batch, in prompts.")
-    batch_max: int = Field(..., gt=0, le=2**31 - 1, description="Largest batch, in prompts "
-                           "(also the failure guard's batch).")
-    start_prompts: int | None = Field(
-        None, gt=0, description="Batch of the first steps, in prompts (None: batch_min).")
-    max_change: float = Field(2.0, gt=1, description="Most the batch may grow or shrink by per "
-                              "decision (a factor).")
-    drift_key: Literal["drift_rel", "drift_abs", "kl_init"] = Field(
-        "drift_rel", description="The guard's drift measure (a step metric of the run).")
-    drift_threshold: float | None = Field(
-        None, gt=0, description="Drift at which runs fail. None: from_sweep's, else no guard.")
-    lookahead: int = Field(8192, gt=0, description="Samples over which the guard projects the "
-                           "drift at its current rate.")
-    safety: float = Field(0.8, gt=0, le=1, description="The guard fires at safety x threshold.")
-    guard_warmup: int = Field(
-        1, ge=0, le=2**31 - 1, description="Decisions at which the guard does not fire (1: the "
-        "first). Their drift is mostly the descent of the directions that matter away from the "
-        "initial point, fast and saturating, not the noise-driven random walk the projection "
-        "assumes: projected, it crossed the threshold at the first decision on the theory model.")
-    scaling: Literal["sqrt", "linear", "constant"] = Field(
-        "sqrt", description="lr rule from the reference: lr_ref (B/B_ref)^(1/2, 1, 0).")
-    reference_prompts: int | None = Field(
-        None, gt=0, description="Reference batch in prompts (None: the run's prompts_per_batch).")
-    reference_lr: float | None = Field(
-        None, gt=0, description="lr at the reference batch (None: the run's lr).")
-
-    @model_validator(mode="after")
-    def _bounds(self):
-        if self.batch_min > self.batch_max:
-            raise ValueError(f"batch_min ({self.batch_min}) > batch_max ({self.batch_max})")
-        if self.start_prompts is not None and not (
-                self.batch_min <= self.start_prompts <= self.batch_max):
-            raise ValueError(f"start_prompts ({self.start_prompts}) must lie in [batch_min, "
-                             f"batch_max] = [{self.batch_min}, {self.batch_max}]")
-        return self
-
-    @classmethod
-    def from_dict(cls, data, where: str = "adaptive") -> AdaptiveConfig:
-        """Validate a config table; a bad key or value is one ConfigError naming it."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where} = {data!r}: must be a table (batch_schedule = "
-                              "\"adaptive\" needs [adaptive] with at least batch_max)")
-        try:
-            return cls(**data)
-        except ValidationError as err:
-            e = err.errors()[0]
-            loc = ".".join(str(x) for x in e["loc"])
-            key = f"{where}.{loc}" if loc else where
-            value = data.get(e["loc"][0]) if e["loc"] else None
-            shown = f" = {value!r}" if e["loc"] and e["loc"][0] in data else ""
-            allowed = ", ".join(cls.model_fields)
-            hint = f" (allowed keys: {allowed})" if e["type"] == "extra_forbidden" else ""
-            raise ConfigError(f"{key}{shown}: {e['msg']}{hint}") from None
 
 
 def schedule_of(cell: dict, where: str = "cell", table: str = "adaptive") -> AdaptiveConfig | None:
@@ -148,6 +72,10 @@ class Decision:
     mode: str
     signals: dict
     reason: str
+
+    def metrics(self) -> dict:
+        """The decision as step metrics (`decision_metrics`)."""
+        return decision_metrics(self)
 
 
 @dataclass
@@ -205,6 +133,15 @@ class Controller:
     @property
     def batch(self) -> int:
         return self.state.prompts * self.group_size
+
+    @property
+    def decisions(self) -> int:
+        """Decisions taken so far: the phase index of the next step."""
+        return self.state.decisions
+
+    def mode_metrics(self) -> dict:
+        """The mode the next step runs in, as a step metric (`MODES`)."""
+        return {"adaptive_mode": MODES[self.state.mode]}
 
     def lr_for(self, prompts: int) -> float:
         """lr at `prompts` by the scaling rule from the reference (batch, lr)."""
@@ -341,7 +278,7 @@ def _terms(noise: str, sig: dict) -> tuple | None:
         return (bb * gbb - b * gb) / (bb - b), (gb - gbb) / (1 / b - 1 / bb)
     import numpy as np
 
-    from twoclocks_cli.clocks.noise import _terms as sign_terms
+    from twoclocks_cli.clocks.noise import sign_terms
 
     vals = [_f(sig, k) for k in ("grad_l1_micro", "grad_l1_full", "grad_sign_dot")]
     if any(v is None for v in vals):
@@ -359,12 +296,40 @@ def _scale(noise: str, emas: list) -> float:
         return trs / g2 if g2 > 0 else math.nan
     import numpy as np
 
-    from twoclocks_cli.clocks.noise import _q_squared
+    from twoclocks_cli.clocks.noise import q_squared
 
     p, a, b, r = emas
     with np.errstate(all="ignore"):
-        q2 = float(np.asarray(_q_squared(np.array([p]), np.array([a]), np.array([r])))[0])
+        q2 = float(np.asarray(q_squared(np.array([p]), np.array([a]), np.array([r])))[0])
     return b * (q2 - 1.0) if q2 == q2 else math.nan
+
+
+# -- a run's controller ----------------------------------------------------------------------
+
+
+def start(cfg: AdaptiveConfig, group_size: int, run_prompts: int, run_lr: float, store=None,
+          run_id: int | None = None, state: dict | None = None) -> Controller:
+    """The controller of run `run_id`: restored from a checkpoint's `state` (which carries its
+    calibration), else fresh, calibrated from `cfg.from_sweep`'s analysis in `store` and the
+    calibration recorded as an event of the run. Without a store there is nothing to
+    calibrate from: `from_sweep` is refused."""
+    if state is not None:
+        return Controller(cfg, group_size, run_prompts, run_lr, state=state)
+    if cfg.from_sweep is not None and store is None:
+        raise ConfigError("adaptive.from_sweep needs a store to read the sweep's analysis")
+    cal = calibrate(store, cfg) if store is not None else {}
+    ctl = Controller(cfg, group_size, run_prompts, run_lr, calibration=cal)
+    if cal:
+        record_event(store, run_id, calibration_message(ctl))
+    return ctl
+
+
+def calibration_message(ctl: Controller) -> str:
+    """The run event that says how a fresh controller was calibrated."""
+    cal = ctl.state.calibration
+    return (f"adaptive calibration from sweep {cal['from_sweep']!r}: kappa {ctl.state.kappa:.4g} "
+            f"({cal['kappa_why']}); drift_threshold {ctl.state.drift_threshold} "
+            f"({cal['drift_why']})")
 
 
 # -- calibration from an analysed sweep ------------------------------------------------------

@@ -34,7 +34,7 @@ import numpy as np
 from twoclocks_cli.clocks.stats import ema
 
 
-def _terms(l1_micro, l1_full, sign_dot, micro_size, full_size):
+def sign_terms(l1_micro, l1_full, sign_dot, micro_size, full_size):
     """Per step: P, A, b, r (module docstring) as 1-d float arrays; nan where b >= B."""
     lm, lf, dot, b, bb = np.broadcast_arrays(
         *(
@@ -49,7 +49,7 @@ def _terms(l1_micro, l1_full, sign_dot, micro_size, full_size):
     return p, a, b, r
 
 
-def _q_squared(p, a, r):
+def q_squared(p, a, r):
     """(||G||_1 / P)^2 of the fitted curve; inf where the split sees only noise, nan: no signal."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         den = p * p * (1 - r * r) - 2 * r * a * p
@@ -122,14 +122,14 @@ def sign_noise_scale(
     inf where A/P reaches (1 - r^2)/(2r) (the micro-batch's sign is all noise: B_sign >> b,
     beyond what this split resolves), 0 where A/P <= 1 - r (no measurable noise).
     """
-    p, a, b, r = _terms(l1_micro, l1_full, sign_dot, micro_size, full_size)
+    p, a, b, r = sign_terms(l1_micro, l1_full, sign_dot, micro_size, full_size)
     ok = np.isfinite(p) & np.isfinite(a) & np.isfinite(r)
     out = np.full(ok.size, np.nan)
     if not ok.any():
         return out
     ep, ea, eb, er = (ema(x[ok], ema_alpha) for x in (p, a, b, r))
     with np.errstate(invalid="ignore"):
-        out[ok] = eb * (_q_squared(ep, ea, er) - 1.0)
+        out[ok] = eb * (q_squared(ep, ea, er) - 1.0)
     return out
 
 
@@ -153,7 +153,7 @@ def l1_noise_scale(
     noise inflates by sqrt(2/pi) sigma_i/sqrt(B) per coordinate. Each EMA-smoothed before the
     ratio.
     """
-    p, a, b, r = _terms(l1_micro, l1_full, sign_dot, micro_size, full_size)
+    p, a, b, r = sign_terms(l1_micro, l1_full, sign_dot, micro_size, full_size)
     diff = np.broadcast_to(np.atleast_1d(np.asarray(l1_diff, float)), p.shape)
     with np.errstate(divide="ignore", invalid="ignore"):
         sig1 = np.sqrt(np.pi / 2) * diff / np.sqrt((1 - r * r) / b)
@@ -163,6 +163,6 @@ def l1_noise_scale(
         return out
     ep, ea, er, es = (ema(x[ok], ema_alpha) for x in (p, a, r, sig1))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        g1_sq = _q_squared(ep, ea, er) * ep * ep  # ||G||_1^2
+        g1_sq = q_squared(ep, ea, er) * ep * ep  # ||G||_1^2
         out[ok] = np.where(np.isfinite(g1_sq), es * es / g1_sq, np.nan)
     return out

@@ -1,0 +1,91 @@
+"""The options of the in-run batch controller (`batch_schedule = "adaptive"`): the `[adaptive]`
+table of a training config or a sim cell.
+
+They are training options, so they live with the trainer's config; the controller that reads
+them, and what each one does, is `twoclocks_cli.clocks.controller`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from twoclocks_cli.core.errors import ConfigError
+
+
+class AdaptiveConfig(BaseModel):
+    """The `[adaptive]` table of a run with `batch_schedule = "adaptive"`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    adapt_every: int = Field(2048, gt=0, le=2**62, description="Samples between two decisions.")
+    kappa: float | None = Field(
+        None, gt=0, description="Batch = kappa x B_noise. None: 1, or from_sweep's calibration.")
+    from_sweep: str | None = Field(
+        None, min_length=1, description="An analysed sweep that calibrates kappa (its recommended "
+        "B_crit / its median noise scale) and drift_threshold (the lowest drift at which its runs "
+        "failed) where they are not given.")
+    overhead: float = Field(
+        1.0, gt=0, description="Extra samples accepted over the small-batch limit: the batch is "
+        "overhead x kappa x B_noise. With E(B) = E_min (1 + B/B_crit) (McCandlish) a batch of "
+        "overhead x B_crit spends (1 + overhead) E_min samples: 1 is B_crit itself (twice the "
+        "samples, half the steps of the small-batch limit), 0.1 stays within 10% of E_min.")
+    noise: Literal["euclidean", "sign"] = Field(
+        "euclidean", description="Noise scale: euclidean (B_simple) or sign (B_sign).")
+    noise_ema: float = Field(
+        0.01, gt=0, le=1, description="EMA weight of the newest step in the noise terms (as "
+        "analyze's --noise-ema; one step's terms are noisy, so ~100 steps by default).")
+    batch_min: int = Field(1, gt=0, le=2**31 - 1, description="Smallest batch, in prompts.")
+    batch_max: int = Field(..., gt=0, le=2**31 - 1, description="Largest batch, in prompts "
+                           "(also the failure guard's batch).")
+    start_prompts: int | None = Field(
+        None, gt=0, description="Batch of the first steps, in prompts (None: batch_min).")
+    max_change: float = Field(2.0, gt=1, description="Most the batch may grow or shrink by per "
+                              "decision (a factor).")
+    drift_key: Literal["drift_rel", "drift_abs", "kl_init"] = Field(
+        "drift_rel", description="The guard's drift measure (a step metric of the run).")
+    drift_threshold: float | None = Field(
+        None, gt=0, description="Drift at which runs fail. None: from_sweep's, else no guard.")
+    lookahead: int = Field(8192, gt=0, description="Samples over which the guard projects the "
+                           "drift at its current rate.")
+    safety: float = Field(0.8, gt=0, le=1, description="The guard fires at safety x threshold.")
+    guard_warmup: int = Field(
+        1, ge=0, le=2**31 - 1, description="Decisions at which the guard does not fire (1: the "
+        "first). Their drift is mostly the descent of the directions that matter away from the "
+        "initial point, fast and saturating, not the noise-driven random walk the projection "
+        "assumes: projected, it crossed the threshold at the first decision on the theory model.")
+    scaling: Literal["sqrt", "linear", "constant"] = Field(
+        "sqrt", description="lr rule from the reference: lr_ref (B/B_ref)^(1/2, 1, 0).")
+    reference_prompts: int | None = Field(
+        None, gt=0, description="Reference batch in prompts (None: the run's prompts_per_batch).")
+    reference_lr: float | None = Field(
+        None, gt=0, description="lr at the reference batch (None: the run's lr).")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.batch_min > self.batch_max:
+            raise ValueError(f"batch_min ({self.batch_min}) > batch_max ({self.batch_max})")
+        if self.start_prompts is not None and not (
+                self.batch_min <= self.start_prompts <= self.batch_max):
+            raise ValueError(f"start_prompts ({self.start_prompts}) must lie in [batch_min, "
+                             f"batch_max] = [{self.batch_min}, {self.batch_max}]")
+        return self
+
+    @classmethod
+    def from_dict(cls, data, where: str = "adaptive") -> AdaptiveConfig:
+        """Validate a config table; a bad key or value is one ConfigError naming it."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where} = {data!r}: must be a table (batch_schedule = "
+                              "\"adaptive\" needs [adaptive] with at least batch_max)")
+        try:
+            return cls(**data)
+        except ValidationError as err:
+            e = err.errors()[0]
+            loc = ".".join(str(x) for x in e["loc"])
+            key = f"{where}.{loc}" if loc else where
+            value = data.get(e["loc"][0]) if e["loc"] else None
+            shown = f" = {value!r}" if e["loc"] and e["loc"][0] in data else ""
+            allowed = ", ".join(cls.model_fields)
+            hint = f" (allowed keys: {allowed})" if e["type"] == "extra_forbidden" else ""
+            raise ConfigError(f"{key}{shown}: {e['msg']}{hint}") from None
