@@ -283,7 +283,7 @@ def analyze(
         else:
             render_side_by_side(docs)
         return
-    name = resolve_sweep(store, sweeps[0] if sweeps else None)
+    name = store.sweep_named(sweeps[0] if sweeps else None)
     result = analyze_sweep(store, name, opts)
     data = result.to_json()
     data["analysis_id"] = store.save_analysis(name, data) if save else None
@@ -297,17 +297,3 @@ def analyze(
         typer.echo(result.dumps())
     else:
         render(data)
-
-
-def resolve_sweep(store, sweep: str | None) -> str:
-    """The named sweep, or the only one; a clear error when there are none or several."""
-    from twoclocks_cli.core.errors import NotFoundError
-
-    if sweep is not None:
-        return store.get_sweep(sweep).name
-    names = store.sweep_names()
-    if len(names) == 1:
-        return names[0]
-    if not names:
-        raise NotFoundError("no sweeps in the store yet: run `twoclocks sweep` first")
-    raise NotFoundError(f"several sweeps; name one of: {', '.join(names)}")

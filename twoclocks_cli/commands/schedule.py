@@ -49,12 +49,11 @@ def schedule(
 ) -> None:
     """Recommend phases (until_samples, batch, lr, clip) from the analysed clocks of a sweep."""
     from twoclocks_cli.clocks import to_toml
-    from twoclocks_cli.commands.analyze import resolve_sweep
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
-    name = resolve_sweep(store, sweep)
+    name = store.sweep_named(sweep)
     result = schedule_sweep(store, name, safety=safety, budget=budget, reanalyze=reanalyze)
     if out:
         try:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, select
 
-from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.errors import ConfigError, NotFoundError
 from twoclocks_cli.store.models import Metric, Run, RunStatus, Sweep, apply_status
 
 
@@ -39,6 +39,17 @@ class RegistryQueries:
         """Every sweep's name, sorted."""
         with self.session() as s:
             return list(s.scalars(select(Sweep.name).order_by(Sweep.name)).all())
+
+    def sweep_named(self, sweep: str | None) -> str:
+        """The named sweep, or the only one; a clear error when there are none or several."""
+        if sweep is not None:
+            return self.get_sweep(sweep).name
+        names = self.sweep_names()
+        if len(names) == 1:
+            return names[0]
+        if not names:
+            raise NotFoundError("no sweeps in the store yet: run `twoclocks sweep` first")
+        raise NotFoundError(f"several sweeps; name one of: {', '.join(names)}")
 
     def all_sweeps(self) -> list[Sweep]:
         """Every sweep, oldest first."""
