@@ -11,24 +11,15 @@ from twoclocks_cli.options import DbOption, JsonOption
 from twoclocks_cli.render.tables import console
 
 
-def _fmt(v, digits=4) -> str:
-    """A number for the tables (thousands separators from 1,000 up)."""
-    return num(v, digits)
-
-
-def _n(v) -> str:
-    """A sample count: whole, with thousands separators."""
-    return count(v)
-
-
 def _clock(agg) -> str:
     """One clock at one batch (a stats.Aggregate): median [interval], or censored (>= bound)."""
     if agg.median is None:
-        return f"censored (>= {_n(agg.lower_bound)})" if agg.lower_bound is not None else "censored"
+        bound = agg.lower_bound
+        return f"censored (>= {count(bound)})" if bound is not None else "censored"
     if agg.low is None:
-        return _n(agg.median)
-    high = _n(agg.high) if agg.high is not None else "censored"
-    return f"{_n(agg.median)} [{_n(agg.low)}-{high}]"
+        return count(agg.median)
+    high = count(agg.high) if agg.high is not None else "censored"
+    return f"{count(agg.median)} [{count(agg.low)}-{high}]"
 
 
 def render(doc: dict) -> None:
@@ -40,7 +31,7 @@ def render(doc: dict) -> None:
     a = Analysis.of(doc)
     con = console()
     table = Table(
-        title=f"sweep {a.sweep}: {a.metric} target {_fmt(a.target.value)} "
+        title=f"sweep {a.sweep}: {a.metric} target {num(a.target.value)} "
         f"({a.target.spec}); clocks in samples, median [90% bootstrap]"
     )
     for col in ("batch", "lr", "runs", "progress clock", "failure clock", "note"):
@@ -54,8 +45,8 @@ def render(doc: dict) -> None:
     render_critical(con, a.critical)
     inv = a.invariance
     con.print(
-        f"failure clock vs batch: slope {_fmt(inv.slope, 3)} "
-        f"[{_fmt(inv.low, 3)}, {_fmt(inv.high, 3)}] over {inv.n} runs: {inv.verdict}"
+        f"failure clock vs batch: slope {num(inv.slope, 3)} "
+        f"[{num(inv.low, 3)}, {num(inv.high, 3)}] over {inv.n} runs: {inv.verdict}"
     )
     rules: dict[str, int] = {}
     for r in a.runs:
@@ -71,9 +62,9 @@ def render(doc: dict) -> None:
         for col in ("clip_low", "clip_high", "batch", "runs", "progress", "failure"):
             ct.add_column(col)
         for row in a.clipping:
-            ct.add_row(_fmt(row["clip_low"]), _fmt(row["clip_high"]), num(row["batch_samples"]),
-                       str(row["n_runs"]), _fmt(row["progress_median"]),
-                       _fmt(row["failure_median"]))
+            ct.add_row(num(row["clip_low"]), num(row["clip_high"]), num(row["batch_samples"]),
+                       str(row["n_runs"]), num(row["progress_median"]),
+                       num(row["failure_median"]))
         con.print(ct)
     for w in a.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")
@@ -95,12 +86,12 @@ def render_side_by_side(docs: list[dict]) -> None:
         summary.add_column(col)
     for a in map(Analysis.of, docs):
         for i, b in enumerate(a.batches):
-            table.add_row(a.sweep if i == 0 else "", _fmt(a.target.value) if i == 0 else "",
+            table.add_row(a.sweep if i == 0 else "", num(a.target.value) if i == 0 else "",
                           num(b.batch_samples), ", ".join(f"{x:.3g}" for x in b.lr) or "-",
                           str(b.n_runs), _clock(b.progress), _clock(b.failure))
         inv, rec = a.invariance, a.critical.recommended
         summary.add_row(a.sweep, _est(rec), rec.source or "-",
-                        f"{_fmt(inv.slope, 3)} [{_fmt(inv.low, 3)}, {_fmt(inv.high, 3)}]",
+                        f"{num(inv.slope, 3)} [{num(inv.low, 3)}, {num(inv.high, 3)}]",
                         inv.verdict)
     con.print(table)
     con.print(summary)
