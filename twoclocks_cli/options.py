@@ -9,10 +9,17 @@ from twoclocks_cli.core.errors import ConfigError, StoreError
 
 
 def _db_value(value: str | None) -> str | None:
-    """`--db ''` is an error: falling back to ./twoclocks.db would write where nobody looks."""
+    """`--db ''` is an error: falling back to ./twoclocks.db would write where nobody looks; an
+    in-memory SQLite database is one too: what a command writes there is gone when it exits."""
     if value is not None and not value.strip():
         raise StoreError(f"--db {value!r}: empty database URL; give e.g. sqlite:///path/to.db "
                          "or postgresql://user:pass@host:5432/dbname")
+    if value is not None:
+        from twoclocks_cli.store.engine import is_in_memory
+
+        if is_in_memory(value):
+            raise StoreError(f"--db {value!r}: an in-memory database keeps nothing once the "
+                             "command exits; give a file, e.g. sqlite:///twoclocks.db")
     return value
 
 

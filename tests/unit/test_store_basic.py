@@ -2,7 +2,9 @@
 bad database URLs and foreign files refused in one line."""
 
 import math
+import os
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +117,55 @@ def test_sqlite_paths_the_os_refuses(tmp_path):
         with pytest.raises(StoreError, match=needle):
             Store.open(f"sqlite:///{path}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:",
+                                 "sqlite:///file:x?mode=memory&uri=true"])
+def test_an_in_memory_database_is_refused(tmp_path, url):
+    """What a command writes to an in-memory store is gone at exit: refused, by --db and env."""
+    config = Path(__file__).parents[2] / "examples" / "sim-sweep.toml"
+    proc = twoclocks("sweep", str(config), "--db", url, cwd=tmp_path)
+    assert_one_line_error(proc, f"--db {url!r}", "in-memory")
+    proc = twoclocks("sweeps", "list", cwd=tmp_path, env={"TWOCLOCKS_DB": url})
+    assert_one_line_error(proc, "in-memory")
+    assert list(tmp_path.iterdir()) == []  # no sweep folder, no fallback store
+
+
+def _without_file_permissions_override() -> list[str] | None:
+    """A command prefix under which this process is subject to file permissions: nothing for a
+    plain user; for root, setpriv dropping the two capabilities that bypass them."""
+    if os.geteuid() != 0:
+        return []
+    import shutil
+
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] \
+        if shutil.which("setpriv") else None
+
+
+@pytest.mark.parametrize("below", ["sub/x.db", "x.db"])
+def test_a_store_behind_a_folder_this_user_may_not_enter_is_one_line(tmp_path, below):
+    import subprocess
+    import sys
+
+    prefix = _without_file_permissions_override()
+    if prefix is None:
+        pytest.skip("running as root without setpriv: file permissions cannot bind")
+    locked = tmp_path / "locked"
+    (locked / "sub").mkdir(parents=True)
+    locked.chmod(0o700)
+    if os.geteuid() == 0:
+        os.chown(locked, 65534, 65534)  # nobody's: root without the override is "other" here
+    else:
+        locked.chmod(0o000)
+    try:
+        proc = subprocess.run([*prefix, sys.executable, "-m", "twoclocks_cli", "sweeps", "list",
+                               "--db", f"sqlite:///{locked / below}"], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=120)
+        assert_one_line_error(proc, "permission denied", str(locked / below))
+    finally:
+        locked.chmod(0o700)
+    assert sorted(p.name for p in locked.iterdir()) == ["sub"]  # nothing created
+    assert list((locked / "sub").iterdir()) == []
 
 
 def test_a_foreign_sqlite_file_is_refused_not_migrated(tmp_path):

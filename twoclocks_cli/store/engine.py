@@ -97,14 +97,32 @@ def _check_sqlite_path(parsed: URL) -> None:
     if problem:
         raise StoreError(f"database file of {masked[:80]!r}: {problem}")
     path = Path(db)
-    if not path.parent.is_dir():
-        raise StoreError(f"database directory {path.parent} does not exist ({masked})")
-    if path.is_dir():
-        raise StoreError(f"database file {path} is a folder ({masked})")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise StoreError(f"database file {path} is read-only ({masked})")
-    if path.is_file() and path.stat().st_size > 0:
-        _check_sqlite_file(path, masked)
+    try:
+        if not path.parent.is_dir():
+            raise StoreError(f"database directory {path.parent} does not exist ({masked})")
+        if path.is_dir():
+            raise StoreError(f"database file {path} is a folder ({masked})")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise StoreError(f"database file {path} is read-only ({masked})")
+        if path.is_file() and path.stat().st_size > 0:
+            _check_sqlite_file(path, masked)
+    except PermissionError as err:  # a folder on the way that this user may not enter
+        where = err.filename or path
+        raise StoreError(f"database file {path}: permission denied on {where} ({masked})"
+                         ) from None
+
+
+def is_in_memory(url: str) -> bool:
+    """Whether `url` is an in-memory SQLite database (gone when the process exits)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return False
+    if not parsed.drivername.startswith("sqlite"):
+        return False
+    db = parsed.database or ""
+    return db in ("", ":memory:") or "mode=memory" in db or \
+        parsed.query.get("mode") == "memory"
 
 
 def _check_sqlite_file(path: Path, masked: str) -> None:
