@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from twoclocks_cli.clocks.critical import Estimate
+from twoclocks_cli.clocks.result import Theory
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
 
 
@@ -35,13 +37,15 @@ class ProbeResult:
     batches: list[float]
     lrs: list[float]
     clocks: dict  # batch -> [samples since the branch point, None = censored]
-    b_crit: dict  # critical.Estimate as JSON
-    truth: dict | None = None  # theory.predict_critical_batch from the same state and target
+    b_crit: Estimate
+    truth: Theory | None = None  # theory.predict_critical_batch from the same state and target
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["clocks"] = {f"{b:g}": v for b, v in self.clocks.items()}
+        out["b_crit"] = self.b_crit.to_json()
+        out["truth"] = None if self.truth is None else self.truth.to_json()
         return out
 
 
@@ -118,12 +122,13 @@ def probe_run(store, run_id: int, at: float, batches: list[float], branch_sample
              f"gain in {branch_samples:g} samples)"]
     result = ProbeResult(run_id=run_id, at_samples=float(start.samples[0]), progress_at=p_at,
                          target=target, batches=[float(b) for b in bs],
-                         lrs=[float(x) for x in lrs], clocks=clocks, b_crit=est.to_json(),
+                         lrs=[float(x) for x in lrs], clocks=clocks, b_crit=est,
                          notes=notes)
     if truth:
         from twoclocks_cli.theory.critical import predict_critical_batch
 
-        result.truth = predict_critical_batch(cfg, lr0, b0, target, alpha, cap, start=start)
+        result.truth = Theory.from_json(
+            predict_critical_batch(cfg, lr0, b0, target, alpha, cap, start=start))
     return result
 
 

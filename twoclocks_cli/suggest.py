@@ -1,6 +1,6 @@
 """What to run next: the cells that would most reduce the uncertainty of the schedule decision.
 
-Read from an analysis document (`twoclocks analyze --json`):
+Read from an analysis (`clocks.result.Analysis`, what `twoclocks analyze` computes):
 - bracket: when the recommended B_crit is a bound or extrapolated, batch sizes on its far side.
   A lower bound ">= B_max" gets 2x and 4x B_max; an upper bound "<= B_min" gets B_min/2 and
   B_min/4 in whole prompts (never below one prompt's group); an estimate extrapolated beyond the
@@ -22,10 +22,10 @@ already present are skipped) and the next `analyze` pools them with the old ones
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 
+from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.result import Analysis, BatchRow, Recommended
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
 
@@ -35,19 +35,17 @@ MAX_SEED_BATCHES = 3  # at most this many `seeds` suggestions (partly censored b
 LONGER = 2  # the longer budget's factor over the sweep's
 
 
-def estimate_text(rec) -> str:
-    """'>= 16', '<= 4', '41.1 [27.7, 50.8]' (samples), 'none' (an Estimate or its JSON)."""
-    if dataclasses.is_dataclass(rec):
-        rec = dataclasses.asdict(rec)
-    if not rec or rec.get("b_crit") is None:
+def estimate_text(rec: Estimate | None) -> str:
+    """'>= 16', '<= 4', '41.1 [27.7, 50.8]' (samples), 'none' (no estimate)."""
+    if rec is None or rec.b_crit is None:
         return "none"
-    b = rec["b_crit"]
-    if rec.get("bound") == "lower":
+    b = rec.b_crit
+    if rec.bound == "lower":
         return f">= {b:.4g}"
-    if rec.get("bound") == "upper":
+    if rec.bound == "upper":
         return f"<= {b:.4g}"
-    if rec.get("low") is not None and rec.get("high") is not None:
-        return f"{b:.4g} [{rec['low']:.4g}, {rec['high']:.4g}]"
+    if rec.low is not None and rec.high is not None:
+        return f"{b:.4g} [{rec.low:.4g}, {rec.high:.4g}]"
     return f"{b:.4g}"
 
 
@@ -86,22 +84,20 @@ def _item(kind: str, prompts: int, g: int, seeds: list[int], budget: int, why: s
             "cost_samples": len(seeds) * budget, "why": why}
 
 
-def plan_suggestions(analysis: Analysis | dict, *, sweep_budget: int, budget: int | None = None,
+def plan_suggestions(a: Analysis, *, sweep_budget: int, budget: int | None = None,
                      group_size: int | None = None,
                      used_seeds: dict[float, set[int]] | None = None) -> dict:
-    """The suggestions for an analysis document (a JSON-ready dict; see the module doc).
+    """The suggestions for an analysis (a JSON-ready dict; see the module doc).
 
     `sweep_budget`: the sample budget of the sweep's cells (the largest); `budget`: the budget
     of every suggested cell (default: `sweep_budget`, LONGER x that when every failure is
     censored); `used_seeds`: seeds every run of the sweep has at each batch (new seeds avoid
     them).
     """
-    a = Analysis.of(analysis)
-    rec_json = (a.raw.get("critical_batch") or {}).get("recommended")
-    if rec_json is None:
+    rec = a.critical.recommended
+    if rec is None:
         raise AnalysisError(f"sweep {a.sweep!r}: the analysis has no recommended "
                             "B_crit estimate (re-run `twoclocks analyze`)")
-    rec = a.critical.recommended
     batches = sorted((b for b in a.batches if b.n_runs), key=lambda b: b.batch_samples)
     if not batches:
         raise AnalysisError(f"sweep {a.sweep!r}: no analysed batch sizes: nothing "
@@ -137,7 +133,7 @@ def plan_suggestions(analysis: Analysis | dict, *, sweep_budget: int, budget: in
         "analysis_id": a.analysis_id,
         "metric": a.metric,
         "target": a.target.value,
-        "recommended": rec_json,
+        "recommended": rec.to_json(),
         "group_size": g,
         "sweep_budget": sweep_budget,
         "budget": budget,

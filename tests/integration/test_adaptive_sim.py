@@ -98,9 +98,10 @@ def setting(request, tmp_path_factory):
         ss.make_sweep(store, "const", PROMPTS, 3, BUDGET, sim, root / "c")
     finally:
         ss.LR0 = old
-    analysis = analyze_sweep(store, "const", AnalysisOptions(**OPTS)).to_json()
+    const = analyze_sweep(store, "const", AnalysisOptions(**OPTS))
+    analysis = const.to_json()
     store.save_analysis("const", analysis)  # stored as `twoclocks analyze` does: from_sweep
-    plan = make_schedule(analysis, budget=BUDGET)
+    plan = make_schedule(const, budget=BUDGET)
     phases = [dict(p) for p in plan["phases"]]
     ss.make_sweep(store, "static", [phases[0]["prompts_per_batch"]], 3, BUDGET, sim, root / "s",
                   phases=phases)

@@ -86,8 +86,9 @@ def test_drop_rule_alone_sees_the_collapse(sweeps):
 
 def test_schedule_beats_largest_batch_and_fails_no_earlier_than_smallest(sweeps):
     store, root = sweeps
-    analysis = analyze_sweep(store, "capped", AnalysisOptions(**OPTS)).to_json()
-    plan = make_schedule(analysis, budget=BUDGET)
+    capped = analyze_sweep(store, "capped", AnalysisOptions(**OPTS))
+    analysis = capped.to_json()
+    plan = make_schedule(capped, budget=BUDGET)
     assert len(plan["phases"]) == 2 and plan["b_large"] > plan["b_small"], plan
     phases = [dict(p) for p in plan["phases"]]
     make_sweep(

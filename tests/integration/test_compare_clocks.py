@@ -24,7 +24,7 @@ def test_compare_and_analyze_give_the_same_clocks_for_the_same_run(tmp_path):
     ]
     (sched,) = make_sweep(store, "sched", [1], 1, BUDGET, SIM, tmp_path / "s", phases=phases)
     opts = dict(target="0.6", drift_threshold=2.0, bootstrap=50, theory=False)
-    analysis = analyze_sweep(store, "const", AnalysisOptions(**opts)).to_json()
+    analysis = analyze_sweep(store, "const", AnalysisOptions(**opts))
     cmp = compare_schedule(store, "const", sched, analysis)["schedule"]
     alone = analyze_sweep(store, "sched", AnalysisOptions(**opts)).to_json()["runs"][0]
     for clock in ("progress", "failure"):
@@ -32,7 +32,7 @@ def test_compare_and_analyze_give_the_same_clocks_for_the_same_run(tmp_path):
         assert cmp[clock]["rule"] == alone[clock]["rule"]
     assert cmp["failure"]["rule"] == "drift"
 
-    const_run = analysis["runs"][0]["run_id"]
+    const_run = analysis.runs[0].run_id
     with pytest.raises(AnalysisError, match="constant-batch run, not a schedule"):
         compare_schedule(store, "const", const_run, analysis)
     other = make_sweep(store, "other", [1], 1, BUDGET, {**SIM, "sigma": 2.0}, tmp_path / "o",

@@ -175,10 +175,11 @@ def _rec(b, bound=None, placement="interpolated", low=None, high=None):
 
 
 def _plan(analysis, **kw):
+    from twoclocks_cli.clocks.result import Analysis
     from twoclocks_cli.suggest import plan_suggestions
 
     kw.setdefault("sweep_budget", 10_000)
-    return plan_suggestions(analysis, **kw)
+    return plan_suggestions(Analysis.from_json(analysis), **kw)
 
 
 def _batches(doc, kind):

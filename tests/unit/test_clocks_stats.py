@@ -53,7 +53,9 @@ def test_slope_verdicts():
 
 
 def _analysis(batches, prog, fail, b_crit):
-    """A minimal stored-analysis document (the fields make_schedule reads)."""
+    """A minimal stored analysis (the fields make_schedule reads), loaded as a stored one is."""
+    from twoclocks_cli.clocks.result import Analysis
+
     rows = [
         {
             "batch_samples": b,
@@ -71,7 +73,7 @@ def _analysis(batches, prog, fail, b_crit):
         return {"median": v, "low": None if v is None else 0.9 * v, "high": None, "n": 3,
                 "n_censored": 3 if v is None else 0, "n_failed": 0 if v is None else 3}
 
-    return {
+    return Analysis.from_json({
         "sweep": "s",
         "runs": rows,
         "batches": [
@@ -84,7 +86,7 @@ def _analysis(batches, prog, fail, b_crit):
             "theory": None,
             "noise_scale": {"b_simple": None},
         },
-    }
+    })
 
 
 def test_schedule_switches_only_to_a_larger_batch_that_fails_later():

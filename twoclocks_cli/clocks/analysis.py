@@ -1,58 +1,42 @@
 """`analyze_sweep`: stored curves -> both clocks per run, per batch size, B_crit three ways.
 
-Input arrives from `store.load_metric` as numpy arrays; no SQL here. The result is a plain,
-JSON-ready dict (with every option used) wrapped in `AnalysisResult`.
+Input arrives from `store.load_metric` as numpy arrays; no SQL here. The result is a typed
+`clocks.result.Analysis` (with every option used); it becomes JSON only when it is stored or
+printed (`Analysis.to_json`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from twoclocks_cli.clocks import critical
 from twoclocks_cli.clocks.curves import smooth_curve
 from twoclocks_cli.clocks.options import AnalysisOptions, parse_target
+from twoclocks_cli.clocks.result import (
+    Analysis,
+    BatchRow,
+    ClipRow,
+    Critical,
+    Invariance,
+    NoiseSummary,
+    Recommended,
+    RunRow,
+    Target,
+    Theory,
+    json_numbers,
+)
 from twoclocks_cli.clocks.runclock import Clock, RunClocks, load_signals, prepare, run_clocks
-from twoclocks_cli.clocks.stats import aggregate, slope_test
+from twoclocks_cli.clocks.stats import Aggregate, aggregate, slope_test
 from twoclocks_cli.core.errors import AnalysisError, NotFoundError
 
-
-@dataclass
-class AnalysisResult:
-    """The complete analysis of one sweep (`data` is the --json document)."""
-
-    data: dict
-
-    def to_json(self) -> dict:
-        return self.data
-
-    def dumps(self) -> str:
-        return json.dumps(self.data, indent=2, allow_nan=False, default=_jsonable)
+UNITS = ("samples (one sampled completion); steps, prompts and seconds (cumulated "
+         "time_gen_s + time_reward_s + time_update_s, when logged) given beside")
 
 
-def _jsonable(obj):
-    if isinstance(obj, np.generic):
-        return obj.item()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def _clean_json(obj):
-    """Replace NaN/inf floats by None, numpy scalars by Python ones (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _clean_json(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean_json(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    return obj
-
-
-def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> AnalysisResult:
+def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> Analysis:
     """Analyse every run of `sweep` (partial runs included and marked)."""
     opts = options or AnalysisOptions()
     store.get_sweep(sweep)  # NotFoundError listing the sweeps
@@ -81,10 +65,10 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     missing = [r.id for r in runs if r.id not in usable]
     if missing:
         warnings.append(f"run(s) {missing} have no finite {metric} values yet: left out")
-    partial = [row["run_id"] for row in run_rows if row["partial"]]
+    partial = [row.run_id for row in run_rows if row.partial]
     if partial:
         warnings.append(f"run(s) {partial} still in progress: analysed as partial (censored)")
-    above = [row["run_id"] for row in run_rows if row.get("started_above")]
+    above = [row.run_id for row in run_rows if row.started_above]
     if above:
         warnings.append(
             f"run(s) {above} started at or above the target {tau:.4g}: no progress clock "
@@ -92,38 +76,34 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         )
     warnings += _eval_resolution(signals, target, metric)
     rng = np.random.default_rng(opts.seed)
-    rows_in = [row for row in run_rows if row["analysed"] and row["in_family"]]
+    rows_in = [row for row in run_rows if row.analysed and row.in_family]
     batches = _per_batch(rows_in, rng, opts)
     per_batch_prog = {
-        b["batch_samples"]: [
-            r["progress"]["samples"]
+        b.batch_samples: [
+            r.progress.samples
             for r in rows_in
-            if r["batch_samples"] == b["batch_samples"] and not r.get("started_above")
+            if r.batch_samples == b.batch_samples and not r.started_above
         ]
         for b in batches
     }
     per_batch_prog = {b: v for b, v in per_batch_prog.items() if v}
-    critical = _critical(per_batch_prog, rows_in, runs, tau, metric, opts, warnings, rng)
+    crit = _critical(per_batch_prog, rows_in, runs, tau, metric, opts, warnings, rng)
     invariance = _invariance(rows_in, opts)
-    if all(row["progress"]["censored"] for row in rows_in):
+    if all(row.progress.censored for row in rows_in):
         warnings.append(f"every run is censored: none reached the target {tau:.4g}")
-    data = {
-        "sweep": sweep,
-        "options": opts.to_json(),
-        "metric": metric,
-        "target": target,
-        "units": "samples (one sampled completion); steps, prompts and seconds (cumulated "
-        "time_gen_s + time_reward_s + time_update_s, when logged) given beside",
-        "runs": run_rows,
-        "batches": [{k: v for k, v in b.items() if not k.startswith("_")} for b in batches],
-        "critical_batch": critical,
-        "failure_invariance": invariance,
-        "clipping": _clipping_table([r for r in run_rows if r["analysed"]]),
-        "warnings": warnings,
-    }
-    for row in data["runs"]:
-        row.pop("analysed", None)
-    return AnalysisResult(_clean_json(data))
+    return json_numbers(Analysis(
+        sweep=sweep,
+        options=opts,
+        metric=metric,
+        target=target,
+        units=UNITS,
+        runs=run_rows,
+        batches=batches,
+        critical=crit,
+        invariance=invariance,
+        clipping=_clipping_table([r for r in run_rows if r.analysed]),
+        warnings=warnings,
+    ))
 
 
 def _pick_metric(store, sweep, ids, wanted) -> str:
@@ -162,7 +142,7 @@ def _data_warnings(signals, metric, opts, warnings) -> None:
             warnings.append(f"{rule} rule is on but no run logged {key!r}: it cannot fire")
 
 
-def _target(opts, metric, smoothed, warnings) -> tuple[float, dict]:
+def _target(opts, metric, smoothed, warnings) -> tuple[float, Target]:
     kind, x = parse_target(opts.target)
     initial = float(np.median([sm[0] for sm in smoothed.values()]))
     best = float(max(sm.max() for sm in smoothed.values()))
@@ -177,7 +157,7 @@ def _target(opts, metric, smoothed, warnings) -> tuple[float, dict]:
             f"{opts.target} is undefined, every progress clock is censored (the progress metric "
             "must increase; give an absolute --target or another --metric)"
         )
-    return tau, {"spec": opts.target, "value": tau, "initial": initial, "best": best}
+    return tau, Target(spec=opts.target, value=tau, initial=initial, best=best)
 
 
 # keys of a cell config that vary between seeds or with the batch under a scaling rule
@@ -237,14 +217,14 @@ def _refuse_mixed_settings(runs) -> None:
         )
 
 
-def _run_row(run, clocks: RunClocks | None, in_family: bool) -> dict:
-    """The run's identity and status beside its clocks (the --json per-run document)."""
+def _run_row(run, clocks: RunClocks | None, in_family: bool) -> RunRow:
+    """The run's identity and status beside its clocks."""
     from twoclocks_cli.store.models import RunStatus
 
     finished = (
         RunStatus(run.status).finished if run.status in RunStatus._value2member_map_ else True
     )
-    row = {
+    identity = {
         "run_id": run.id,
         "name": run.name,
         "batch_samples": run.batch_samples,
@@ -256,66 +236,71 @@ def _run_row(run, clocks: RunClocks | None, in_family: bool) -> dict:
         "seed": run.seed,
         "status": run.status,
         "partial": not finished,
-        "analysed": clocks is not None,
         "in_family": in_family,
     }
     if clocks is None:
-        row.update(
+        return RunRow(
+            **identity,
             points=0,
-            last_samples=None,
-            progress=Clock(None, True, reason="no finite values").__dict__,
-            failure=Clock(None, True, reason="no finite values").__dict__,
-            noise_scale=None,
-            sign_noise_scale=None,
-            started_above=False,
+            progress=Clock(None, True, reason="no finite values"),
+            failure=Clock(None, True, reason="no finite values"),
         )
-        return row
-    data = clocks.to_json()
-    data.pop("run_id")
-    row.update(data)
-    return row
+    return RunRow(
+        **identity,
+        points=clocks.points,
+        first_samples=clocks.first_samples,
+        last_samples=clocks.last_samples,
+        initial=clocks.initial,
+        final=clocks.final,
+        best=clocks.best,
+        progress=clocks.progress,
+        failure=clocks.failure,
+        started_above=clocks.started_above,
+        noise_scale=clocks.noise_scale,
+        sign_noise_scale=clocks.sign_noise_scale,
+    )
 
 
-def _per_batch(run_rows, rng, opts) -> list[dict]:
+def _per_batch(rows: list[RunRow], rng, opts) -> list[BatchRow]:
     out = []
-    for b in sorted({r["batch_samples"] for r in run_rows if r["batch_samples"] is not None}):
-        rows = [r for r in run_rows if r["batch_samples"] == b]
-        if not rows:
+    for b in sorted({r.batch_samples for r in rows if r.batch_samples is not None}):
+        at = [r for r in rows if r.batch_samples == b]
+        if not at:
             continue
-        prog_rows = [r for r in rows if not r.get("started_above")]
-        progress = _aggregate_clock(prog_rows, "progress", rng, opts)
-        if len(prog_rows) < len(rows):
-            progress["note"] += f", {len(rows) - len(prog_rows)} started above the target"
-        collapsed = sum(1 for r in prog_rows if r["progress"].get("collapsed"))
+        prog_rows = [r for r in at if not r.started_above]
+        progress = _aggregate_clock([r.progress for r in prog_rows], rng, opts)
+        if len(prog_rows) < len(at):
+            progress.note += f", {len(at) - len(prog_rows)} started above the target"
+        collapsed = sum(1 for r in prog_rows if r.progress.collapsed)
         if collapsed:
-            progress["note"] += f", {collapsed} collapsed before the target"
-        failure = _aggregate_clock(rows, "failure", rng, opts)
-        failure["n_failed"] = sum(1 for r in rows if r["failure"]["samples"] is not None)
-        early = sum(1 for r in rows if r["failure"].get("at_eval_resolution"))
+            progress.note += f", {collapsed} collapsed before the target"
+        failure = _aggregate_clock([r.failure for r in at], rng, opts)
+        early = sum(1 for r in at if r.failure.at_eval_resolution)
         if early:
-            failure["note"] += f", {early} at eval resolution (first or second logged point)"
+            failure.note += f", {early} at eval resolution (first or second logged point)"
         out.append(
-            {
-                "batch_samples": b,
-                "batch_prompts": sorted({r["batch_prompts"] for r in rows if r["batch_prompts"]}),
-                "lr": sorted({r["lr"] for r in rows if r["lr"] is not None}),
-                "n_runs": len(rows),
-                "partial": any(r["partial"] for r in rows),
-                "progress": progress,
-                "failure": failure,
-            }
+            BatchRow(
+                batch_samples=b,
+                batch_prompts=sorted({r.batch_prompts for r in at if r.batch_prompts}),
+                lr=sorted({r.lr for r in at if r.lr is not None}),
+                n_runs=len(at),
+                partial=any(r.partial for r in at),
+                progress=progress,
+                failure=failure,
+                n_failed=sum(1 for r in at if r.failure.samples is not None),
+            )
         )
     return out
 
 
-def _aggregate_clock(rows, clock: str, rng, opts) -> dict:
+def _aggregate_clock(clocks: list[Clock], rng, opts) -> Aggregate:
     """Median and interval over seeds of one clock (censored seeds as lower bounds)."""
-    values = [r[clock]["samples"] for r in rows]
-    censored_at = [r[clock]["censored_at"] for r in rows if r[clock]["censored"]]
-    return aggregate(values, censored_at, rng, opts.bootstrap).to_json()
+    values = [c.samples for c in clocks]
+    censored_at = [c.censored_at for c in clocks if c.censored]
+    return aggregate(values, censored_at, rng, opts.bootstrap)
 
 
-def _critical(per_batch_prog, rows, runs, tau, metric, opts, warnings, rng) -> dict:
+def _critical(per_batch_prog, rows, runs, tau, metric, opts, warnings, rng) -> Critical:
     """Every B_crit estimate side by side, the recommended one and where they disagree."""
     ests = {
         "empirical": critical.empirical(per_batch_prog, rng, opts.bootstrap),
@@ -323,47 +308,44 @@ def _critical(per_batch_prog, rows, runs, tau, metric, opts, warnings, rng) -> d
         "mccandlish": critical.linear(per_batch_prog, rng, opts.bootstrap),
     }
     ests["mccandlish"].source = "mccandlish"
-    noise = _noise_summary(rows, "noise_scale", "B_simple = tr(S)/|G|^2 (counts the noise of "
-                           "every direction, also those that do not matter for progress)")
-    sign = _noise_summary(rows, "sign_noise_scale", "B_sign, the noise scale of sign descent "
-                          "(Adam's steps are sign-like past the noise scale)")
+    noise = _noise_summary(rows, lambda r: r.noise_scale, "B_simple = tr(S)/|G|^2 (counts the "
+                           "noise of every direction, also those that do not matter for progress)")
+    sign = _noise_summary(rows, lambda r: r.sign_noise_scale, "B_sign, the noise scale of sign "
+                          "descent (Adam's steps are sign-like past the noise scale)")
     theory = _theory(runs, tau, metric, opts, warnings)
     choice = dict(ests)
     for name, summary in (("noise_scale", noise), ("sign_noise_scale", sign)):
-        if summary.get("value") is not None:
-            choice[name] = critical.Estimate(name, summary["value"], summary.get("low"),
-                                             summary.get("high"), note=summary["note"])
-    if theory and theory.get("b_crit"):
-        choice["theory"] = critical.Estimate("theory", theory["b_crit"], note="theory model")
+        if summary.value is not None:
+            choice[name] = critical.Estimate(name, summary.value, summary.low, summary.high,
+                                             note=summary.note)
+    if theory and theory.b_crit:
+        choice["theory"] = critical.Estimate("theory", theory.b_crit, note="theory model")
     rec, why = critical.recommend(choice)
     disagree = critical.disagreement(choice, rec)
     if disagree:
         why += "; estimates disagree by more than 2x, the measured clocks are followed: " + (
             "; ".join(disagree)
         )
-    out = {name: e.to_json() for name, e in ests.items()}
-    out["noise_scale"] = {**noise, "b_simple": noise.get("value")}
-    out["sign_noise_scale"] = sign
-    out["theory"] = theory
-    out["recommended"] = (
-        {"b_crit": None, "low": None, "high": None, "bound": None, "source": None,
-         "placement": None, "why": why}
-        if rec is None
-        else {"b_crit": rec.b_crit, "low": rec.low, "high": rec.high, "bound": rec.bound,
-              "source": rec.source, "placement": rec.placement, "e_min": rec.e_min,
-              "seeds": rec.seeds, "why": why}
+    return Critical(
+        empirical=ests["empirical"],
+        power=ests["power"],
+        mccandlish=ests["mccandlish"],
+        noise_scale=noise,
+        sign_noise_scale=sign,
+        theory=theory,
+        recommended=Recommended.of(rec, why),
+        disagreements=disagree,
     )
-    out["disagreements"] = disagree
-    return out
 
 
-def _noise_summary(rows, key: str, what: str) -> dict:
-    vals = [r[key] for r in rows if r.get(key) is not None]
+def _noise_summary(rows: list[RunRow], scale_of, what: str) -> NoiseSummary:
+    """The median over runs of one noise scale (`scale_of(row)`, None where not formed)."""
+    vals = [scale_of(r) for r in rows if scale_of(r) is not None]
     if not vals:
-        return {"value": None, "n_runs": 0, "note": f"{what}: not available (no run logged its "
-                "gradient terms, or none could be formed)"}
-    crossed = sum(1 for r in rows if r.get(key) is not None and not r["progress"]["censored"]
-                  and r["progress"]["samples"] is not None)
+        return NoiseSummary(None, n_runs=0, note=f"{what}: not available (no run logged its "
+                            "gradient terms, or none could be formed)")
+    crossed = sum(1 for r in rows if scale_of(r) is not None and not r.progress.censored
+                  and r.progress.samples is not None)
     where = (
         "at each run's progress crossing"
         if crossed == len(vals)
@@ -371,44 +353,42 @@ def _noise_summary(rows, key: str, what: str) -> dict:
         if crossed == 0
         else f"at the progress crossing ({crossed} runs) or the last point ({len(vals) - crossed})"
     )
-    return {
-        "value": float(np.median(vals)),
-        "low": float(np.min(vals)),
-        "high": float(np.max(vals)),
-        "n_runs": len(vals),
-        "note": f"{what}; median over {len(vals)} runs {where}, range "
+    return NoiseSummary(
+        value=float(np.median(vals)),
+        low=float(np.min(vals)),
+        high=float(np.max(vals)),
+        n_runs=len(vals),
+        note=f"{what}; median over {len(vals)} runs {where}, range "
         f"{np.min(vals):.4g}-{np.max(vals):.4g}",
-    }
+    )
 
 
-def _invariance(rows, opts) -> dict:
+def _invariance(rows: list[RunRow], opts) -> Invariance:
     """Slope of log N_fail on log B with an equivalence margin (not "0 inside the interval")."""
     fail_pts = [
-        (r["batch_samples"], r["failure"]["samples"])
+        (r.batch_samples, r.failure.samples)
         for r in rows
-        if r["failure"]["samples"] is not None and r["batch_samples"]
-        and not r["failure"].get("at_eval_resolution")
+        if r.failure.samples is not None and r.batch_samples
+        and not r.failure.at_eval_resolution
     ]
-    early = sum(1 for r in rows if r["failure"].get("at_eval_resolution"))
+    early = sum(1 for r in rows if r.failure.at_eval_resolution)
     if not fail_pts:
-        out = {"slope": None, "low": None, "high": None, "n": 0,
+        fit = {"slope": None, "low": None, "high": None, "n": 0,
                "verdict": "no run failed: every failure clock is censored"
                if not early else "inconclusive: every failure is at eval resolution"}
     else:
-        out = slope_test([b for b, _ in fail_pts], [f for _, f in fail_pts], opts.invariance_margin)
+        fit = slope_test([b for b, _ in fail_pts], [f for _, f in fail_pts], opts.invariance_margin)
     notes = []
-    cens = sum(1 for r in rows if r["failure"]["censored"])
+    cens = sum(1 for r in rows if r.failure.censored)
     if fail_pts and cens:
         notes.append(f"{cens} censored run(s) left out of the slope")
     if early:
         notes.append(f"{early} failure(s) at eval resolution left out")
-    if notes:
-        out["note"] = "; ".join(notes)
-    out["margin"] = opts.invariance_margin
-    return out
+    return Invariance(**fit, note="; ".join(notes) if notes else None,
+                      margin=opts.invariance_margin)
 
 
-def _eval_resolution(signals, target, metric) -> list[str]:
+def _eval_resolution(signals, target: Target, metric) -> list[str]:
     """Warn when the eval set is too small to resolve the target gap (binomial SE)."""
     if metric != "eval_accuracy":
         return []
@@ -416,19 +396,19 @@ def _eval_resolution(signals, target, metric) -> list[str]:
     if not sizes:
         return []
     n = min(sizes)
-    p = min(max(target["value"], 0.0), 1.0)
+    p = min(max(target.value, 0.0), 1.0)
     se = math.sqrt(max(p * (1 - p), 1e-12) / n)
-    gap = target["value"] - target["initial"]
+    gap = target.value - target.initial
     if gap < 3 * se:
         return [
             f"eval set of {n:g} problems: standard error {se:.3g} per eval against a target gap "
-            f"of {gap:.3g} (target {target['value']:.4g} - initial {target['initial']:.4g}); "
+            f"of {gap:.3g} (target {target.value:.4g} - initial {target.initial:.4g}); "
             "crossings are at the eval noise level: use a larger eval set"
         ]
     return []
 
 
-def _theory(runs, tau, metric, opts, warnings) -> dict | None:
+def _theory(runs, tau, metric, opts, warnings) -> Theory | None:
     """The local quadratic model's B_crit for a sim sweep (its lr rule, cap and this target)."""
     if not opts.theory or not runs or any(r.backend != "sim" for r in runs):
         return None
@@ -447,7 +427,8 @@ def _theory(runs, tau, metric, opts, warnings) -> dict | None:
         float(np.polyfit(bs, np.log([p[1] for p in pts]), 1)[0]) if np.unique(bs).size > 1 else 0.5
     )
     if not 0 < tau < 1:
-        return {"b_crit": None, "note": f"target {tau:.4g} outside (0, 1): no theory prediction"}
+        return Theory.from_json(
+            {"b_crit": None, "note": f"target {tau:.4g} outside (0, 1): no theory prediction"})
     cap = cfg.cap_for(ref.clip_low, ref.clip_high)
     pred = predict_critical_batch(cfg, ref.lr, ref.batch_samples, tau, alpha, cap)
     pred.update(
@@ -457,36 +438,33 @@ def _theory(runs, tau, metric, opts, warnings) -> dict | None:
         cap=cap,
         note=f"theory for target p={tau:.4g} on the noise-free progress ({metric} estimates p)",
     )
-    return pred
+    return Theory.from_json(pred)
 
 
-def _clipping_table(run_rows) -> list[dict] | None:
-    keys = {(r["clip_low"], r["clip_high"]) for r in run_rows if r["analysed"]}
+def _clipping_table(rows: list[RunRow]) -> list[ClipRow] | None:
+    """Median clocks per (clip range, batch) when the sweep varies the clip range."""
+    keys = {(r.clip_low, r.clip_high) for r in rows if r.analysed}
     if len(keys) < 2:
         return None
     out = []
     for lo, hi in sorted(keys, key=lambda k: (k[0] or 0, k[1] or 0)):
-        for b in sorted({r["batch_samples"] for r in run_rows if r["batch_samples"]}):
-            rows = [
+        for b in sorted({r.batch_samples for r in rows if r.batch_samples}):
+            at = [
                 r
-                for r in run_rows
-                if r["analysed"]
-                and r["batch_samples"] == b
-                and (r["clip_low"], r["clip_high"]) == (lo, hi)
+                for r in rows
+                if r.analysed and r.batch_samples == b and (r.clip_low, r.clip_high) == (lo, hi)
             ]
-            if not rows:
+            if not at:
                 continue
-            prog = [r["progress"]["samples"] for r in rows]
-            fail = [r["failure"]["samples"] for r in rows]
             out.append(
-                {
-                    "clip_low": lo,
-                    "clip_high": hi,
-                    "batch_samples": b,
-                    "n_runs": len(rows),
-                    "progress_median": _med(prog),
-                    "failure_median": _med(fail),
-                }
+                ClipRow(
+                    clip_low=lo,
+                    clip_high=hi,
+                    batch_samples=b,
+                    n_runs=len(at),
+                    progress_median=_med([r.progress.samples for r in at]),
+                    failure_median=_med([r.failure.samples for r in at]),
+                )
             )
     return out
 

@@ -9,13 +9,14 @@ sweep's stored analysis (the functions of `twoclocks_cli.clocks`), so the number
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from twoclocks_cli.clocks.options import AnalysisOptions
-from twoclocks_cli.clocks.result import Analysis
-from twoclocks_cli.clocks.runclock import load_signals, run_clocks
+from twoclocks_cli.clocks.result import Analysis, BatchRow
+from twoclocks_cli.clocks.runclock import RunClocks, load_signals, run_clocks
 from twoclocks_cli.core import toml
 from twoclocks_cli.core.errors import AnalysisError, ConfigError, NotFoundError
 
@@ -84,14 +85,15 @@ def to_toml(cfg: dict, header: list[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run_clocks(store, run_id: int, metric: str, tau: float, opts: AnalysisOptions) -> dict:
+def _run_clocks(store, run_id: int, metric: str, tau: float, opts: AnalysisOptions
+                ) -> RunClocks:
     """Progress and failure clocks of one run: the very function `analyze` uses."""
     sig = load_signals(store, [run_id], metric, opts)[run_id]
     run = store.get_run(run_id)
     clocks = run_clocks(run_id, sig, tau, opts, run.group_size)
     if clocks is None:
         raise AnalysisError(f"run {run_id} has no finite {metric!r} values: nothing to compare")
-    return clocks.to_json()
+    return clocks
 
 
 def phase_summary(store, run_id: int) -> list[dict]:
@@ -127,7 +129,32 @@ def _int(v):
     return None if v is None else int(round(v))
 
 
-def _constant_rows(store, a: Analysis, tau: float, opts: AnalysisOptions) -> list[dict]:
+@dataclass
+class ConstantRow:
+    """One batch size of the sweep beside the schedule run: the analysis's clocks there, the
+    median final smoothed metric of its runs, and how many of them reached and failed."""
+
+    batch: BatchRow
+    final: float | None
+    failure_rules: list[str]
+    reached: int
+    failed: int
+
+    def to_json(self) -> dict:
+        b = self.batch
+        return {
+            "final": self.final,
+            "batch_samples": b.batch_samples, "batch_prompts": b.batch_prompts,
+            "lr": b.lr, "n_runs": b.n_runs,
+            "progress": b.progress.to_json(),
+            "failure": {**b.failure.to_json(), "n_failed": b.n_failed},
+            "failure_rules": self.failure_rules,
+            "reached": self.reached,
+            "failed": self.failed,
+        }
+
+
+def _constant_rows(store, a: Analysis, tau: float, opts: AnalysisOptions) -> list[ConstantRow]:
     """Per batch size: the analysis's clocks, plus the median final smoothed metric."""
     rows = []
     for b in a.batches:
@@ -135,19 +162,16 @@ def _constant_rows(store, a: Analysis, tau: float, opts: AnalysisOptions) -> lis
         finals = []
         for r in runs:
             try:
-                finals.append(_run_clocks(store, r.run_id, a.metric, tau, opts)["final"])
+                finals.append(_run_clocks(store, r.run_id, a.metric, tau, opts).final)
             except AnalysisError:
                 continue
-        rows.append({
-            "final": float(np.median(finals)) if finals else None,
-            "batch_samples": b.batch_samples, "batch_prompts": b.batch_prompts,
-            "lr": b.lr, "n_runs": b.n_runs,
-            "progress": b.progress.to_json(),
-            "failure": {**b.failure.to_json(), "n_failed": b.n_failed},
-            "failure_rules": sorted({r.failure.rule for r in runs if r.failure.rule}),
-            "reached": sum(1 for r in runs if not r.progress.censored),
-            "failed": sum(1 for r in runs if not r.failure.censored),
-        })
+        rows.append(ConstantRow(
+            batch=b,
+            final=float(np.median(finals)) if finals else None,
+            failure_rules=sorted({r.failure.rule for r in runs if r.failure.rule}),
+            reached=sum(1 for r in runs if not r.progress.censored),
+            failed=sum(1 for r in runs if not r.failure.censored),
+        ))
     return rows
 
 
@@ -155,39 +179,39 @@ def _fmt(v) -> str:
     return f"{v:.4g}"
 
 
-def _verdict(constant: list[dict], sched: dict) -> list[str]:
+def _verdict(constant: list[ConstantRow], sched: RunClocks) -> list[str]:
     """Plain statements with the numbers: schedule vs the smallest and the largest batch."""
     lines = []
     if not constant:
         return ["no constant-batch runs to compare with"]
     small, large = constant[0], constant[-1]
-    sp = sched["progress"]["samples"]
+    sp = sched.progress.samples
     for label, row in (("smallest", small), ("largest", large)):
-        med = row["progress"]["median"]
-        b = row["batch_samples"]
+        med = row.batch.progress.median
+        b = row.batch.batch_samples
         if sp is None and med is None:
             lines.append(f"progress: neither the schedule nor the {label} batch (B={b}) reached "
                          "the target")
         elif sp is None:
             lines.append(f"progress: the schedule did not reach the target (censored at "
-                         f"{_fmt(sched['progress']['censored_at'])}); the {label} batch (B={b}) "
+                         f"{_fmt(sched.progress.censored_at)}); the {label} batch (B={b}) "
                          f"did at {_fmt(med)} samples")
         elif med is None:
             lines.append(f"progress: the schedule reached the target at {_fmt(sp)} samples; the "
-                         f"{label} batch (B={b}) median did not ({row['reached']} of "
-                         f"{row['n_runs']} seeds did)")
+                         f"{label} batch (B={b}) median did not ({row.reached} of "
+                         f"{row.batch.n_runs} seeds did)")
         else:
             lines.append(f"progress: the schedule reached the target at {_fmt(sp)} samples vs "
                          f"{_fmt(med)} for the {label} batch (B={b}): {sp / med:.2f}x")
-    sf = sched["failure"]["samples"]
-    fs = small["failure"]["median"]
-    sched_f = (f"failed at {_fmt(sf)} samples ({sched['failure']['rule']})" if sf is not None
-               else f"did not fail within {_fmt(sched['failure']['censored_at'])} samples")
+    sf = sched.failure.samples
+    fs = small.batch.failure.median
+    sched_f = (f"failed at {_fmt(sf)} samples ({sched.failure.rule})" if sf is not None
+               else f"did not fail within {_fmt(sched.failure.censored_at)} samples")
     small_f = (f"failed at {_fmt(fs)} (median)" if fs is not None
-               else f"did not fail (median censored; {small['failed']} of {small['n_runs']} "
+               else f"did not fail (median censored; {small.failed} of {small.batch.n_runs} "
                "seeds failed)")
     lines.append(f"failure: the schedule {sched_f}; the smallest batch "
-                 f"(B={small['batch_samples']}) {small_f}")
+                 f"(B={small.batch.batch_samples}) {small_f}")
     return lines
 
 
@@ -225,26 +249,24 @@ def check_schedule_run(store, sweep: str, run) -> None:
         )
 
 
-def compare_schedule(store, sweep: str, run_id: int, analysis: Analysis | dict) -> dict:
+def compare_schedule(store, sweep: str, run_id: int, a: Analysis) -> dict:
     """The schedule run's clocks and phases beside the sweep's per-batch clocks (a JSON dict)."""
-    a = Analysis.of(analysis)
     run = store.get_run(run_id)
     check_schedule_run(store, sweep, run)
-    known = AnalysisOptions.__dataclass_fields__
-    opts = AnalysisOptions(**{k: v for k, v in a.options.items() if k in known})
+    opts = a.options
     tau = float(a.target.value)
     clocks = _run_clocks(store, run_id, a.metric, tau, opts)
     constant = _constant_rows(store, a, tau, opts)
     sched = {"run_id": run.id, "name": run.name, "status": run.status,
-             "phases": phase_summary(store, run_id), **clocks}
+             "phases": phase_summary(store, run_id), **clocks.to_json()}
     return {
         "sweep": sweep,
         "analysis_id": a.analysis_id,
         "metric": a.metric,
-        "target": a.raw.get("target"),
-        "options": a.options,
+        "target": a.target.to_json(),
+        "options": a.options.to_json(),
         "units": "samples (one sampled completion)",
-        "constant": constant,
+        "constant": [c.to_json() for c in constant],
         "schedule": sched,
-        "verdict": _verdict(constant, sched),
+        "verdict": _verdict(constant, clocks),
     }

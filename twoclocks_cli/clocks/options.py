@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from twoclocks_cli.core.errors import ConfigError
 
@@ -55,6 +55,13 @@ class AnalysisOptions:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> AnalysisOptions:
+        """The options a stored analysis (or a caller's dict) names: keys this version does not
+        know are dropped, missing ones take their defaults."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
 def parse_target(spec: str) -> tuple[str, float]:

@@ -59,7 +59,7 @@ def draw_curves(ax, curves: dict, batch_of: dict, metric: str, a: Analysis | Non
     was analysed, o at the progress clock, a dotted line at the failure clock, the target."""
     colour = batch_colours(batch_of.values())
     rows = {r.run_id: r for r in a.runs} if a else {}
-    opts = a.options if a else {}
+    opts = a.options if a else None
     seen = set()
     for rid, s in curves.items():
         c = clean(s.steps, s.samples, s.values)
@@ -67,8 +67,8 @@ def draw_curves(ax, curves: dict, batch_of: dict, metric: str, a: Analysis | Non
             continue
         b = batch_of.get(rid)
         col = colour.get(b, "grey")
-        y = (smooth(c.values, opts["smoothing"], opts["window"], opts["ema_alpha"])
-             if opts.get("smoothing") else c.values)
+        y = (smooth(c.values, opts.smoothing, opts.window, opts.ema_alpha)
+             if opts is not None and opts.smoothing else c.values)
         ax.plot(c.samples, y, color=col, lw=1.2, alpha=0.85,
                 label=f"B={b:g}" if b is not None and b not in seen else None)
         seen.add(b)
@@ -134,7 +134,7 @@ def _draw_fits(ax, a: Analysis, bs: list[float]) -> None:
         e0 = pw.e_min / (1 + (1 / bk) ** pw.exponent)
         ax.plot(grid, e0 * (1 + (grid / bk) ** pw.exponent), "c-.", lw=1,
                 label=f"power fit (a = {pw.exponent:.2f})")
-    if rec.b_crit:
+    if rec is not None and rec.b_crit:
         ax.axvline(rec.b_crit, color="r", lw=1, label=f"B_crit {rec.text()} ({rec.source})")
         if rec.low is not None and not rec.bound:
             ax.axvspan(rec.low, rec.high or max(bs or [rec.b_crit]), color="r", alpha=0.08)
@@ -160,9 +160,8 @@ def _power_bk(b_crit: float, a: float) -> float:
 # -- figures --------------------------------------------------------------------------------
 
 
-def plot_analysis(store, analysis: Analysis | dict, path: str) -> None:
+def plot_analysis(store, a: Analysis, path: str) -> None:
     """`analyze --plot`: (1) metric vs samples, clocks marked; (2) clocks vs B, log-log."""
-    a = Analysis.of(analysis)
     curves = store.load_metric([r.run_id for r in a.runs], a.metric)
     batch_of = {r.run_id: r.batch_samples for r in a.runs}
     fig, (ax1, ax2) = _pyplot().subplots(1, 2, figsize=(13, 5))

@@ -38,6 +38,9 @@ class Clock:
     at_eval_resolution: bool = False  # failure at the first or second logged point
     collapsed: bool = False  # progress clock: censored by a collapse before the target
 
+    def to_json(self) -> dict:
+        return asdict(self)
+
 
 @dataclass
 class RunClocks:

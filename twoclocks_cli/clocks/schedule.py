@@ -109,14 +109,13 @@ def _grid(a: Analysis) -> tuple[dict[float, BatchRow], list[float], list[float]]
     return by, grid, reached
 
 
-def make_schedule(analysis: Analysis | dict, budget: float | None = None,
-                  safety: float = 0.8) -> dict:
-    """The recommended phases of an analysed sweep (its JSON document; see `Schedule`)."""
+def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8) -> dict:
+    """The recommended phases of an analysed sweep (a JSON-ready dict; see `Schedule`)."""
     if not 0 < safety <= 1:
         raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
-    a = Analysis.of(analysis)
     by, grid, reached = _grid(a)
-    rec = a.critical.recommended
+    # an analysis stored before B_crit was recommended: scheduled as if no estimate exists
+    rec = a.critical.recommended or Recommended(source=None, b_crit=None)
     b_small, why_small = _pick_small(rec, reached)
     if budget is None:
         budget = a.longest_run

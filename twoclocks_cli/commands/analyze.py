@@ -22,13 +22,10 @@ def _clock(agg) -> str:
     return f"{count(agg.median)} [{count(agg.low)}-{high}]"
 
 
-def render(doc: dict) -> None:
-    """Rich tables of an analysis document."""
+def render(a) -> None:
+    """Rich tables of an analysis (a clocks.result.Analysis)."""
     from rich.table import Table
 
-    from twoclocks_cli.clocks.result import Analysis
-
-    a = Analysis.of(doc)
     con = console()
     table = Table(
         title=f"sweep {a.sweep}: {a.metric} target {num(a.target.value)} "
@@ -62,19 +59,16 @@ def render(doc: dict) -> None:
         for col in ("clip_low", "clip_high", "batch", "runs", "progress", "failure"):
             ct.add_column(col)
         for row in a.clipping:
-            ct.add_row(num(row["clip_low"]), num(row["clip_high"]), num(row["batch_samples"]),
-                       str(row["n_runs"]), num(row["progress_median"]),
-                       num(row["failure_median"]))
+            ct.add_row(num(row.clip_low), num(row.clip_high), num(row.batch_samples),
+                       str(row.n_runs), num(row.progress_median), num(row.failure_median))
         con.print(ct)
     for w in a.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
 
-def render_side_by_side(docs: list[dict]) -> None:
+def render_side_by_side(analyses: list) -> None:
     """Several sweeps' clocks and B_crit in one table (rows: sweep x batch size)."""
     from rich.table import Table
-
-    from twoclocks_cli.clocks.result import Analysis
 
     con = console()
     table = Table(title="sweeps side by side (same analysis options); clocks in samples, "
@@ -84,7 +78,7 @@ def render_side_by_side(docs: list[dict]) -> None:
     summary = Table(title="per sweep")
     for col in ("sweep", "recommended B_crit", "source", "failure-clock slope", "verdict"):
         summary.add_column(col)
-    for a in map(Analysis.of, docs):
+    for a in analyses:
         for i, b in enumerate(a.batches):
             table.add_row(a.sweep if i == 0 else "", num(a.target.value) if i == 0 else "",
                           num(b.batch_samples), ", ".join(f"{x:.3g}" for x in b.lr) or "-",
@@ -95,7 +89,7 @@ def render_side_by_side(docs: list[dict]) -> None:
                         inv.verdict)
     con.print(table)
     con.print(summary)
-    for a in map(Analysis.of, docs):
+    for a in analyses:
         for w in a.warnings:
             con.print(f"[yellow]warning ({a.sweep}):[/yellow] {w}")
 
@@ -130,20 +124,19 @@ def render_critical(con, crit) -> None:
         t.add_row(label, "none" if ns.value is None else num(ns.value), "proxy",
                   str(ns.n_runs or "-"), ns.note)
     th = crit.theory
-    if th:
-        value = "none" if th.get("b_crit") is None else num(th["b_crit"])
-        t.add_row("theory (dense simulation)", value, th.get("method") or "-", "-",
-                  th.get("mechanism") or th.get("note") or "")
+    if th is not None:
+        value = "none" if th.b_crit is None else num(th.b_crit)
+        t.add_row("theory (dense simulation)", value, th.method or "-", "-",
+                  th.mechanism or th.note or "")
     con.print(t)
     rec = crit.recommended
     con.print(f"[bold]recommended B_crit: {_est(rec)}[/bold] ({rec.source or 'none'}): {rec.why}")
 
 
-def write_csv(doc: dict, path: str) -> None:
-    """One row per run: both clocks, rule, censoring."""
+def write_csv(a, path: str) -> None:
+    """One row per run of an analysis: both clocks, rule, censoring."""
     import csv
 
-    from twoclocks_cli.clocks.result import Analysis
     from twoclocks_cli.core.errors import ConfigError
 
     cols = ["run_id", "name", "batch_samples", "batch_prompts", "lr", "clip_low", "clip_high",
@@ -153,7 +146,7 @@ def write_csv(doc: dict, path: str) -> None:
         with open(path, "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(cols)
-            for r in Analysis.of(doc).runs:
+            for r in a.runs:
                 w.writerow([r.run_id, r.name, r.batch_samples, r.batch_prompts, r.lr,
                             r.clip_low, r.clip_high, r.seed, r.status, r.partial,
                             r.progress.samples, r.progress.censored, r.failure.samples,
@@ -232,6 +225,7 @@ def analyze(
 
     Nothing is stored unless --save (then `analysis_id` in --json is its row; else null)."""
     from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
+    from twoclocks_cli.clocks.saved import save_analysis
     from twoclocks_cli.store import Store
 
     opts = AnalysisOptions(
@@ -264,27 +258,28 @@ def analyze(
             raise ConfigError("--csv and --plot take one sweep; several sweeps are compared "
                               "side by side (drop --csv/--plot, or name one sweep)")
         names = [store.get_sweep(n).name for n in dict.fromkeys(sweeps)]  # NotFound first
-        docs = [analyze_sweep(store, n, opts).to_json() for n in names]
-        for n, d in zip(names, docs, strict=True):
-            d["analysis_id"] = store.save_analysis(n, d) if save else None
+        analyses = [analyze_sweep(store, n, opts) for n in names]
+        if save:
+            for n, a in zip(names, analyses, strict=True):
+                save_analysis(store, n, a)
         if as_json:
             from twoclocks_cli.render.jsonout import print_json
 
-            print_json({"sweeps": docs})
+            print_json({"sweeps": [a.to_json() for a in analyses]})
         else:
-            render_side_by_side(docs)
+            render_side_by_side(analyses)
         return
     name = store.sweep_named(sweeps[0] if sweeps else None)
     result = analyze_sweep(store, name, opts)
-    data = result.to_json()
-    data["analysis_id"] = store.save_analysis(name, data) if save else None
+    if save:
+        save_analysis(store, name, result)
     if csv:
-        write_csv(data, csv)
+        write_csv(result, csv)
     if plot:
         from twoclocks_cli.clocks.plot import plot_analysis
 
-        plot_analysis(store, data, plot)
+        plot_analysis(store, result, plot)
     if as_json:
         typer.echo(result.dumps())
     else:
-        render(data)
+        render(result)

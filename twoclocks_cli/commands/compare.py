@@ -63,12 +63,13 @@ def compare(
     """Both clocks of a schedule or adaptive run beside the sweep's constant-batch clocks and the
     static schedule it recommends (same options)."""
     from twoclocks_cli.clocks.compare import compare_schedule
+    from twoclocks_cli.clocks.saved import latest_analysis
     from twoclocks_cli.core.errors import AnalysisError
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
     name = store.get_sweep(sweep).name
-    analysis = store.latest_analysis(name)
+    analysis = latest_analysis(store, name)
     if analysis is None:
         raise AnalysisError(f"sweep {name!r} has no stored analysis: run `twoclocks analyze "
                             f"{name} --save` first")
@@ -84,7 +85,7 @@ def compare(
     render(result)
 
 
-def static_schedule(analysis: dict) -> dict:
+def static_schedule(analysis) -> dict:
     """The static schedule `twoclocks schedule` recommends from the analysis: its phases and
     predicted clocks (None with the reason where it cannot schedule)."""
     from twoclocks_cli.clocks import make_schedule

@@ -68,13 +68,10 @@ def probe(
                   ", ".join("censored" if v is None else count(v) for v in vals))
     con.print(t)
     est = result.b_crit
-    from twoclocks_cli.clocks.critical import Estimate
-
-    text = Estimate(**{k: v for k, v in est.items() if k in Estimate.__dataclass_fields__}).text()
-    con.print(f"[bold]local B_crit: {text}[/bold] ({est.get('placement')}; {est.get('note')})")
+    con.print(f"[bold]local B_crit: {est.text()}[/bold] ({est.placement}; {est.note})")
     if result.truth is not None:
-        tb = result.truth.get("b_crit")
+        tb = result.truth.b_crit
         con.print(f"theory's local B_crit from the same state: "
-                  f"{'none' if tb is None else num(tb)} ({result.truth.get('mechanism')})")
+                  f"{'none' if tb is None else num(tb)} ({result.truth.mechanism})")
     for n in result.notes:
         con.print(f"note: {n}")

@@ -21,9 +21,9 @@ def schedule_sweep(
 
     analysis, how = analysis_for(store, sweep, {} if reanalyze else None)
     out = make_schedule(analysis, budget=budget, safety=safety)
-    out["analysis_id"] = analysis.get("analysis_id")
+    out["analysis_id"] = analysis.analysis_id
     out["analysis_source"] = how
-    out["analysis_options"] = analysis["options"]
+    out["analysis_options"] = analysis.options.to_json()
     return out
 
 

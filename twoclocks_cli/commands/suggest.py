@@ -71,18 +71,16 @@ def _store_url(db: str | None) -> str | None:
 
 def suggest_for(store, name: str, budget: int | None) -> tuple[dict, object, list]:
     """(the suggestion document, the analysis used, the sweep's runs)."""
-    from twoclocks_cli.clocks.result import Analysis
     from twoclocks_cli.clocks.saved import analysis_for
     from twoclocks_cli.suggest import plan_suggestions
 
     sweep = store.get_sweep(name)  # NotFoundError names the known sweeps
-    analysis, how = analysis_for(store, name)
-    if "recommended" not in (analysis.get("critical_batch") or {}):
+    a, how = analysis_for(store, name)
+    if a.critical.recommended is None:
         # stored by an older version: the same options, analysed again
-        analysis, how = analysis_for(store, name, analysis.get("options") or {})
+        a, how = analysis_for(store, name, a.options)
         how = "refreshed"
     runs = store.list_runs(name)
-    a = Analysis.of(analysis)
     family = {r.run_id for r in a.runs if r.in_family}
     budgets = [int(r.config["sample_budget"]) for r in runs
                if r.id in family and isinstance(r.config, dict)
@@ -146,7 +144,7 @@ def suggest(
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
-    _render(doc)
+    _render(doc, analysis.critical.recommended)
 
 
 def _config_text(store, name, doc, analysis, runs, db) -> tuple[str, list]:
@@ -169,8 +167,8 @@ def _config_text(store, name, doc, analysis, runs, db) -> tuple[str, list]:
     header = [
         f"twoclocks suggest for sweep {name!r} (analysis {doc.get('analysis_id')}): "
         f"{len(cells)} cells, {doc['cost_samples']} samples at most",
-        f"B_crit {estimate_text(doc['recommended'])} samples "
-        f"({(doc['recommended'] or {}).get('source') or 'no estimate'})",
+        f"B_crit {estimate_text(analysis.critical.recommended)} samples "
+        f"({analysis.critical.recommended.source or 'no estimate'})",
         "add them to the same sweep with: twoclocks sweep THIS_FILE"
         + ("" if url else " --db URL (the store URL holds a password: not written here)"),
     ] + [f"{s['kind']} B={s['batch_samples']} seeds {s['seeds']}: {s['why']}"
@@ -183,7 +181,8 @@ def _config_text(store, name, doc, analysis, runs, db) -> tuple[str, list]:
     return text, cells
 
 
-def _render(doc: dict) -> None:
+def _render(doc: dict, rec) -> None:
+    """The suggestion document as tables; `rec` is the analysis's recommended estimate."""
     from rich.table import Table
 
     from twoclocks_cli.core.numbers import count
@@ -191,9 +190,8 @@ def _render(doc: dict) -> None:
     from twoclocks_cli.suggest import estimate_text
 
     con = console()
-    rec = doc["recommended"] or {}
     con.print(f"sweep {doc['sweep']}: B_crit {estimate_text(rec)} samples "
-              f"({rec.get('source') or 'no estimate'}, {rec.get('placement') or '-'}); "
+              f"({rec.source or 'no estimate'}, {rec.placement or '-'}); "
               f"analysis {doc.get('analysis_id')} ({doc.get('analysis_source')})")
     cost = count(doc["cost_samples"])
     table = Table(title=f"suggested cells: {doc['cells']} cells, {cost} samples "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from twoclocks_cli.clocks.result import Analysis, RunRow
+from twoclocks_cli.clocks.result import Analysis, Recommended, RunRow
 from twoclocks_cli.clocks.stats import Aggregate
 from twoclocks_cli.core.errors import AnalysisError, TwoclocksError
 
@@ -100,15 +100,14 @@ def gather(store, opts: ReportOptions) -> ReportData:
     from twoclocks_cli.clocks.options import AnalysisOptions
     from twoclocks_cli.clocks.saved import analysis_for
 
-    doc = schedule = toml = None
+    analysis = schedule = toml = None
     a_err = s_err = source = None
     asked = AnalysisOptions(**(opts.analysis or {}))  # ConfigError on a bad value: stop here
     try:
-        doc, source = analysis_for(store, opts.sweep, opts.analysis)
+        analysis, source = analysis_for(store, opts.sweep, opts.analysis)
     except AnalysisError as exc:  # the data cannot answer yet: the page says why
         a_err = str(exc)
-    analysis = Analysis.of(doc) if doc is not None else None
-    used_options = (analysis.options if analysis else None) or asked.to_json()
+    used_options = (analysis.options if analysis else asked).to_json()
     if analysis is not None:
         try:
             from twoclocks_cli.clocks.schedule import make_schedule, to_toml
@@ -179,14 +178,16 @@ def _summary(data: ReportData) -> str:
     if a is None:
         return f'<p class="warn">No analysis: {html.escape(data.analysis_error or "")}</p>'
     crit, inv = a.critical, a.invariance
-    mc, ns, rec = crit.mccandlish, crit.noise_scale, crit.recommended
-    theory = crit.theory or {}
+    mc, ns = crit.mccandlish, crit.noise_scale
+    # an analysis stored before B_crit was recommended shows no estimate
+    rec = crit.recommended or Recommended(source=None, b_crit=None)
+    theory_note = crit.theory.note if crit.theory is not None else None
     cards = [
         ("progress metric", f"{a.metric} → {_fmt(a.target.value)}", f"target {a.target.spec}"),
         ("B_crit (recommended)", rec.text(), f"{rec.source or ''}: {rec.why}"),
         ("B_crit (linear fit)", mc.text(), mc.note),
         ("B_simple (noise)", _fmt(ns.value), ns.note),
-        ("B_crit (theory)", _fmt(crit.theory_b_crit), theory.get("note") or "sim sweeps only"),
+        ("B_crit (theory)", _fmt(crit.theory_b_crit), theory_note or "sim sweeps only"),
         ("failure-clock slope", _fmt(inv.slope),
          f"[{_fmt(inv.low)}, {_fmt(inv.high)}] {inv.verdict}"),
     ]
@@ -292,16 +293,16 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
     out += ["<h2>What was trained</h2>", _setting_html(data)]
     out += _clock_tables(data)
     out.append("<h2>Fits</h2>")
-    out.append(f"<pre>{html.escape(json.dumps(a.raw.get('critical_batch'), indent=2))}</pre>"
+    out.append(f"<pre>{html.escape(json.dumps(a.critical.to_json(), indent=2))}</pre>"
                if a else f"<p class='warn'>{html.escape(data.analysis_error or 'no fit')}</p>")
-    if a and a.raw.get("failure_invariance"):
+    if a:
         out.append("<p>Failure-clock invariance (slope of log N_fail on log B):</p><pre>"
-                   + html.escape(json.dumps(a.raw["failure_invariance"], indent=2)) + "</pre>")
+                   + html.escape(json.dumps(a.invariance.to_json(), indent=2)) + "</pre>")
     if a and a.clipping:
         out.append("<p>Clipping:</p>" + _table(
             ["clip low", "clip high", "batch", "runs", "progress median", "failure median"],
-            [[c["clip_low"], c["clip_high"], c["batch_samples"], c["n_runs"],
-              c["progress_median"], c["failure_median"]] for c in a.clipping]))
+            [[c.clip_low, c.clip_high, c.batch_samples, c.n_runs,
+              c.progress_median, c.failure_median] for c in a.clipping]))
     out.append("<h2>Schedule</h2>")
     out.append(_schedule_html(data))
     out.append("<h2>Options used</h2>")
@@ -372,7 +373,7 @@ def write_report(store, opts: ReportOptions) -> Path:
     data = gather(store, opts)
     images = _draw_all(data, out)
     (out / "analysis.json").write_text(json.dumps(
-        {"analysis": data.analysis.raw if data.analysis else None,
+        {"analysis": data.analysis.to_json() if data.analysis else None,
          "analysis_error": data.analysis_error,
          "schedule": data.schedule, "schedule_error": data.schedule_error,
          "options": data.options}, indent=2, default=str))

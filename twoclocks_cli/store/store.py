@@ -315,7 +315,11 @@ def _refuse_active(runs: list[Run], refuse: set[str]) -> None:
 
 
 def _uses_runs(result: dict, ids: set[int]) -> bool:
-    """Whether a stored analysis result was computed from any of `ids`."""
+    """Whether a stored analysis result was computed from any of `ids`.
+
+    The store stands below the clocks and cannot import their `Analysis`: like the options it
+    files in their own column (store.analyses), the run ids under `runs` are part of what the
+    store knows of the document it keeps, so deleting a run deletes the analyses resting on it."""
     return any(r.get("run_id") in ids for r in (result or {}).get("runs") or [])
 
 
