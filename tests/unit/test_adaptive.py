@@ -11,6 +11,7 @@ import pytest
 
 from trainer.adaptive_config import AdaptiveConfig
 from twoclocks_cli.clocks.controller import Controller, calibration_of, schedule_of
+from twoclocks_cli.clocks.result import Analysis
 from twoclocks_cli.core.errors import ConfigError
 
 G = 4
@@ -138,7 +139,8 @@ def test_calibration_reads_the_analysis():
                        {"run_id": 2, "failure": {"samples": None}},
                        {"run_id": 3, "failure": {"samples": 20}}]}
     drifts = {1: ([10, 50, 60], [0.1, 1.3, 1.4]), 3: ([10, 20], [0.2, 1.2])}
-    cal = calibration_of(result, AdaptiveConfig(batch_max=4, from_sweep="s"), drifts.get)
+    cal = calibration_of(Analysis.from_json(result), AdaptiveConfig(batch_max=4, from_sweep="s"),
+                         drifts.get)
     assert cal["kappa"] == pytest.approx(0.25) and cal["drift_threshold"] == pytest.approx(1.2)
 
 
@@ -150,7 +152,8 @@ def test_calibration_takes_the_noise_scale_of_the_smallest_batch():
                                         (64, 50.0), (64, 60.0), (16, 100.0)])]
     result = {"critical_batch": {"recommended": {"b_crit": 50.0},
                                  "noise_scale": {"value": 80.0}}, "runs": runs}
-    cal = calibration_of(result, AdaptiveConfig(batch_max=4, from_sweep="s"), {}.get)
+    cal = calibration_of(Analysis.from_json(result), AdaptiveConfig(batch_max=4, from_sweep="s"),
+                         {}.get)
     assert cal["kappa"] == pytest.approx(50.0 / 250.0)
     assert "2 runs at the smallest batch (8 samples)" in cal["kappa_why"]
     assert "drift_threshold" not in cal and "no guard" in cal["drift_why"]

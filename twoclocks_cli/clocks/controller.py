@@ -349,17 +349,24 @@ def calibrate(store, cfg: AdaptiveConfig) -> dict:
     if result is None:
         raise ConfigError(f"adaptive.from_sweep = {cfg.from_sweep!r}: the sweep has no stored "
                           f"analysis: run `twoclocks analyze {cfg.from_sweep}` first")
-    return calibration_of(result, cfg, lambda rid: _drift_series(store, rid, cfg.drift_key))
+    from twoclocks_cli.clocks.result import Analysis
+
+    return calibration_of(Analysis.from_json(result), cfg,
+                          lambda rid: _drift_series(store, rid, cfg.drift_key))
 
 
-def calibration_of(result: dict, cfg: AdaptiveConfig, drift_of) -> dict:
-    """The calibration from an analysis document; drift_of(run_id) -> (samples, values)."""
-    crit = result.get("critical_batch") or {}
-    rec = (crit.get("recommended") or {}).get("b_crit")
-    key = "noise_scale" if cfg.noise == "euclidean" else "sign_noise_scale"
-    noise, where = _smallest_batch_noise(result.get("runs") or [], key)
+def calibration_of(a, cfg: AdaptiveConfig, drift_of) -> dict:
+    """The calibration from an analysis (a clocks.result.Analysis); drift_of(run_id) ->
+    (samples, values)."""
+    crit = a.critical
+    rec = crit.recommended.b_crit if crit.recommended is not None else None
+    euclidean = cfg.noise == "euclidean"
+    key = "noise_scale" if euclidean else "sign_noise_scale"
+    noise, where = _smallest_batch_noise(
+        a.runs, (lambda r: r.noise_scale) if euclidean else (lambda r: r.sign_noise_scale))
     if noise is None:
-        noise, where = (crit.get(key) or {}).get("value"), "of all runs"
+        noise = (crit.noise_scale if euclidean else crit.sign_noise_scale).value
+        where = "of all runs"
     out: dict = {"from_sweep": cfg.from_sweep, "b_crit": rec, "noise_scale": noise}
     if rec and noise and noise > 0 and math.isfinite(noise):
         out["kappa"] = float(rec) / float(noise)
@@ -367,11 +374,11 @@ def calibration_of(result: dict, cfg: AdaptiveConfig, drift_of) -> dict:
     else:
         out["kappa_why"] = f"no recommended B_crit or {key} in the analysis: kappa 1"
     drifts = []
-    for r in result.get("runs") or []:
-        at = (r.get("failure") or {}).get("samples")
+    for r in a.runs:
+        at = r.failure.samples
         if at is None:
             continue
-        samples, values = drift_of(r["run_id"])
+        samples, values = drift_of(r.run_id)
         hit = [v for s, v in zip(samples, values, strict=True) if s >= at and v == v]
         if hit:
             drifts.append(hit[0])
@@ -384,17 +391,18 @@ def calibration_of(result: dict, cfg: AdaptiveConfig, drift_of) -> dict:
     return out
 
 
-def _smallest_batch_noise(runs: list, key: str) -> tuple[float | None, str]:
+def _smallest_batch_noise(runs: list, scale_of) -> tuple[float | None, str]:
     """Median noise scale (at the progress crossing) of the runs at the sweep's smallest batch.
 
     Why not every run's: the noise terms are smoothed per step, so a large-batch run reaches its
     crossing within a few EMA time constants and its noise scale still carries the start of
     training, where B_noise is smallest (measured on the theory model, no cap, lr0 0.02: ~60 at
     64 samples against ~300 at 4). The controller starts at batch_min and smooths as the
-    small-batch runs do, so their noise scale is the one its kappa x B_noise is compared with."""
-    pts = [(float(r["batch_samples"]), float(r[key])) for r in runs
-           if r.get("batch_samples") and r.get(key) is not None
-           and math.isfinite(float(r[key])) and float(r[key]) > 0]
+    small-batch runs do, so their noise scale is the one its kappa x B_noise is compared with.
+    `scale_of(run)` is the run's noise scale (None where not formed)."""
+    pts = [(float(r.batch_samples), float(scale_of(r))) for r in runs
+           if r.batch_samples and scale_of(r) is not None
+           and math.isfinite(float(scale_of(r))) and float(scale_of(r)) > 0]
     if not pts:
         return None, ""
     low = min(b for b, _ in pts)
