@@ -120,7 +120,7 @@ def main() -> None:
     t = time.perf_counter()
     result = analyze_sweep(store, "bench", opts)
     t_an = time.perf_counter() - t
-    fit = result.to_json()["critical_batch"]["mccandlish"]["b_crit"]
+    fit = result.critical.mccandlish.b_crit
     print(
         f"bare SELECT of {n} rows: {t_sel:.2f} s; analyze: {t_an:.2f} s "
         f"(B_crit {fit if fit is None else round(fit, 1)})"
