@@ -1,5 +1,10 @@
 """The queries of stored analyses: save one result of a sweep (reusing an identical one), fetch
-its newest."""
+its newest.
+
+A result is the JSON document `clocks.result.Analysis.to_json` writes (`clocks.saved` turns it
+back into an Analysis); the store stands below the clocks, so it keeps the document as it is and
+reads only its `options`, filed in their own column, and its `analysis_id`, which is the row's id
+and not content."""
 
 from __future__ import annotations
 
