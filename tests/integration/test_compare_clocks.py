@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.integration.simsweep import LR0, G, make_sweep
@@ -31,6 +33,14 @@ def test_compare_and_analyze_give_the_same_clocks_for_the_same_run(tmp_path):
         assert cmp[clock]["samples"] == alone[clock]["samples"], clock
         assert cmp[clock]["rule"] == alone[clock]["rule"]
     assert cmp["failure"]["rule"] == "drift"
+    # the verdict a person reads writes the same clocks as counts: 12,345, never 1.234e+04
+    verdict = " ".join(compare_schedule(store, "const", sched, analysis)["verdict"])
+    assert f"failed at {round(cmp['failure']['samples']):,} samples (drift)" in verdict, verdict
+    assert "e+0" not in verdict, verdict
+    assert not re.search(r"\d{4}", verdict), verdict  # from 1,000 up, thousands separators
+    large = next(r for r in analysis.batches if r.batch_samples == max(b.batch_samples
+                                                                       for b in analysis.batches))
+    assert f"vs {round(large.progress.median):,} for the largest batch" in verdict, verdict
 
     const_run = analysis.runs[0].run_id
     with pytest.raises(AnalysisError, match="constant-batch run, not a schedule"):

@@ -19,6 +19,7 @@ from twoclocks_cli.clocks.result import Analysis, BatchRow
 from twoclocks_cli.clocks.runclock import RunClocks, load_signals, run_clocks
 from twoclocks_cli.core import toml
 from twoclocks_cli.core.errors import AnalysisError, ConfigError, NotFoundError
+from twoclocks_cli.core.numbers import count
 
 # Keys the schedule's phases replace: a single-phase batch/lr would only confuse a reader.
 _PHASE_KEYS = ("prompts_per_batch", "samples_per_batch", "lr", "phases")
@@ -175,10 +176,6 @@ def _constant_rows(store, a: Analysis, tau: float, opts: AnalysisOptions) -> lis
     return rows
 
 
-def _fmt(v) -> str:
-    return f"{v:.4g}"
-
-
 def _verdict(constant: list[ConstantRow], sched: RunClocks) -> list[str]:
     """Plain statements with the numbers: schedule vs the smallest and the largest batch."""
     lines = []
@@ -194,20 +191,20 @@ def _verdict(constant: list[ConstantRow], sched: RunClocks) -> list[str]:
                          "the target")
         elif sp is None:
             lines.append(f"progress: the schedule did not reach the target (censored at "
-                         f"{_fmt(sched.progress.censored_at)}); the {label} batch (B={b}) "
-                         f"did at {_fmt(med)} samples")
+                         f"{count(sched.progress.censored_at)}); the {label} batch (B={b}) "
+                         f"did at {count(med)} samples")
         elif med is None:
-            lines.append(f"progress: the schedule reached the target at {_fmt(sp)} samples; the "
+            lines.append(f"progress: the schedule reached the target at {count(sp)} samples; the "
                          f"{label} batch (B={b}) median did not ({row.reached} of "
                          f"{row.batch.n_runs} seeds did)")
         else:
-            lines.append(f"progress: the schedule reached the target at {_fmt(sp)} samples vs "
-                         f"{_fmt(med)} for the {label} batch (B={b}): {sp / med:.2f}x")
+            lines.append(f"progress: the schedule reached the target at {count(sp)} samples vs "
+                         f"{count(med)} for the {label} batch (B={b}): {sp / med:.2f}x")
     sf = sched.failure.samples
     fs = small.batch.failure.median
-    sched_f = (f"failed at {_fmt(sf)} samples ({sched.failure.rule})" if sf is not None
-               else f"did not fail within {_fmt(sched.failure.censored_at)} samples")
-    small_f = (f"failed at {_fmt(fs)} (median)" if fs is not None
+    sched_f = (f"failed at {count(sf)} samples ({sched.failure.rule})" if sf is not None
+               else f"did not fail within {count(sched.failure.censored_at)} samples")
+    small_f = (f"failed at {count(fs)} (median)" if fs is not None
                else f"did not fail (median censored; {small.failed} of {small.batch.n_runs} "
                "seeds failed)")
     lines.append(f"failure: the schedule {sched_f}; the smallest batch "
