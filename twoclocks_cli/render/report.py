@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from twoclocks_cli.clocks.result import Analysis, Recommended, RunRow
 from twoclocks_cli.clocks.stats import Aggregate
 from twoclocks_cli.core.errors import AnalysisError, TwoclocksError
+from twoclocks_cli.core.numbers import num
 
 PROGRESS_KEYS = ("eval_accuracy", "reward_mean", "accuracy")
 SIDE_KEYS = ("reward_mean", "accuracy", "entropy", "kl_init", "drift_abs", "resp_len_mean",
@@ -69,26 +69,8 @@ class ReportData:
     options: dict
 
 
-def _fmt(v, digits: int = 4) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return str(v)
-        if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
-            return f"{v:.{digits - 1}e}"
-        if abs(v) >= 100:
-            return f"{v:,.0f}"
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
 def _e(v) -> str:
-    return html.escape(_fmt(v) if not isinstance(v, str) else v)
+    return html.escape(num(v) if not isinstance(v, str) else v)
 
 
 def gather(store, opts: ReportOptions) -> ReportData:
@@ -151,13 +133,13 @@ def _table(headers: list[str], rows: list[list], left: int = 0) -> str:
 def _clock_text(agg: Aggregate) -> str:
     """'15,104 [7,016, 23,193]', '≥ 32,768 (censored)' or '—' for one clock at one batch."""
     if agg.median is not None:
-        text = _fmt(agg.median)
+        text = num(agg.median)
         if agg.low is not None or agg.high is not None:
-            hi = _fmt(agg.high) if agg.high is not None else "censored"
-            text += f" [{_fmt(agg.low)}, {hi}]"
+            hi = num(agg.high) if agg.high is not None else "censored"
+            text += f" [{num(agg.low)}, {hi}]"
         return text
     if agg.lower_bound is not None:
-        return f"≥ {_fmt(agg.lower_bound)} (censored)"
+        return f"≥ {num(agg.lower_bound)} (censored)"
     return "—"
 
 
@@ -167,9 +149,9 @@ def _run_clock(row: RunRow | None, clock: str) -> str:
     if c is None:
         return "—"
     if c.samples is not None:
-        return _fmt(c.samples) + (f" ({c.rule})" if clock == "failure" and c.rule else "")
+        return num(c.samples) + (f" ({c.rule})" if clock == "failure" and c.rule else "")
     if c.censored_at is not None:
-        return f"≥ {_fmt(c.censored_at)} (censored)"
+        return f"≥ {num(c.censored_at)} (censored)"
     return "—"
 
 
@@ -183,13 +165,13 @@ def _summary(data: ReportData) -> str:
     rec = crit.recommended or Recommended(source=None, b_crit=None)
     theory_note = crit.theory.note if crit.theory is not None else None
     cards = [
-        ("progress metric", f"{a.metric} → {_fmt(a.target.value)}", f"target {a.target.spec}"),
+        ("progress metric", f"{a.metric} → {num(a.target.value)}", f"target {a.target.spec}"),
         ("B_crit (recommended)", rec.text(), f"{rec.source or ''}: {rec.why}"),
         ("B_crit (linear fit)", mc.text(), mc.note),
-        ("B_simple (noise)", _fmt(ns.value), ns.note),
-        ("B_crit (theory)", _fmt(crit.theory_b_crit), theory_note or "sim sweeps only"),
-        ("failure-clock slope", _fmt(inv.slope),
-         f"[{_fmt(inv.low)}, {_fmt(inv.high)}] {inv.verdict}"),
+        ("B_simple (noise)", num(ns.value), ns.note),
+        ("B_crit (theory)", num(crit.theory_b_crit), theory_note or "sim sweeps only"),
+        ("failure-clock slope", num(inv.slope),
+         f"[{num(inv.low)}, {num(inv.high)}] {inv.verdict}"),
     ]
     out = ['<div class="cards">']
     for title, big, small in cards:
@@ -320,7 +302,7 @@ def _clock_tables(data: ReportData) -> list[str]:
             ["batch (samples)", "prompts", "lr", "runs", "progress clock [90%]",
              "failure clock [90%]"],
             [[b.batch_samples, ", ".join(map(str, b.batch_prompts)),
-              ", ".join(_fmt(x) for x in b.lr), b.n_runs,
+              ", ".join(num(x) for x in b.lr), b.n_runs,
               _clock_text(b.progress), _clock_text(b.failure)] for b in a.batches]))
     else:
         out.append(f"<p class='warn'>{html.escape(data.analysis_error or 'no batches')}</p>")
