@@ -2,11 +2,12 @@
 
 Layout: `workdir/checkpoints/step-NNNNNNNN/` holds `state.pt` (rank 0: model, optimizer,
 counters), `rng-R.pt` per rank (torch, numpy data Generator, python `random`) and `owner.json`
-(the store without password, the run id, the config and its hash); a `COMPLETE` marker written
-last makes it valid. Resuming a checkpoint of another run, or with a changed config (except a
-larger sample_budget under `--extend`), is refused in one line (`refusal`). Files are written
-to a temporary name and renamed, so a kill -9 at any moment leaves either the old or the new
-checkpoint, never a torn one.
+(the owner's record: the config and its hash, and the store without password and the run id
+when there is one; `trainer.ownership`); a `COMPLETE` marker written last makes it valid.
+Resuming a checkpoint of another run, or with a changed config (except a larger sample_budget
+under `--extend`), is refused in one line by the owner (`trainer.ports.Owner.refusal`). Files
+are written to a temporary name and renamed, so a kill -9 at any moment leaves either the old or
+the new checkpoint, never a torn one.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from twoclocks_cli.launch import owner as owners
+from trainer.ownership import OWNER
 
 MARKER = "COMPLETE"
-OWNER = "owner.json"
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -61,43 +61,10 @@ def step_dir(workdir: Path, step: int) -> Path:
     return Path(workdir) / "checkpoints" / f"step-{step:08d}"
 
 
-def owner_record(config: dict, writer) -> dict:
-    """What a checkpoint of this training records: the writer's store and run (when it writes
-    to a store), the config and its hash."""
-    engine, run_id = getattr(writer, "engine", None), getattr(writer, "run_id", None)
-    rec = {"config": config, "config_hash": owners.config_hash(config)}
-    if engine is not None and run_id is not None:
-        rec.update(store=owners.store_identity(engine.url), run_id=int(run_id))
-    return rec
-
-
-def read_owner(path: Path) -> dict | None:
-    """The owner record of checkpoint directory `path` (None for an older checkpoint)."""
-    try:
-        data = json.loads((Path(path) / OWNER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def refusal(path: Path, expected: dict, extend: bool = False) -> str | None:
-    """Why checkpoint `path` must not be resumed by the training `expected` describes (None:
-    it may): another store or run, no owner record, or a changed config."""
-    rec = read_owner(path)
-    if rec is None:
-        return (f"checkpoint {path} names no run (written before checkpoints recorded their "
-                "owner): resume refused; move it away or use another workdir")
-    if owners.mismatch(rec, expected, ("store", "run_id")):
-        return (f"checkpoint {path} belongs to {owners.describe(rec)}, not "
-                f"{owners.describe(expected)}: resume refused; use another workdir")
-    why = owners.config_refusal(rec.get("config") or {}, expected["config"], extend)
-    return f"checkpoint {path}: {why}" if why else None
-
-
 def save(workdir: Path, step: int, rank: int, main_state: dict | None, rng: dict, barrier,
          owner: dict | None = None) -> None:
-    """Write step `step`'s checkpoint (rank 0 passes `main_state` and `owner`); every rank
-    calls this."""
+    """Write step `step`'s checkpoint (rank 0 passes `main_state` and the `owner` record);
+    every rank calls this."""
     d = step_dir(workdir, step)
     d.mkdir(parents=True, exist_ok=True)
     _atomic_save(rng, d / f"rng-{rank}.pt")

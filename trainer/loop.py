@@ -1,10 +1,12 @@
 """The GRPO training loop, read top to bottom: set up, resume, then per step sample → reward →
 advantages → update (gradient accumulation, `trainer.update`) → metrics → eval → checkpoint.
 
-One function, `train(cfg, writer, workdir)`, serves `twoclocks train`, a sweep job (through
-`trainer.backend.run`) and `accelerate launch` (several processes: each rank keeps its slice of
-the global prompt batch, accelerate's DDP sums the gradients across ranks (`trainer.dist`), rank
-0 writes metrics and checkpoints).
+One function, `train(cfg, sink, workdir)`, serves `twoclocks train`, a sweep job (both through
+`twoclocks_cli.backends.grpo`) and `accelerate launch` (several processes: each rank keeps its
+slice of the global prompt batch, accelerate's DDP sums the gradients across ranks
+(`trainer.dist`), rank 0 writes metrics and checkpoints). What it writes to, the adaptive
+controller and the checkpoints' owner are handed in (`trainer.ports`): the trainer knows no
+store and no CLI.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from trainer.data import (
     render_prompt,
 )
 from trainer.dist import Dist, setup_dist
+from trainer.ownership import CheckpointOwner
+from trainer.ports import Controller, ControllerFactory, MetricSink, Owner
 from trainer.rng import private_torch_rng
 from trainer.scorer import make_scorer
 from trainer.update import (
@@ -39,7 +43,6 @@ from trainer.update import (
     skips_zero_advantage,
     update,
 )
-from twoclocks_cli.clocks.controller import MODES, decision_metrics
 from twoclocks_cli.core.errors import ConfigError
 
 EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
@@ -209,42 +212,6 @@ def deterministic_kernels(device) -> None:
     torch.use_deterministic_algorithms(True, warn_only=str(device).startswith("cuda"))
 
 
-def _controller(cfg: TrainConfig, writer, state: dict | None):
-    """(controller, event recorder) of an adaptive run, restored from `state`; else (None, None).
-
-    A fresh run calibrates from `adaptive.from_sweep` in the writer's store (recorded as an
-    event); a resumed one carries its calibration in the checkpointed state."""
-    if cfg.batch_schedule != "adaptive":
-        return None, None
-    from twoclocks_cli.clocks.controller import Controller, calibrate, record_event
-
-    store = None
-    if writer is not None and getattr(writer, "engine", None) is not None:
-        from twoclocks_cli.store import Store
-
-        store = Store(writer.engine)
-    base = cfg.phase_at(0)[1]
-    if state is not None:
-        ctl = Controller(cfg.adaptive, cfg.group_size, base.prompts_per_batch, base.lr,
-                         state=state)
-    else:
-        if cfg.adaptive.from_sweep is not None and store is None:
-            raise ConfigError("adaptive.from_sweep needs a store to read the sweep's analysis")
-        cal = calibrate(store, cfg.adaptive) if store is not None else {}
-        ctl = Controller(cfg.adaptive, cfg.group_size, base.prompts_per_batch, base.lr,
-                         calibration=cal)
-        if cal:
-            record_event(store, writer.run_id, f"adaptive calibration from sweep "
-                         f"{cal['from_sweep']!r}: kappa {ctl.state.kappa:.4g} ({cal['kappa_why']})"
-                         f"; drift_threshold {ctl.state.drift_threshold} ({cal['drift_why']})")
-
-    def event(message: str) -> None:
-        if store is not None:
-            record_event(store, writer.run_id, message)
-
-    return ctl, event
-
-
 @dataclass
 class Run:
     """What one training holds between steps: built by `_set_up`, advanced by `train`."""
@@ -252,8 +219,8 @@ class Run:
     cfg: TrainConfig
     dist: Dist
     workdir: Path
-    writer: object  # MetricWriter (rank 0's; None elsewhere or in tests)
-    owner: dict  # the checkpoint owner record
+    sink: MetricSink | None  # rank 0's (None elsewhere)
+    owner: Owner  # who the checkpoints belong to
     tok: object
     model: torch.nn.Module  # the weights: checkpoints, drift (sharded in place under FSDP)
     rollout_model: torch.nn.Module  # what the engine samples with: `model`, or under FSDP an
@@ -270,23 +237,22 @@ class Run:
     drift: M.Drift  # parameter drift from the initial weights
     step: int = 0
     samples: int = 0
-    ctl: object = None  # the adaptive controller, if batch_schedule = "adaptive"
-    event: Callable[[str], None] | None = None
+    ctl: Controller | None = None  # the adaptive controller, if batch_schedule = "adaptive"
 
     @property
     def writes(self) -> bool:
-        """Whether this process writes metrics (rank 0 with a writer)."""
-        return self.writer is not None and self.dist.rank == 0
+        """Whether this process writes metrics (rank 0 with a sink)."""
+        return self.sink is not None and self.dist.rank == 0
 
     def log(self, step: int, samples: int, values: dict) -> None:
         """Write one step's values (rank 0 only)."""
         if self.writes:
-            self.writer.log(step, samples, values)
+            self.sink.log(step, samples, values)
 
     def flush(self) -> None:
         """Commit what was logged (rank 0 only)."""
         if self.writes:
-            self.writer.flush()
+            self.sink.flush()
 
 
 @dataclass
@@ -320,18 +286,24 @@ def _check_world(cfg: TrainConfig, dist: Dist) -> None:
             )
 
 
-def _claim_checkpoint(cfg: TrainConfig, writer, workdir: Path, dist: Dist, extend: bool):
-    """(owner record, newest checkpoint or None); another run's or config's checkpoint is
-    refused on every rank (ConfigError) before any work."""
-    owner = checkpoint.owner_record(cfg.model_dump(mode="json"), writer)
+def _check_controller(cfg: TrainConfig, controller: ControllerFactory | None) -> None:
+    """Refuse an adaptive schedule without a controller to pick its batches."""
+    if cfg.batch_schedule == "adaptive" and controller is None:
+        raise ConfigError("batch_schedule = \"adaptive\" needs a controller: train() was "
+                          "given none (twoclocks train and the grpo backend pass one)")
+
+
+def _claim_checkpoint(owner: Owner, workdir: Path, dist: Dist, extend: bool) -> Path | None:
+    """The newest checkpoint in `workdir`, or None; one the owner refuses (another run's, or
+    another config's) is refused on every rank (ConfigError) before any work."""
     ckpt = checkpoint.latest(workdir)
-    problem = checkpoint.refusal(ckpt, owner, extend) if ckpt and dist.rank == 0 else None
+    problem = owner.refusal(ckpt, extend) if ckpt and dist.rank == 0 else None
     if dist.sum([1.0 if problem else 0.0])[0] > 0:  # every rank stops together
         raise ConfigError(problem or f"rank 0 refused the checkpoint in {workdir}")
-    return owner, ckpt
+    return ckpt
 
 
-def _set_up(cfg, writer, workdir, dist, owner, make_rollout) -> Run:
+def _set_up(cfg, sink, workdir, dist, owner, make_rollout) -> Run:
     """Seeds, model (and the frozen reference), optimizer, data, reward and rollout engine."""
     from trainer.rewards import load_reward
     from trainer.rollout import make_engine
@@ -355,7 +327,7 @@ def _set_up(cfg, writer, workdir, dist, owner, make_rollout) -> Run:
     source, held = load_data(cfg)
     reward_fn = load_reward(cfg.reward)
     engine = (make_rollout or make_engine)(cfg, rollout_model, tok, model_path)  # whole weights
-    return Run(cfg, dist, workdir, writer, owner, tok, model, rollout_model, scorer, net, ref,
+    return Run(cfg, dist, workdir, sink, owner, tok, model, rollout_model, scorer, net, ref,
                opt, engine, reward_fn, source, held, data_rng, drift)
 
 
@@ -418,7 +390,7 @@ def _save(run: Run) -> None:
     run.flush()  # metrics never lag the checkpoint
     checkpoint.save(
         run.workdir, run.step, dist.rank, main, checkpoint.rng_state(run.data_rng),
-        dist.barrier, owner=run.owner if dist.rank == 0 else None,
+        dist.barrier, owner=run.owner.record if dist.rank == 0 else None,
     )
 
 
@@ -427,7 +399,7 @@ def _phase(run: Run):
     config's clip range, when it runs — with the optimizer's lr set to it."""
     phase_index, phase = run.cfg.phase_at(run.samples)
     if run.ctl is not None:
-        phase_index = run.ctl.state.decisions
+        phase_index = run.ctl.decisions
         phase = phase.model_copy(update={"prompts_per_batch": run.ctl.prompts,
                                          "lr": run.ctl.lr, "until_samples": None})
     for group in run.opt.param_groups:
@@ -586,10 +558,10 @@ def _adapt(run: Run, values: dict):
     """Feed the step to the adaptive controller (its decision's metrics join `values`)."""
     if run.ctl is None:
         return None
-    values["adaptive_mode"] = MODES[run.ctl.state.mode]
+    values.update(run.ctl.mode_metrics())
     decision = run.ctl.observe(run.step, run.samples, values)
     if decision is not None:
-        values.update(decision_metrics(decision))
+        values.update(decision.metrics())
     return decision
 
 
@@ -608,18 +580,23 @@ def _checkpoint_due(cfg: TrainConfig, step: int, samples: int) -> bool:
 
 def train(
     cfg: TrainConfig,
-    writer,
+    sink: MetricSink | None,
     workdir: Path,
     on_step: Callable[[Progress], None] | None = None,
     extend: bool = False,
     make_rollout: Callable | None = None,
+    controller: ControllerFactory | None = None,
+    owner: Owner | None = None,
 ) -> str:
     """Run (or resume from `workdir`) one GRPO training; returns 'completed' or 'diverged'.
 
-    `writer` is a MetricWriter (only rank 0's is used; other ranks may pass None). A checkpoint
-    in `workdir` of another store/run or config is refused (ConfigError) before anything is
-    loaded; `extend` lets a resume raise sample_budget only. `make_rollout(cfg, model, tok,
-    path)` replaces the configured rollout engine (tests feed every world size one batch).
+    `sink` takes the metrics and events (only rank 0's is used; other ranks may pass None).
+    `controller(saved state or None)` gives the adaptive controller (needed when
+    batch_schedule = "adaptive"). `owner` owns the checkpoints (default: the config alone): a
+    checkpoint in `workdir` it refuses (another store/run or config) is refused (ConfigError)
+    before anything is loaded; `extend` lets a resume raise sample_budget only.
+    `make_rollout(cfg, model, tok, path)` replaces the configured rollout engine (e.g. one
+    that feeds every world size the same batch).
     """
     # --- set up, resume ------------------------------------------------------------------
     workdir = Path(workdir)
@@ -628,9 +605,13 @@ def train(
         torch.set_num_threads(cfg.threads)
     deterministic_kernels(dist.device)
     _check_world(cfg, dist)
-    owner, ckpt = _claim_checkpoint(cfg, writer, workdir, dist, extend)
-    run = _set_up(cfg, writer, workdir, dist, owner, make_rollout)
-    run.ctl, run.event = _controller(cfg, writer, _resume(run, ckpt))
+    _check_controller(cfg, controller)
+    if owner is None:
+        owner = CheckpointOwner(cfg.model_dump(mode="json"))
+    ckpt = _claim_checkpoint(owner, workdir, dist, extend)
+    run = _set_up(cfg, sink, workdir, dist, owner, make_rollout)
+    saved = _resume(run, ckpt)  # the controller's state, for a resumed adaptive run
+    run.ctl = controller(saved) if cfg.batch_schedule == "adaptive" else None
 
     try:
         if run.step == 0 and cfg.eval_every_samples > 0 and dist.rank == 0:
@@ -673,9 +654,9 @@ def train(
                 values["eval_n"] = len(run.held)
             run.log(run.step, run.samples, values)
             if run.writes:
-                run.writer.flush()
+                run.sink.flush()
                 if decision is not None:
-                    run.event(decision.reason)
+                    run.sink.event(decision.reason)
             if on_step is not None and dist.rank == 0:
                 on_step(Progress(run.step, run.samples, cfg.sample_budget, batch.r_mean,
                                  values["accuracy"], eval_acc))

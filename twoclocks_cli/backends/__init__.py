@@ -24,7 +24,7 @@ from twoclocks_cli.core.errors import ConfigError
 # name → "module:function"; imported only when a run of that backend executes.
 BACKENDS = {
     "sim": "twoclocks_cli.backends.sim:run",
-    "grpo": "trainer.backend:run",
+    "grpo": "twoclocks_cli.backends.grpo:run",
     "trl": "twoclocks_cli.backends.trl:run",
     "command": "twoclocks_cli.backends.command:run",
 }

@@ -1,7 +1,9 @@
 """`twoclocks train CONFIG`: one GRPO run in-process, with a progress bar, recorded in the store.
 
-The same entry point (`trainer.loop.train`) a sweep job reaches through the `grpo` backend.
-Works under `accelerate launch` too: rank 0 owns the run row, the metrics and the bar.
+The same entry point a sweep job reaches through the `grpo` backend
+(`twoclocks_cli.backends.grpo.train`, which hands `trainer.loop.train` its sink, controller and
+checkpoint owner). Works under `accelerate launch` too: rank 0 owns the run row, the metrics and
+the bar.
 """
 
 from __future__ import annotations
@@ -38,33 +40,35 @@ def _resume_row(store, cfg, workdir: Path, extend: bool) -> int:
     config (or only a larger sample_budget with `extend`, then stored), its checkpoint its own.
     Every refusal is one ConfigError, raised before anything is written."""
     from trainer import checkpoint
+    from trainer.ownership import CheckpointOwner, config_refusal, describe
+    from twoclocks_cli.backends.grpo import store_identity
     from twoclocks_cli.core.errors import ConfigError, NotFoundError
     from twoclocks_cli.launch import owner
 
     rec = owner.read(workdir) or {}
-    here = owner.store_identity(store.engine.url)
+    here = store_identity(store.engine.url)
     where = f"--workdir {workdir}"
     if rec.get("store") is None:
         raise ConfigError(f"{where}: its {owner.RUN_FILE} names no store (written by an older "
                           "twoclocks): resume refused; use another --workdir")
     if rec.get("store") != here:
-        raise ConfigError(f"{where} belongs to {owner.describe(rec)}, not to a run of {here}: "
+        raise ConfigError(f"{where} belongs to {describe(rec)}, not to a run of {here}: "
                           "resume refused; use another --workdir")
     try:
         run = store.get_run(int(rec["run_id"]))
     except (NotFoundError, KeyError, TypeError, ValueError):
         run = None
     if run is None or run.cell_id != rec.get("cell_id"):
-        raise ConfigError(f"{where} belongs to {owner.describe(rec)} (cell {rec.get('cell_id')}), "
+        raise ConfigError(f"{where} belongs to {describe(rec)} (cell {rec.get('cell_id')}), "
                           f"which that store no longer holds: resume refused; use another "
                           "--workdir")
     config = cfg.model_dump(mode="json")
-    why = owner.config_refusal(run.config, config, extend)
+    why = config_refusal(run.config, config, extend)
     if why:
         raise ConfigError(f"{where}: run {run.id}: {why}")
     ckpt = checkpoint.latest(workdir)
     if ckpt is not None:
-        why = checkpoint.refusal(ckpt, {"store": here, "run_id": run.id, "config": config}, extend)
+        why = CheckpointOwner(config, here, run.id).refusal(ckpt, extend)
         if why:
             raise ConfigError(why)
     if config != run.config:  # --extend: the run row says what the run is now trained to
@@ -79,28 +83,28 @@ def _run_row(store, cfg, name: str, workdir: Path | None, extend: bool = False
     import uuid
 
     from trainer import checkpoint
+    from trainer.ownership import config_hash, describe, read_owner
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.launch import owner
 
     if workdir is not None and owner.read(workdir) is not None:
         return _resume_row(store, cfg, workdir, extend), workdir
     if workdir is not None and (ckpt := checkpoint.latest(workdir)) is not None:
-        rec = checkpoint.read_owner(ckpt) or {}
-        raise ConfigError(f"--workdir {workdir} holds a checkpoint of {owner.describe(rec)} but "
+        rec = read_owner(ckpt) or {}
+        raise ConfigError(f"--workdir {workdir} holds a checkpoint of {describe(rec)} but "
                           f"no {owner.RUN_FILE}: resume refused; use another --workdir")
     if extend:
         raise ConfigError("--extend continues a run: give the --workdir of the run to extend")
     config = cfg.model_dump(mode="json")
     uid = uuid.uuid4().hex[:8]
     phase = cfg.phase_at(0)[1]
-    cell_id = f"train-{owner.config_hash(config)}-{uid}"
+    cell_id = f"train-{config_hash(config)}-{uid}"
     run_id = store.create_run(cell_id, name, "grpo", config, {
         "batch_prompts": phase.prompts_per_batch, "group_size": cfg.group_size,
         "batch_samples": phase.prompts_per_batch * cfg.group_size, "lr": phase.lr,
         "clip_low": phase.clip_eps_low, "clip_high": phase.clip_eps_high, "seed": cfg.seed})
     workdir = workdir if workdir is not None else Path("twoclocks-train") / f"run-{run_id}-{uid}"
-    owner.write(workdir, {"store": owner.store_identity(store.engine.url), "run_id": run_id,
-                          "cell_id": cell_id, "config_hash": owner.config_hash(config)})
+    owner.write(workdir, owner.run_record(store.engine.url, run_id, cell_id, config))
     return run_id, workdir
 
 
@@ -143,8 +147,9 @@ def train(
 ) -> None:
     """Train one GRPO run in-process; every step's metrics go to the store."""
     from trainer.config import load_config
-    from trainer.loop import setup_dist
+    from trainer.dist import setup_dist
     from twoclocks_cli.core.errors import TwoclocksError
+    from twoclocks_cli.launch.job import failed_status, returned_status
     from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.models import RunStatus
@@ -176,9 +181,9 @@ def train(
                                      to_stderr=as_json)
     except BaseException as err:
         if dist.rank == 0:
-            state = RunStatus.cancelled if isinstance(err, KeyboardInterrupt) else RunStatus.failed
             writer.close()
-            store.set_status(run_id, state, message=str(err)[:500], error=str(err)[:2000])
+            store.set_status(run_id, failed_status(err), message=str(err)[:500],
+                             error=str(err)[:2000])
         if isinstance(err, KeyboardInterrupt) and dist.rank == 0:
             _say_how_to_resume(store, run_id, workdir, config, db)
             if as_json:
@@ -189,7 +194,7 @@ def train(
         raise TwoclocksError(f"run {run_id} failed: {type(err).__name__}: {err}") from None
     if dist.rank == 0:
         writer.close()
-        store.set_status(run_id, RunStatus(status))
+        store.set_status(run_id, returned_status(status))
         if as_json:
             print_json(train_record(store, run_id, workdir))
             return
@@ -272,7 +277,7 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
     )
     from rich.text import Text
 
-    from trainer.loop import train
+    from twoclocks_cli.backends.grpo import train
 
     if not show:
         return train(cfg, writer, workdir, extend=extend)

@@ -27,6 +27,18 @@ from twoclocks_cli.store.models import RunStatus
 RUNNER_ENV = "TWOCLOCKS_LOCAL_RUNNER"
 
 
+def returned_status(returned) -> RunStatus:
+    """A run's final status from what its backend (or the trainer) returned: completed or
+    diverged; anything else is a failure."""
+    status = RunStatus(returned)
+    return status if status in (RunStatus.completed, RunStatus.diverged) else RunStatus.failed
+
+
+def failed_status(exc: BaseException) -> RunStatus:
+    """A run's final status when its training raised: cancelled on Ctrl-C, else failed."""
+    return RunStatus.cancelled if isinstance(exc, KeyboardInterrupt) else RunStatus.failed
+
+
 def job_identity() -> tuple[str, str]:
     """(job id, host) of the current process: SLURM array task, local process or debug."""
     host = socket.gethostname()
@@ -111,13 +123,12 @@ class CellJob(Checkpointable):
                 return store.get_run(self.run_id).status  # cancelled or given up meanwhile
             try:
                 owner.claim(Path(self.workdir), self.owner(store, run))
-                status = RunStatus(run_cell(store, self.run_id, Path(self.workdir)))
+                status = returned_status(run_cell(store, self.run_id, Path(self.workdir)))
             except Exception as exc:  # the backend's error is the run's outcome
-                store.transition(self.run_id, RunStatus.failed, {RunStatus.running},
+                status = failed_status(exc)
+                store.transition(self.run_id, status, {RunStatus.running},
                                  "backend raised", error=cell_error(exc, wd, run.attempts + 1))
-                return RunStatus.failed.value
-            if status not in (RunStatus.completed, RunStatus.diverged):
-                status = RunStatus.failed
+                return status.value
             store.transition(self.run_id, status, {RunStatus.running}, "backend returned")
             return status.value
         finally:
@@ -125,8 +136,7 @@ class CellJob(Checkpointable):
 
     def owner(self, store, run) -> dict:
         """The record naming this cell's run in its workdir (run.json)."""
-        return {"store": owner.store_identity(store.engine.url), "run_id": run.id,
-                "cell_id": run.cell_id, "config_hash": owner.config_hash(run.config)}
+        return owner.run_record(store.engine.url, run.id, run.cell_id, run.config)
 
     def checkpoint(self, *args, **kwargs) -> DelayedSubmission:
         """Requeue the same cell (called by submitit on timeout/preemption, inside a signal
