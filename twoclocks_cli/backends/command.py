@@ -23,6 +23,7 @@ it cannot run on the CPU machines this project is tested on, so the verl preset 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -35,8 +36,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from twoclocks_cli.backends import require_table
 from twoclocks_cli.core.errors import ConfigError
 
+TABLE = "command"
+ADAM_KEYS = ("adam_beta1", "adam_beta2", "adam_epsilon")  # at the cell's top level
 PLACEHOLDERS = ("prompts", "group_size", "lr", "clip_low", "clip_high", "seed", "total_steps",
                 "workdir")
 LOGS = "logs"  # attempt-N.out / attempt-N.err inside the cell's workdir
@@ -161,6 +165,51 @@ def log_path(cell: dict, workdir: Path, attempt: int) -> Path:
         return workdir / LOGS / f"attempt-{attempt}.out"
     path = Path(os.path.expanduser(source.format(**values(cell, str(workdir)))))
     return path if path.is_absolute() else workdir / path
+
+
+# -- the plan side (twoclocks_cli.backends.SweepBackend) -----------------------------------------
+
+def check_options(cfg, source: str) -> None:
+    """A command sweep needs its [command] table."""
+    require_table(cfg, TABLE, source)
+
+
+def check_table(cfg, source: str, config_dir: str | None) -> dict:
+    """The `command` table every cell carries (checked, its preset's defaults filled in)."""
+    table = cfg.command.model_dump(mode="json")
+    check(table, source)
+    return {"command": resolved(table)}
+
+
+def resolve_cell(cfg, common: dict, options: dict, table: dict) -> dict:
+    """The common keys, a copy of the `command` table and the cell's options (its Adam
+    settings: the grid has no command axes)."""
+    return {**common, **json.loads(json.dumps(table)), **options}
+
+
+def steps(budget: int, batch: int) -> int:
+    """The command runs ceil(budget / batch) rollout batches ({total_steps})."""
+    return -(-budget // batch)
+
+
+def cell_checker(cfg, source: str):
+    """Each cell's command line can be formed."""
+
+    def check_cell(cell) -> None:
+        command_line(cell.config)
+
+    return check_cell
+
+
+def clip_warning(cells: list, settings: int) -> str | None:
+    """The command's updates per batch are unknown here: no warning."""
+    return None
+
+
+def written_as(cfg, key: str) -> str | None:
+    """command.X as written; None for a key of the cell's top level."""
+    table, _, name = key.partition(".")
+    return key if table == TABLE and name else None
 
 
 # -- following the log ------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Contract (see `twoclocks_cli.backends`): `run(cell, writer, workdir) -> RunStatus` trains one
 sweep cell (a TrainConfig dict) with `trainer.loop.train`; called again with the same workdir it
-resumes from the last checkpoint there. `twoclocks train` trains through `train` here too.
+resumes from the last checkpoint there. `twoclocks train` trains through `train` here too. The
+plan side (`twoclocks_cli.backends.SweepBackend`) checks the [trainer] table and validates each
+cell with the trainer's own `TrainConfig`.
 
 The trainer knows no store and no CLI: it is handed what it needs (`trainer.ports`), built here
 for a run of the store: its metric sink (the run's MetricWriter, events as notes of the run),
@@ -16,11 +18,86 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from twoclocks_cli.backends import COMMON_KEYS, SWEEP_KEYS, adam_keys, cell_source, refuse_owned
+
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
     from trainer.ownership import CheckpointOwner
     from trainer.ports import ControllerFactory
     from twoclocks_cli.store.models import RunStatus
+
+TABLE = "trainer"
+ADAM_KEYS = ("adam_beta1", "adam_beta2", "adam_epsilon")  # TrainConfig's names
+
+
+# -- the plan side (twoclocks_cli.backends.SweepBackend) -----------------------------------------
+
+def check_options(cfg, source: str) -> None:
+    """[trainer] and grid.trainer leave to the sweep what it sets: the common keys, the batch,
+    the phases, and Adam when it scales Adam."""
+    owned = set(COMMON_KEYS) | {"rollout_batch_size", "phases"}
+    if cfg.scaling.adam_adjust:
+        owned |= set(ADAM_KEYS)
+    refuse_owned(cfg, TABLE, owned, source)
+
+
+def check_table(cfg, source: str, config_dir: str | None) -> dict:
+    """Nothing every cell carries but its trainer options, which resolve_cell adds."""
+    return {}
+
+
+def resolve_cell(cfg, common: dict, options: dict, table: dict) -> dict:
+    """A TrainConfig dict: the common keys, then [trainer], then the cell's options."""
+    return {**common, **cfg.trainer, **options}
+
+
+def steps(budget: int, batch: int) -> int:
+    """Whole rollout batches within the budget (the trainer stops before one would pass it)."""
+    return budget // batch
+
+
+def cell_checker(cfg, source: str):
+    """Validate a cell with the trainer's own TrainConfig (it imports no torch), naming each key
+    as the sweep config wrote it."""
+    from trainer.config import TrainConfig
+
+    sweep_keys = {**SWEEP_KEYS, **adam_keys(ADAM_KEYS)}
+
+    def rename(key: str) -> str:
+        if key in cfg.grid.trainer:
+            return f"grid.trainer.{key}"
+        if key in cfg.trainer:
+            return f"trainer.{key}"
+        return sweep_keys.get(key, f"trainer.{key}")
+
+    def check(cell) -> None:
+        TrainConfig.from_dict(cell.config, source=cell_source(cell, source), rename=rename)
+
+    return check
+
+
+def updates_per_batch(cell: dict) -> int:
+    """Optimizer updates made from one rollout batch: ppo_epochs * num_minibatches."""
+    return int(cell.get("ppo_epochs", 1)) * int(cell.get("num_minibatches", 1))
+
+
+def clip_warning(cells: list, settings: int) -> str | None:
+    """The clip cannot bind in a cell that makes one on-policy update per batch."""
+    single = [c for c in cells if updates_per_batch(c.config) == 1]
+    if not single:
+        return None
+    return (f"clipping varies ({settings} settings) but {len(single)} cell(s) make one "
+            "on-policy update per batch (ppo_epochs * num_minibatches = 1): the ratio is "
+            "exactly 1 and clipping cannot bind there")
+
+
+def written_as(cfg, key: str) -> str | None:
+    """grid.trainer.X for an axis; None for the rest (the planner names [trainer] keys)."""
+    head = key.split(".")[0].split("[")[0]
+    return f"grid.trainer.{key}" if head in cfg.grid.trainer else None
+
+
+# -- the job side ---------------------------------------------------------------------------------
 
 
 def store_identity(url) -> str:

@@ -22,12 +22,15 @@ the checkpoint; every decision is logged at its step and recorded as a run event
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from twoclocks_cli.backends import refuse_owned
 from twoclocks_cli.clocks.controller import decision_metrics
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.store.models import RunStatus
@@ -36,6 +39,8 @@ from twoclocks_cli.theory.simulate import SimState
 
 STATE_FILE = "sim_state.npz"
 SCHEDULE_KEYS = ("batch_schedule", "adaptive")  # a sweep's [sim] keys that are the cell's own
+TABLE = "sim"
+ADAM_KEYS = ("beta1", "beta2", "adam_eps")  # ModelConfig's names
 
 
 def lift_schedule(sim: dict) -> dict:
@@ -54,6 +59,88 @@ def check_schedule(cell: dict, source: str) -> None:
         text = str(err)
         raise ConfigError(text if text.startswith(source) else f"{source}: {text}") from None
 
+
+# -- the plan side (twoclocks_cli.backends.SweepBackend) -----------------------------------------
+
+def check_options(cfg, source: str) -> None:
+    """[sim] and grid.sim leave Adam to the sweep when it scales Adam."""
+    refuse_owned(cfg, TABLE, set(ADAM_KEYS) if cfg.scaling.adam_adjust else set(), source)
+
+
+def check_table(cfg, source: str, config_dir: str | None) -> dict:
+    """Nothing every cell carries: its [sim] table is resolved per cell."""
+    return {}
+
+
+def resolve_cell(cfg, common: dict, options: dict, table: dict) -> dict:
+    """The common keys, the `sim` table ([sim] with the cell's options), and the schedule keys
+    lifted out of it."""
+    sim = {**cfg.sim, **options}
+    cell = {**common, "sim": sim}
+    cell.update(lift_schedule(sim))
+    return cell
+
+
+def steps(budget: int, batch: int) -> int:
+    """Whole batches within the budget (the run stops before a batch would pass it)."""
+    return budget // batch
+
+
+def cell_checker(cfg, source: str):
+    """Validate the sim tables with ModelConfig, strictly typed, and each cell's schedule."""
+    axes = set(cfg.grid.sim)
+    try:  # an unknown key is named where it was written
+        ModelConfig.check_keys(set(cfg.sim) - set(SCHEDULE_KEYS), "sim")
+        ModelConfig.check_keys(axes, "grid.sim")
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+    def build(table: dict):
+        try:
+            return ModelConfig.from_dict(table, strict=True)
+        except ConfigError as err:  # a key the grid set is named as the grid's
+            text = str(err)
+            for key in axes:
+                text = re.sub(rf"(?<![\w.])sim\.{re.escape(key)}\b", f"grid.sim.{key}", text)
+            raise ConfigError(f"{source}: {text}") from None
+
+    models: dict[str, ModelConfig] = {}  # cells differing only in batch share one model
+
+    def check(cell) -> None:
+        check_schedule(cell.config, source)
+        table = cell.config["sim"]
+        text = json.dumps(table, sort_keys=True)
+        if text not in models:
+            models[text] = build(table)
+        model = models[text]
+        if model.dim < 1:
+            raise ConfigError(f"{source}: key 'sim.dim' = {model.dim}: the sim backend needs at "
+                              "least one curved direction (its progress metric is 1 - L/L0)")
+        if model.log_every > cell.steps:
+            raise ConfigError(
+                f"{source}: key 'sim.log_every' = {model.log_every}: cell {cell.name} runs "
+                f"{cell.steps} steps and would write no metric row; at most {cell.steps}")
+
+    return check
+
+
+def clip_warning(cells: list, settings: int) -> str | None:
+    """One update per batch: the clip binds only through sim.cap_per_clip."""
+    if any("cap_per_clip" in c.config.get("sim", {}) for c in cells):
+        return None
+    return (f"clipping varies ({settings} settings) but the sim backend makes one update per "
+            "batch and sim.cap_per_clip is not set: clipping cannot bind")
+
+
+def written_as(cfg, key: str) -> str | None:
+    """sim.X, or grid.sim.X for an axis; None for a key of the cell's top level."""
+    table, _, name = key.partition(".")
+    if table != TABLE or not name:
+        return None
+    return f"grid.sim.{name}" if name.split("[")[0] in cfg.grid.sim else key
+
+
+# -- the job side ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Phase:

@@ -13,8 +13,8 @@ called again with the same workdir (a requeue, a rerun of a lost cell) the train
 (run, step, key) each step is stored once. The steps are written by `TwoClocksCallback`'s
 mapping (as `ingest --format trl` names them) into the launcher's writer.
 
-Nothing here imports torch or trl at import time: `plan` uses `grpo_args`, `check_entry` and
-`config_fields` without them.
+Nothing here imports torch or trl at import time: the plan side (`check_table`, `cell_checker`:
+`grpo_args`, `check_entry`, `config_fields`) runs without them.
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from twoclocks_cli.backends import adam_keys, cell_source, require_table
 from twoclocks_cli.core.errors import ConfigError
 
+TABLE = "trl"
+ADAM_KEYS = ("adam_beta1", "adam_beta2", "adam_epsilon")  # GRPOConfig's names
 BUILTINS = {"builtin:tiny-arith": "twoclocks_cli.backends.trl_tiny:tiny_arith_trainer"}
 CHECKPOINTS = "trl"  # the trainer's output_dir inside the cell's workdir
 ATTEMPTS = "trl-attempts.jsonl"  # one line per attempt: which checkpoint it resumed from
@@ -45,8 +48,7 @@ OWNED = {
     "output_dir": "the cell's workdir", "save_strategy": "trl.checkpoint_every_steps",
     "save_steps": "trl.checkpoint_every_steps", "resume_from_checkpoint": "the cell's workdir",
 }
-ADAM = {"adam_beta1": "scaling.adam_beta1", "adam_beta2": "scaling.adam_beta2",
-        "adam_epsilon": "scaling.adam_eps"}
+ADAM = adam_keys(ADAM_KEYS)
 # what a cell gets unless [trl.args] says otherwise: every step logged (full clock resolution),
 # no external reporters, two checkpoints kept
 DEFAULTS = {"logging_steps": 1, "report_to": "none", "save_total_limit": 2,
@@ -169,6 +171,68 @@ def check_args(args: dict, adam: bool, source: str, where: str = "trl.args") -> 
             hint = difflib.get_close_matches(key, sorted(fields), n=1)
             raise ConfigError(f"{source}: unknown key '{where}.{key}': not a trl.GRPOConfig "
                               "field" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+
+
+# -- the plan side (twoclocks_cli.backends.SweepBackend) -----------------------------------------
+
+def check_options(cfg, source: str) -> None:
+    """A trl sweep needs its [trl] table."""
+    require_table(cfg, TABLE, source)
+
+
+def check_table(cfg, source: str, config_dir: str | None) -> dict:
+    """The `trl` table every cell carries, its `python_path` made absolute (from `config_dir`,
+    else the folder of `source` when it is a file, else the working directory); its entry and
+    fixed and grid arguments checked."""
+    table = cfg.trl.model_dump(mode="json")
+    base = Path(config_dir) if config_dir else (
+        Path(source).parent if Path(source).is_file() else Path.cwd())
+    if not table["entry"].startswith("builtin:"):  # the job imports from these folders
+        table["python_path"] = list(dict.fromkeys(
+            [str(base.resolve())] + [str((base / d).resolve()) for d in table["python_path"]]))
+    check_entry(table["entry"], table["python_path"], source)
+    check_args(table["args"], cfg.scaling.adam_adjust, source)
+    check_args(cfg.grid.trl, cfg.scaling.adam_adjust, source, where="grid.trl")
+    for key in set(cfg.grid.trl) & set(table["args"]):
+        raise ConfigError(f"{source}: key 'trl.args.{key}': also an axis (grid.trl.{key}); "
+                          "set it in one place")
+    return {"trl": table}
+
+
+def resolve_cell(cfg, common: dict, options: dict, table: dict) -> dict:
+    """The common keys and a copy of the `trl` table, the cell's options in its args."""
+    cell = {**common, **json.loads(json.dumps(table))}
+    cell["trl"]["args"].update(options)
+    return cell
+
+
+def steps(budget: int, batch: int) -> int:
+    """TRL runs ceil(budget / batch) generation batches (the last may pass the budget)."""
+    return -(-budget // batch)
+
+
+def cell_checker(cfg, source: str):
+    """Each cell's GRPOConfig arguments can be formed (its batch splits)."""
+
+    def check(cell) -> None:
+        grpo_args(cell.config, "workdir", cell_source(cell, source))
+
+    return check
+
+
+def clip_warning(cells: list, settings: int) -> str | None:
+    """TRL's updates per generation are the user's (num_iterations): no warning."""
+    return None
+
+
+def written_as(cfg, key: str) -> str | None:
+    """trl.X, or grid.trl.X for an axis (in the cell's trl.args); None for a key of the cell's
+    top level."""
+    table, _, name = key.partition(".")
+    if table != TABLE or not name:
+        return None
+    axis = name.removeprefix("args.")
+    return f"grid.trl.{axis}" if axis in cfg.grid.trl else key
 
 
 # -- the job side -------------------------------------------------------------------------------

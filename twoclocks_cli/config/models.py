@@ -156,6 +156,11 @@ class Command(_Strict):
     poll_s: float = Field(1.0, gt=0, le=600, description="Seconds between reads of the log.")
 
 
+# the sweep's tables of backend options (each backend reads one, its TABLE); grid has all but
+# command as axes
+OPTION_TABLES = ("trainer", "sim", "trl", "command")
+
+
 class SweepConfig(_Strict):
     """One sweep: a name, a backend, a sample budget, an lr scaling rule and a grid."""
 
