@@ -75,6 +75,12 @@ class SweepBackend(Protocol):
     def clip_warning(self, cells: list, settings: int) -> str | None:
         """The warning when `settings` clip settings vary over `cells` but cannot bind."""
 
+    LINE_KEY: str | None  # the --json key of what cell_line says, None when it says nothing
+
+    def cell_line(self, cell) -> str | None:
+        """What the backend runs for a planned cell, as one line a person can copy (the command
+        line, the trainer's arguments), or None when the cell's table says it all."""
+
     def written_as(self, cfg, key: str) -> str | None:
         """The sweep config key a dotted cell key came from; None for a key of the cell's top
         level the backend does not own (a common key)."""
@@ -113,7 +119,7 @@ def require_table(cfg, table: str, source: str) -> None:
     """A backend that reads nothing but its [table] needs one."""
     if getattr(cfg, table) is None:
         raise ConfigError(f"{source}: key {table!r} is required with backend = {cfg.backend!r} "
-                          f"(a [{table}] table; see the README's Sweeps section)")
+                          f"(a [{table}] table; see docs/sweeps.md)")
 
 
 def refuse_owned(cfg, table: str, owned: set[str], source: str) -> None:

@@ -206,6 +206,14 @@ def clip_warning(cells: list, settings: int) -> str | None:
     return None
 
 
+LINE_KEY = "command"
+
+
+def cell_line(cell) -> str | None:
+    """The cell's exact command line."""
+    return command_line(cell.config)
+
+
 def written_as(cfg, key: str) -> str | None:
     """command.X as written; None for a key of the cell's top level."""
     table, _, name = key.partition(".")

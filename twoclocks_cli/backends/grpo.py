@@ -91,6 +91,14 @@ def clip_warning(cells: list, settings: int) -> str | None:
             "exactly 1 and clipping cannot bind there")
 
 
+LINE_KEY = None  # a cell's table is all it runs
+
+
+def cell_line(cell) -> str | None:
+    """Nothing beyond the cell's table."""
+    return None
+
+
 def written_as(cfg, key: str) -> str | None:
     """grid.trainer.X for an axis; None for the rest (the planner names [trainer] keys)."""
     head = key.split(".")[0].split("[")[0]

@@ -132,6 +132,14 @@ def clip_warning(cells: list, settings: int) -> str | None:
             "batch and sim.cap_per_clip is not set: clipping cannot bind")
 
 
+LINE_KEY = None  # a cell's table is all it runs
+
+
+def cell_line(cell) -> str | None:
+    """Nothing beyond the cell's table."""
+    return None
+
+
 def written_as(cfg, key: str) -> str | None:
     """sim.X, or grid.sim.X for an axis; None for a key of the cell's top level."""
     table, _, name = key.partition(".")

@@ -225,6 +225,16 @@ def clip_warning(cells: list, settings: int) -> str | None:
     return None
 
 
+LINE_KEY = "grpo_config"
+
+
+def cell_line(cell) -> str | None:
+    """The GRPOConfig fields the sweep sets for the cell."""
+    args = grpo_args(cell.config, "<workdir>")
+    shown = {k: v for k, v in args.items() if k in OWNED and k != "output_dir"}
+    return "GRPOConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+
 def written_as(cfg, key: str) -> str | None:
     """trl.X, or grid.trl.X for an axis (in the cell's trl.args); None for a key of the cell's
     top level."""

@@ -31,24 +31,13 @@ def plan_table(p, title: str):
 
 
 def cell_lines(p) -> dict[str, str]:
-    """cell id -> what its backend runs: the command line (command), the GRPOConfig fields the
-    sweep sets (trl); empty for the other backends."""
-    backend = p.config.backend
-    if backend == "command":
-        from twoclocks_cli.backends.command import command_line
+    """cell id -> what its backend runs (the command line, the GRPOConfig fields the sweep
+    sets); empty when the cells' tables say it all."""
+    from twoclocks_cli.backends import sweep_backend
 
-        return {c.cell_id: command_line(c.config) for c in p.cells}
-    if backend == "trl":
-        from twoclocks_cli.backends.trl import OWNED, grpo_args
-
-        out = {}
-        for c in p.cells:
-            args = grpo_args(c.config, "<workdir>")
-            shown = {k: v for k, v in args.items() if k in OWNED and k != "output_dir"}
-            out[c.cell_id] = "GRPOConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) \
-                + ")"
-        return out
-    return {}
+    backend = sweep_backend(p.config.backend)
+    lines = {c.cell_id: backend.cell_line(c) for c in p.cells}
+    return {k: v for k, v in lines.items() if v is not None}
 
 
 def plan_cmd(config: ConfigArg, as_json: JsonOption = False) -> None:
@@ -56,8 +45,10 @@ def plan_cmd(config: ConfigArg, as_json: JsonOption = False) -> None:
     from twoclocks_cli.config import load_plan
 
     p = load_plan(config)
+    from twoclocks_cli.backends import sweep_backend
+
     lines = cell_lines(p)
-    key = "command" if p.config.backend == "command" else "grpo_config"
+    key = sweep_backend(p.config.backend).LINE_KEY
     if as_json:
         cells = [{**c.record(), **({key: lines[c.cell_id]} if lines else {})} for c in p.cells]
         typer.echo(json.dumps({"sweep": p.config.name, "backend": p.config.backend,

@@ -139,10 +139,10 @@ def _doc(keys: list[str]) -> str:
     for key in keys:
         field = getattr(model, "model_fields", {}).get(key)
         if field is None:
-            return "see the README's Sweeps section"
+            return "see docs/sweeps.md"
         ann = field.annotation
         model = next((a for a in getattr(ann, "__args__", (ann,))
                       if isinstance(a, type) and issubclass(a, BaseModel)), None)
-    return field.description if field and field.description else "see the README"
+    return field.description if field and field.description else "see docs/sweeps.md"
 
 
