@@ -10,7 +10,7 @@ The trainer knows no store and no CLI: it is handed what it needs (`trainer.port
 for a run of the store: its metric sink (the run's MetricWriter, events as notes of the run),
 its adaptive controller (`twoclocks_cli.clocks.controller`, calibrated from a sweep in the store)
 and its checkpoints' owner (the store and the run). Module-level imports stay light (no torch,
-no sqlalchemy): the launcher imports this module for `store_identity`.
+no sqlalchemy): the planner imports this module.
 """
 
 from __future__ import annotations
@@ -108,21 +108,6 @@ def written_as(cfg, key: str) -> str | None:
 # -- the job side ---------------------------------------------------------------------------------
 
 
-def store_identity(url) -> str:
-    """The store's URL without its password; a relative SQLite path made absolute: what a
-    workdir's and a checkpoint's owner record name the store by."""
-    from sqlalchemy.engine import make_url
-
-    from twoclocks_cli.store.engine import mask_url
-
-    parsed = make_url(url) if isinstance(url, str) else url
-    db = parsed.database
-    if parsed.get_backend_name() == "sqlite" and db and db != ":memory:" and \
-            not db.startswith("file:"):
-        parsed = parsed.set(database=str(Path(db).resolve()))
-    return mask_url(parsed)
-
-
 class StoreSink:
     """The trainer's metric sink for a run of the store: metrics through its MetricWriter,
     events as notes of the run."""
@@ -169,6 +154,8 @@ def owner_of(cfg: TrainConfig, writer) -> CheckpointOwner:
     engine, run_id = getattr(writer, "engine", None), getattr(writer, "run_id", None)
     if engine is None or run_id is None:
         return CheckpointOwner(config)
+    from twoclocks_cli.store.engine import store_identity
+
     return CheckpointOwner(config, store_identity(engine.url), int(run_id))
 
 

@@ -41,9 +41,9 @@ def _resume_row(store, cfg, workdir: Path, extend: bool) -> int:
     Every refusal is one ConfigError, raised before anything is written."""
     from trainer import checkpoint
     from trainer.ownership import CheckpointOwner, config_refusal, describe
-    from twoclocks_cli.backends.grpo import store_identity
     from twoclocks_cli.core.errors import ConfigError, NotFoundError
     from twoclocks_cli.launch import owner
+    from twoclocks_cli.store.engine import store_identity
 
     rec = owner.read(workdir) or {}
     here = store_identity(store.engine.url)

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from trainer.ownership import config_hash, describe, mismatch
-from twoclocks_cli.backends.grpo import store_identity
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.store.engine import store_identity
 
 RUN_FILE = "run.json"
 

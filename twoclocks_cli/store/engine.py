@@ -219,3 +219,14 @@ def check_connection(engine: Engine) -> None:
     except (OperationalError, DBAPIError) as exc:
         engine.dispose()
         raise StoreError(describe_db_error(exc, engine.url)) from None
+
+
+def store_identity(url) -> str:
+    """The store's URL without its password; a relative SQLite path made absolute: what a
+    workdir's and a checkpoint's owner record name the store by."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    db = parsed.database
+    if parsed.get_backend_name() == "sqlite" and db and db != ":memory:" and \
+            not db.startswith("file:"):
+        parsed = parsed.set(database=str(Path(db).resolve()))
+    return mask_url(parsed)
