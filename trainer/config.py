@@ -142,7 +142,8 @@ class TrainConfig(BaseModel):
         1,
         ge=0,
         description="Measure the gradient-noise terms (grad_sq_micro, grad_sq_full and their "
-        "batch sizes, behind B_simple and the adaptive controller) every this many steps; 0 = "
+        "batch sizes, behind B_simple (McCandlish et al. 2018, "
+        "https://arxiv.org/abs/1812.06162) and the adaptive controller) every this many steps; 0 = "
         "never. A measuring step splits its first minibatch in two micro-batches (one more "
         "forward/backward call); other steps log no noise terms.",
     )
@@ -191,26 +192,32 @@ class TrainConfig(BaseModel):
         "batch = ppo_epochs * num_minibatches. One update is exactly "
         "on-policy: the ratio is 1 and clipping cannot bind.",
     )
-    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="Ratio clip below: 1 - eps.")
+    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="Ratio clip below: 1 - eps "
+                                "(PPO, https://arxiv.org/abs/1707.06347).")
     clip_eps_high: float = Field(
-        0.2, ge=0, description="Ratio clip above: 1 + eps (DAPO's clip-higher uses 0.28)."
+        0.2, ge=0, description="Ratio clip above: 1 + eps (DAPO's clip-higher uses 0.28 "
+        "against entropy collapse, https://arxiv.org/abs/2503.14476)."
     )
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean",
-        description="token-mean (DAPO; TRL `dapo`), seq-mean-token-mean (GRPO "
-        "paper; TRL `grpo`), seq-mean-token-sum-norm (Dr. GRPO; TRL `dr_grpo`: token sums "
-        "divided by max_new_tokens).",
+        description="token-mean (DAPO, https://arxiv.org/abs/2503.14476; TRL `dapo`), "
+        "seq-mean-token-mean (the GRPO paper, https://arxiv.org/abs/2402.03300; TRL `grpo`), "
+        "seq-mean-token-sum-norm (Dr. GRPO, https://arxiv.org/abs/2503.20783; TRL `dr_grpo`: "
+        "token sums divided by max_new_tokens).",
     )
     advantage_scaling: Literal["group", "batch", "none"] = Field(
         "group",
-        description="Divide group-centred rewards by the group's std (GRPO), the "
-        "batch's std, or nothing (Dr. GRPO); TRL's scale_rewards.",
+        description="Divide group-centred rewards by the group's std (GRPO, "
+        "https://arxiv.org/abs/2402.03300), the batch's std, or nothing (Dr. GRPO, "
+        "https://arxiv.org/abs/2503.20783: the std favours easy and hard prompts); TRL's "
+        "scale_rewards.",
     )
     kl_coef: float = Field(
         0.0,
         ge=0,
         description="Weight of the k3 KL penalty to the initial "
-        "policy in the loss (TRL beta, verl kl_loss_coef); 0 = none.",
+        "policy in the loss (TRL beta, verl kl_loss_coef; k3: "
+        "http://joschu.net/blog/kl-approx.html); 0 = none.",
     )
     kl_init_every: Int32 = Field(
         1,
@@ -253,7 +260,8 @@ class TrainConfig(BaseModel):
         description="Truncated importance sampling: each token's loss is multiplied by "
         "min(pi_train / pi_sampler, tis_cap), pi_sampler being the rollout engine's own "
         "log-prob of the token, to correct for the sampler/trainer mismatch (vLLM's kernels, "
-        "precision, stale weights). None: off. TRL's vllm_importance_sampling_cap is 2.0. The "
+        "precision, stale weights; https://fengyao.notion.site/off-policy-rl). None: off. TRL's "
+        "vllm_importance_sampling_cap is 2.0. The "
         "mismatch itself is logged every step (sampler_abs_logratio, sampler_kl_k3).",
     )
     temperature: float = Field(

@@ -22,12 +22,14 @@ class Scaling(_Strict):
     reference_batch: Int32 = Field(gt=0, description="Reference batch B0, in samples (P*G).")
     reference_lr: float = Field(gt=0, description="Learning rate at the reference batch.")
     rule: Literal["sqrt", "linear", "none"] | Alpha = Field(
-        "sqrt", description="sqrt (alpha=0.5), linear (1), none (0), or the exponent alpha itself "
-        "(-4 to 4)."
+        "sqrt", description="sqrt (alpha=0.5: Adam's rule under the SDE view, Malladi et al. "
+        "2022, https://arxiv.org/abs/2205.10287), linear (1: SGD's, Goyal et al. 2017, "
+        "https://arxiv.org/abs/1706.02677), none (0), or the exponent alpha itself (-4 to 4)."
     )
     adam_adjust: bool = Field(
-        False, description="Also scale Adam as the SDE rule says: 1-beta -> k(1-beta), "
-        "eps -> eps/sqrt(k), k = B/B0 (off by default).")
+        False, description="Also scale Adam as the SDE rule says (Malladi et al. 2022, "
+        "https://arxiv.org/abs/2205.10287): 1-beta -> k(1-beta), eps -> eps/sqrt(k), "
+        "k = B/B0 (off by default).")
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="beta1 at the reference batch.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="beta2 at the reference batch.")
     adam_eps: float = Field(1e-8, gt=0, description="Adam eps at the reference batch.")
