@@ -15,7 +15,7 @@ Gradient-noise metrics, per logged step, from the batch's first micro-batch (b =
 `grad_l1_diff` = ||g_b - g_B||_1 (the sign-descent and l1 noise scales,
 twoclocks_cli.clocks.noise).
 
-`batch_schedule = "adaptive"` with an `adaptive` table (twoclocks_cli.adaptive.AdaptiveConfig):
+`batch_schedule = "adaptive"` with an `adaptive` table (trainer.adaptive_config.AdaptiveConfig):
 the in-run controller picks each step's batch and lr from these same signals (its state is in
 the checkpoint; every decision is logged at its step and recorded as a run event).
 """
