@@ -9,13 +9,14 @@ import typer
 from twoclocks_cli.options import DbOption, JsonOption
 
 FORMAT_HELP = (
-    "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line)."
+    "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line). "
+    "Default: told from each file's content."
 )
 
 
 def ingest(
     paths: Annotated[list[Path], typer.Argument(help="Log files (or TRL checkpoint folders).")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)],
+    fmt: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
     sweep: Annotated[str, typer.Option(
         "--sweep", help="Sweep the runs join (created when missing).")] = "imported",
     batch_prompts: Annotated[int | None, typer.Option(
@@ -53,7 +54,7 @@ def ingest(
     from twoclocks_cli.ingest import FORMATS, IngestOptions, ingest_files, parse_map
     from twoclocks_cli.store import Store
 
-    if fmt not in FORMATS:
+    if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: allowed are {', '.join(FORMATS)}")
     if max_bytes < 1:
         raise ConfigError(f"--max-bytes {max_bytes}: must be positive")
@@ -82,9 +83,10 @@ def ingest(
             continue
         batch = f"{r.batch_prompts}x{r.group_size}={r.batch_samples}" if r.batch_samples else "-"
         lr_txt = f"{r.lr:.3g}" if r.lr is not None else "-"
+        how = " (detected from its content)" if r.format_from.startswith("detected") else ""
         typer.echo(f"{r.path}: run {r.run_id} in sweep "
                    f"{r.sweep!r} {r.action}: {r.steps} steps, {r.rows} values, batch {batch}, "
-                   f"lr {lr_txt}")
+                   f"lr {lr_txt}, format {r.format}{how}")
         for line, why in r.skipped_lines:
             typer.echo(f"  skipped line {line}: {why}")
         if r.duplicates:

@@ -22,7 +22,7 @@ DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 class IngestOptions:
     """How to import: one value per CLI option of `twoclocks ingest`."""
 
-    fmt: str  # one of FORMATS
+    fmt: str | None = None  # one of FORMATS; None: each file's format is told from its content
     sweep: str = "imported"  # sweep the runs join (created when missing)
     batch_prompts: int | None = None  # prompts per step, when the log does not state it
     group_size: int | None = None  # completions per prompt, when the log does not state it
@@ -53,6 +53,7 @@ class ParsedLog:
     notes: list[str] = field(default_factory=list)  # what the parser left out or doubted, in words
     step_offset: int = 0  # samples = (step + offset) x batch (1: the first update is step 0)
     batch_hint: str = ""  # where this format keeps the batch size, for the "pass --batch-..." error
+    fmt_from: str = "option"  # "option" (--format) or "detected: <what the content showed>"
 
     def put(self, step: int, values: dict[str, float]) -> None:
         """Merge `values` into `step`, counting keys that were already there."""

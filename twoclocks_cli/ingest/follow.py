@@ -15,8 +15,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from twoclocks_cli.ingest import base
-from twoclocks_cli.ingest.importer import IngestResult, _resolve, _upsert_run, _write, parse_file
+from twoclocks_cli.ingest import base, detect
+from twoclocks_cli.ingest.importer import (
+    IngestResult,
+    _resolve,
+    _upsert_run,
+    _write,
+    parse_file,
+    with_format,
+)
 
 
 @dataclasses.dataclass
@@ -28,6 +35,9 @@ class _Followed:
     run_id: int | None = None
     written: dict = dataclasses.field(default_factory=dict)  # step -> (samples, values)
     last: IngestResult | None = None
+    opts: base.IngestOptions | None = None  # with the file's format, once it is known
+    fmt_from: str = "option"
+    unknown: detect.FormatUnknownError | None = None  # the content does not tell its format yet
 
 
 def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
@@ -36,8 +46,7 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
                 pid: int | None = None) -> IngestResult:
     """Follow `path` until it has not changed for `idle` seconds (or, with `pid`, until that
     process — the one writing it — has exited and the last change is read)."""
-    opts = dataclasses.replace(opts, identity="path")
-    state = _Followed()
+    state = _Followed(opts=dataclasses.replace(opts, identity="path"))
     quiet_since = clock()
     while True:
         stat = path.stat() if path.is_file() else None
@@ -46,7 +55,7 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
             shrank = state.size is not None and stat.st_size < state.size
             state.size, state.mtime = stat.st_size, stat.st_mtime
             quiet_since = clock()
-            n = _sync(store, path, opts, state, fresh=shrank)
+            n = _sync(store, path, state, fresh=shrank)
             if echo and n:
                 echo(f"{path}: run {state.run_id}: {n} new step(s), "
                      f"{len(state.written)} in all" + (" (the file was rewritten)" if shrank
@@ -54,6 +63,8 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
         elif clock() - quiet_since >= idle or (pid is not None and not _alive(pid)):
             break
         time.sleep(poll)
+    if state.run_id is None and state.unknown is not None:
+        raise state.unknown
     if state.run_id is None:
         raise base.NoStepsError(
             f"{path}: no training step appeared within {idle:g} s of the last change "
@@ -73,15 +84,24 @@ def _alive(pid: int) -> bool:
     return pid_alive(pid)
 
 
-def _sync(store, path: Path, opts, state: _Followed, fresh: bool) -> int:
+def _sync(store, path: Path, state: _Followed, fresh: bool) -> int:
     """Parse the file again and upsert what is new; returns the number of steps written."""
     from twoclocks_cli.store.models import RunStatus
 
+    if state.opts.fmt is None:  # told from the content once there is some; kept from then on
+        try:
+            state.opts, state.fmt_from = with_format(path, state.opts)
+        except detect.FormatUnknownError as exc:  # an empty file, a header not written yet
+            state.unknown = exc
+            return 0
+        state.unknown = None
+    opts = state.opts
     try:
         plan = _resolve(parse_file(path, opts), opts)
     except base.NoStepsError:
         return 0  # no step yet (the run is starting): wait
-    run_id, _ = _upsert_run(store, plan, opts.sweep, opts.fmt, keep_metrics=not fresh)
+    plan.log.fmt_from = state.fmt_from
+    run_id, _ = _upsert_run(store, plan, opts.sweep, plan.log.fmt, keep_metrics=not fresh)
     if fresh or run_id != state.run_id:
         state.written = {} if fresh else state.written
     state.run_id = run_id
@@ -92,7 +112,8 @@ def _sync(store, path: Path, opts, state: _Followed, fresh: bool) -> int:
     state.written = {s: (plan.samples[s], v) for s, v in plan.log.steps.items() if v}
     log = plan.log
     state.last = IngestResult(
-        path=str(path), format=log.fmt, sweep=opts.sweep, run_id=run_id, action="followed",
+        path=str(path), format=log.fmt, format_from=log.fmt_from, sweep=opts.sweep,
+        run_id=run_id, action="followed",
         steps=len(log.steps), rows=sum(len(v) for v in log.steps.values()),
         params_from=plan.config["ingest"]["params_from"], sources=dict(log.sources),
         unmapped=sorted(log.unmapped), skipped_lines=[[ln, why] for ln, why in log.bad_lines],

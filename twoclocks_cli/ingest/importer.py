@@ -8,12 +8,13 @@ metrics upsert on (run, step, key), nothing changes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
-from twoclocks_cli.ingest import base, tabular, trl, verl
+from twoclocks_cli.ingest import base, detect, tabular, trl, verl
 from twoclocks_cli.ingest.base import IngestOptions, ParsedLog
 
 PARSERS = {"trl": trl.parse, "verl": verl.parse, "csv": tabular.parse, "jsonl": tabular.parse}
@@ -25,6 +26,7 @@ class IngestResult:
 
     path: str
     format: str
+    format_from: str  # "option" (--format) or "detected: <what the content showed>"
     sweep: str
     run_id: int | None  # None when the file was skipped
     action: str  # created | updated | unchanged | skipped
@@ -58,10 +60,20 @@ class _Plan:
     notes: list[str]
 
 
-def parse_file(path: Path, opts: IngestOptions) -> ParsedLog:
+def with_format(path: Path, opts: IngestOptions) -> tuple[IngestOptions, str]:
+    """`opts` with the file's format: --format's, else told from the content; and which."""
+    if opts.fmt is None:
+        fmt, why = detect.detect(Path(path), opts.max_bytes)
+        return dataclasses.replace(opts, fmt=fmt), f"detected: {why}"
     if opts.fmt not in PARSERS:
         raise ConfigError(f"--format {opts.fmt!r}: allowed are {', '.join(base.FORMATS)}")
+    return opts, "option"
+
+
+def parse_file(path: Path, opts: IngestOptions) -> ParsedLog:
+    opts, how = with_format(path, opts)
     log = PARSERS[opts.fmt](Path(path), opts)
+    log.fmt_from = how
     base.require_clean(log, opts.skip_bad)
     if not any(log.steps.values()):
         seen = ", ".join(sorted(log.unmapped)[:20]) or "none"
@@ -167,13 +179,17 @@ def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestRe
 
     plans, results = [], []
     for p in paths:
+        file_opts, how = with_format(Path(p), opts)
         try:
-            plans.append(_resolve(parse_file(Path(p), opts), opts))
+            log = parse_file(Path(p), file_opts)
+            log.fmt_from = how
+            plans.append(_resolve(log, file_opts))
         except base.NoStepsError as exc:  # --skip-bad: skip the file, import the others
             if not opts.skip_bad:
                 raise
             results.append(IngestResult(
-                path=str(p), format=opts.fmt, sweep=opts.sweep, run_id=None, action="skipped",
+                path=str(p), format=file_opts.fmt, format_from=how, sweep=opts.sweep,
+                run_id=None, action="skipped",
                 steps=0, rows=0, batch_prompts=None, group_size=None, batch_samples=None,
                 lr=None, seed=None, params_from={}, sources={}, unmapped=[], skipped_lines=[],
                 duplicates=0, notes=[str(exc)]))
@@ -185,7 +201,7 @@ def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestRe
         if plan.cell_id in seen:
             seen[plan.cell_id].notes.append(f"{log.path} is the same run; imported once")
             continue
-        run_id, action = _upsert_run(store, plan, opts.sweep, opts.fmt)
+        run_id, action = _upsert_run(store, plan, opts.sweep, log.fmt)
         rows = sum(len(v) for v in log.steps.values())
         if action != "unchanged":  # unchanged: same file, same options, completed: all written
             try:
@@ -196,7 +212,8 @@ def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestRe
                 raise
             store.set_status(run_id, RunStatus.completed, message=f"ingested {log.path}")
         results.append(IngestResult(
-            path=str(log.path), format=log.fmt, sweep=opts.sweep, run_id=run_id, action=action,
+            path=str(log.path), format=log.fmt, format_from=log.fmt_from, sweep=opts.sweep,
+            run_id=run_id, action=action,
             steps=len(log.steps), rows=rows, params_from=plan.config["ingest"]["params_from"],
             sources=dict(log.sources), unmapped=sorted(log.unmapped),
             skipped_lines=[[line, why] for line, why in log.bad_lines],

@@ -1,0 +1,124 @@
+"""`twoclocks ingest` on logs in the shapes public verl logs and TRL trainer_state.json files have
+(quoted and pprint-wrapped validation dicts, Ray `(TaskRunner pid=N)` prefixes, ANSI colours,
+no trailing newline, NUL bytes), through the real CLI, each stored value read back with sqlite3
+(not through the importer). Expected values are read off the fixtures by hand."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+from tests.support.cli import assert_one_line_error, twoclocks
+
+FIX = Path(__file__).parents[1] / "fixtures" / "ingest"
+
+
+def _db(tmp_path: Path) -> tuple[Path, str]:
+    db = tmp_path / "s.db"
+    return db, f"sqlite:///{db}"
+
+
+def _sql(db: Path, query: str, *args) -> list[tuple]:
+    with sqlite3.connect(db) as con:
+        return con.execute(query, args).fetchall()
+
+
+def _dump(db: Path) -> list[str]:
+    """Every row of every table, as SQL text: the store's whole state."""
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as con:
+        return list(con.iterdump())
+
+
+def _ingest_json(*args: str) -> list[dict]:
+    proc = twoclocks("ingest", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _series(db: Path, run_id: int, key: str) -> list[tuple]:
+    return _sql(db, "select step, samples, value from metrics where run_id=? and key=? "
+                    "order by step", run_id, key)
+
+
+# -- 1. the format told from the content --------------------------------------------------------
+
+
+def test_every_format_is_told_from_its_content_whatever_the_file_is_called(tmp_path):
+    """Before: `ingest FILE` without --format stopped at "Missing option '--format'"."""
+    db, url = _db(tmp_path)
+    verl = tmp_path / "run.txt"  # a verl console log under a name that says nothing
+    shutil.copy(FIX / "verl_quoted_validation.log", verl)
+    out = _ingest_json(str(verl), "--sweep", "v", "--db", url)
+    assert (out[0]["format"], out[0]["format_from"]) == ("verl", "detected: verl console lines")
+    assert out[0]["batch_samples"] == 64 * 8  # the parser's own reading: the format is right
+    jsonl, csv_, state = tmp_path / "metrics.log", tmp_path / "export.txt", tmp_path / "s.json"
+    shutil.copy(FIX / "table.jsonl", jsonl)
+    shutil.copy(FIX / "table.csv", csv_)
+    shutil.copy(FIX / "trl_old" / "trainer_state.json", state)
+    shutil.copytree(FIX / "trl_new", tmp_path / "checkpoint-40")
+    out = _ingest_json(str(jsonl), str(csv_), str(state), str(tmp_path / "checkpoint-40"),
+                       "--sweep", "t", "--batch-prompts", "4", "--group-size", "2", "--db", url)
+    assert [(o["format"], o["format_from"].split(":")[0]) for o in out] == [
+        ("jsonl", "detected"), ("csv", "detected"), ("trl", "detected"), ("trl", "detected")]
+    stored = _sql(db, "select r.name, r.backend, json_extract(r.config, '$.ingest.format') "
+                      "from runs r order by r.id")
+    assert stored == [(f"{tmp_path.name}/run.txt", "verl", "verl"),
+                      (f"{tmp_path.name}/metrics.log", "jsonl", "jsonl"),
+                      (f"{tmp_path.name}/export.txt", "csv", "csv"),
+                      (f"{tmp_path.name}/s.json", "trl", "trl"),
+                      ("checkpoint-40/trainer_state.json", "trl", "trl")]
+    # the jsonl was read as JSON Lines: its values, at step x 4 x 2 samples
+    rid = out[0]["run_id"]
+    assert _series(db, rid, "reward_mean")[:2] == [(1, 8, 0.1803), (2, 16, 0.2417)]
+    # the text output says it too; re-importing with the format given is the same run
+    proc = twoclocks("ingest", str(verl), "--sweep", "v", "--db", url)
+    assert proc.returncode == 0, proc.stderr
+    assert "unchanged" in proc.stdout and "format verl (detected from its content)" in proc.stdout
+    proc = twoclocks("ingest", str(verl), "-f", "verl", "--sweep", "v", "--db", url)
+    assert "unchanged" in proc.stdout and "format verl\n" in proc.stdout
+
+
+def test_a_crashed_verl_log_is_still_told_apart_and_said_to_have_no_step(tmp_path):
+    _, url = _db(tmp_path)
+    proc = twoclocks("ingest", str(FIX / "verl_crashed.log"), "--db", url)
+    assert_one_line_error(proc, "verl_crashed.log: no `step:N - key:value` line")
+
+
+def test_an_undetectable_file_is_one_line_and_the_store_is_untouched(tmp_path):
+    db, url = _db(tmp_path)
+    _ingest_json(str(FIX / "verl_new.log"), "--db", url)  # a store with a run in it
+    before = _dump(db)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("Loss went down after the lr change.\nTry a larger batch next time.\n")
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    folder = tmp_path / "not-a-checkpoint"
+    folder.mkdir()
+    for bad, needle in ((notes, "the format cannot be told from the content"),
+                        (empty, "the format cannot be told from the content"),
+                        (folder, "a folder without a trainer_state.json")):
+        # first in line or behind a good file: either way nothing is written
+        for args in ([str(bad)], [str(FIX / "verl_old.log"), str(bad)]):
+            proc = twoclocks("ingest", *args, "--db", url)
+            assert_one_line_error(proc, f"{bad}: {needle}", "verl console log",
+                                  "trainer_state.json", "JSON Lines", "CSV",
+                                  "--format trl|verl|csv|jsonl")
+            assert _dump(db) == before
+
+
+def test_format_still_overrides_what_the_content_says(tmp_path):
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(FIX / "verl_new.log"), "-f", "verl", "--db", url)
+    assert (out[0]["format"], out[0]["format_from"]) == ("verl", "option")
+    before = _dump(db)
+    jsonl = tmp_path / "metrics.log"
+    shutil.copy(FIX / "table.jsonl", jsonl)
+    # read as CSV because it was told so: the CSV reader's complaint, not a JSONL import
+    proc = twoclocks("ingest", str(jsonl), "--format", "csv", "--batch-prompts", "4",
+                     "--group-size", "2", "--db", url)
+    assert_one_line_error(proc, f"{jsonl}: no step column")
+    assert _dump(db) == before

@@ -1,0 +1,122 @@
+"""Which format a log is in, from what it holds (its name alone can mislead: a `.log` may be
+JSON Lines, a `.txt` a verl console log).
+
+- trl: a folder holding `trainer_state.json`, or one JSON document with a `log_history` list
+  (or a file named trainer_state.json that starts like JSON, so its parser names the flaw);
+- jsonl: one of the first non-empty lines is a whole JSON object;
+- verl: a `step:N - key:value` line, an `Initial/Final validation metrics:` line, or verl's own
+  marks (`verl.trainer`, a `(TaskRunner pid=N)` / `(main_task pid=N)` Ray prefix), so that a run
+  that crashed before its first step is still told apart (and said to have no step);
+- csv: a header row of two or more names, and rows with as many fields.
+
+Only the first MiB is looked at, unless that says nothing (then the whole file, for verl's
+marks: a long model-loading preamble can come before the first of them).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.ingest.base import FORMATS
+
+HEAD_BYTES = 1 << 20
+_VERL = re.compile(
+    r"(?m)(?:^|[\s)\]m])step:\d+ - [^\s:]+:"  # a step line (after a prefix, bar or colour)
+    r"|(?:Initial|Final) validation metrics:"
+    r"|\bverl\.trainer\b|\brecipe\.\w+\.main_\w+"
+    r"|^\((?:TaskRunner|main_task) pid=\d+"
+)
+
+
+class FormatUnknownError(ConfigError):
+    """A file whose content is none of the formats read (and no --format was given)."""
+
+
+def detect(path: Path, max_bytes: int) -> tuple[str, str]:
+    """(format, why) of `path`; FormatUnknownError names the file and the formats allowed."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "trainer_state.json").is_file():
+            return "trl", "a checkpoint folder holding trainer_state.json"
+        raise _unknown(path, "a folder without a trainer_state.json")
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a regular file")
+    with path.open("rb") as fh:
+        head = fh.read(HEAD_BYTES)
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
+    found = _from_text(path, text, whole=len(head) < HEAD_BYTES)
+    if found is None and len(head) == HEAD_BYTES:
+        size = path.stat().st_size
+        if size <= max_bytes:  # a larger file is refused by its parser, naming the limit
+            if _VERL.search(path.read_bytes().decode("utf-8", errors="replace")):
+                found = ("verl", "verl console lines")
+    if found is None:
+        raise _unknown(path, "")
+    return found
+
+
+def _unknown(path: Path, what: str) -> FormatUnknownError:
+    return FormatUnknownError(
+        f"{path}: {what or 'the format cannot be told from the content'}: it is none of a verl "
+        "console log, a TRL trainer_state.json or checkpoint folder, JSON Lines, a CSV with a "
+        f"header row (pass --format {'|'.join(FORMATS)})")
+
+
+def _from_text(path: Path, text: str, whole: bool) -> tuple[str, str] | None:
+    stripped = text.lstrip()
+    if not stripped:
+        return None
+    lines = [ln for ln in stripped.split("\n")[:20] if ln.strip()]
+    if stripped.startswith(("{", "[")):
+        first = next((obj for ln in lines[:5] if (obj := _object(ln)) is not None), None)
+        if first is not None:
+            if isinstance(first.get("log_history"), list):  # trainer_state.json on one line
+                return "trl", "a JSON document with a log_history list"
+            return "jsonl", "JSON objects, one a line"
+        if '"log_history"' in text or path.name == "trainer_state.json":
+            return "trl", "a JSON document with a log_history list"
+        if whole and _is_json(stripped):
+            return None  # one JSON document, but not a trainer_state.json
+    if _VERL.search(text):
+        return "verl", "verl console lines"
+    if not stripped.startswith(("{", "[")) and _is_csv(lines):
+        return "csv", "a CSV header row and rows"
+    return None
+
+
+def _object(line: str) -> dict | None:
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except (ValueError, RecursionError):
+        return False
+
+
+def _is_csv(lines: list[str]) -> bool:
+    """A header of 2+ non-empty names, and the next few rows with as many fields."""
+    if not lines:
+        return False
+    try:
+        rows = list(csv.reader(io.StringIO("\n".join(lines[:6]))))
+    except csv.Error:
+        return False
+    header = [h.strip() for h in rows[0]]
+    if len(header) < 2 or not all(header) or len(set(header)) != len(header):
+        return False
+    body = rows[1:-1] if len(rows) > 2 else rows[1:]  # the 6th line may be cut by the head
+    return all(len(r) == len(header) for r in body if r)
