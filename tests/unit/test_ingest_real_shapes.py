@@ -122,3 +122,55 @@ def test_format_still_overrides_what_the_content_says(tmp_path):
                      "--group-size", "2", "--db", url)
     assert_one_line_error(proc, f"{jsonl}: no step column")
     assert _dump(db) == before
+
+
+# -- 2. validation dicts printed inside quotes ---------------------------------------------------
+
+
+def test_quoted_initial_and_wrapped_final_validation_are_stored(tmp_path):
+    """Before: both dicts were missed (the line ends in `}"`, or the dict is cut into quoted
+    fragments): the first stored eval was step 9, and the last one the 3-decimal 0.538."""
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(FIX / "verl_quoted_validation.log"), "--db", url)
+    assert _series(db, out[0]["run_id"], "eval_accuracy") == [
+        (0, 0, 0.0007581501137225171),  # "Initial validation metrics: {...}" in quotes
+        (9, 9 * 512, 0.412),
+        (18, 18 * 512, 0.5382106141015921),  # ("Final ...: {'...': " '0.538...}') unrounded
+    ]
+    assert out[0]["duplicates"] == 0
+
+
+def test_a_wrapped_initial_dict_with_another_process_inside_is_stored(tmp_path):
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(FIX / "verl_wrapped_validation.log"), "--db", url)
+    # val-core/<source>/acc/mean@1 from a dict over five lines, a WorkerDict line among them
+    assert _series(db, out[0]["run_id"], "eval_accuracy") == [
+        (0, 0, 0.31766489764973466), (5, 5 * 128, 0.41), (10, 10 * 128, 0.5213040181956027)]
+
+
+def test_the_dict_and_the_step_0_line_are_one_evaluation_stored_once_unrounded(tmp_path):
+    log = tmp_path / "v.log"
+    log.write_text(
+        "+ python3 -m verl.trainer.main_ppo data.train_batch_size=8 actor_rollout_ref.rollout.n=2\n"
+        "(TaskRunner pid=4497) [score] 0.0\n"
+        "(TaskRunner pid=4497) (\"Initial validation metrics: {'val/test_score/openai/gsm8k': \"\n"
+        "(TaskRunner pid=4497)  '0.3146322971948446}')\n"
+        "(TaskRunner pid=4497) step:0 - val/test_score/openai/gsm8k:0.315\n"
+        "(TaskRunner pid=4497) step:1 - critic/score/mean:0.2 - actor/lr:1e-06\n")
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(log), "--db", url)
+    assert out[0]["duplicates"] == 0
+    assert _series(db, out[0]["run_id"], "eval_accuracy") == [(0, 0, 0.3146322971948446)]
+
+
+def test_a_validation_dict_cut_off_is_said_and_not_stored(tmp_path):
+    log = tmp_path / "v.log"
+    log.write_text(
+        "+ python3 -m verl.trainer.main_ppo data.train_batch_size=8 actor_rollout_ref.rollout.n=2\n"
+        "(TaskRunner pid=7) (\"Initial validation metrics: {'val/test_score/openai/gsm8k': \"\n"
+        "(TaskRunner pid=7) step:1 - critic/score/mean:0.2 - actor/lr:1e-06\n")
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(log), "--db", url)
+    assert any("line 2: validation metrics that could not be read" in n for n in out[0]["notes"])
+    assert _sql(db, "select step, key from metrics order by key") == [(1, "lr"),
+                                                                       (1, "reward_mean")]

@@ -9,9 +9,11 @@ printed config dict (parsed with `ast.literal_eval`, which evaluates literals on
 that, from `key=value` overrides on the command line. Other Ray processes print into the middle
 of the driver's multi-line config dict: a dict is gathered from the lines of the process that
 began it. `Initial validation metrics: {...}` is the step-0 evaluation, `Final validation
-metrics: {...}` the last step's; `key(1e-4):0.010` is a value printed in units of 1e-4. What the
-log cannot say exactly is left out with a note: an lr printed as `0.000` (rounded away), a last
-line cut off mid-write (a file still being written, or truncated).
+metrics: {...}` the last step's (verl pprints them as a string: in quotes, or cut into quoted
+fragments over several lines; their unrounded values replace the same keys' 3-decimal ones).
+`key(1e-4):0.010` is a value printed in units of 1e-4. What the log cannot say exactly is left
+out with a note: an lr printed as `0.000` (rounded away), a last line cut off mid-write (a file
+still being written, or truncated).
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ _STEP = re.compile(r"(?<![\w/.-])step:(\S*)(.*)$")
 _NUMPY = re.compile(r"^(?:np\.|numpy\.)?(?:float|int|uint)\d*\((.*)\)$|^tensor\((.*)\)$")
 _VAL_CORE = re.compile(r"^val-core/(.+)/(?:reward|acc)/mean@(\d+)$")
 _VAL_OLD = re.compile(r"^(?:val/)?test_score/(.+)$")
-_VAL_DICT = re.compile(r"(Initial|Final) validation metrics:\s*(\{.*\})\s*$")
+_VAL_DICT = re.compile(r"(Initial|Final) validation metrics:\s*(\{.*\})\s*$", re.S)
+# verl pprints an f-string: the dict arrives inside a string literal, `"Initial validation
+# metrics: {...}"` on one line, or, when longer than pprint's width, cut into quoted fragments
+# over several lines: `("Initial validation metrics: {'k': "` ... ` '0.5}')`
+_VAL_QUOTED = re.compile(r"""^\s*(\(?)\s*(["'])(?:Initial|Final) validation metrics:""")
+_MAX_VAL_LINES = 2_000
 _SCALED = re.compile(r"^(.+)\(([0-9.]+(?:[eE][+-]?\d+)?)\)$")  # key(1e-4): units of 1e-4
 _ROUNDED_ZERO = re.compile(r"^-?0\.0+$")  # 0.000: a value rounded away by the printer
 _NUMPY_IN_DICT = re.compile(r"(?:np|numpy)\.\w+\(([^()]*)\)")
@@ -185,6 +192,30 @@ def _validation_dict(text: str) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+class _QuotedValidation:
+    """A validation dict printed as a string literal, gathered from the lines of the process
+    that began it (other processes print in between)."""
+
+    def __init__(self, prefix: str, number: int, first: str):
+        self.prefix, self.number, self.parts = prefix, number, [first]
+
+    def done(self) -> bool:
+        return self.parts[-1].rstrip().endswith(")")
+
+    def text(self) -> str | None:
+        """The printed string, or None when the fragments do not form one literal."""
+        try:
+            value = ast.literal_eval("\n".join(self.parts).strip())
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            return None
+        return value if isinstance(value, str) else None
+
+
+def _continues(text: str) -> bool:
+    """A pprint continuation fragment: indented, a string literal, maybe the closing paren."""
+    return bool(re.match(r"""^\s+(["']).*\1\)?\s*$""", text))
+
+
 def _lines(text: str, log: ParsedLog):
     """(line number, segment) of every complete line; a last line without its newline is cut
     off (the file is still being written, or was truncated): it is left out, with a note."""
@@ -212,11 +243,38 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     initial: dict[str, float] = {}
     final: dict[str, float] = {}
     rounded_lr = 0
+    pending: _QuotedValidation | None = None
+
+    def validation(printed: str, number: int) -> None:
+        v = _VAL_DICT.search(printed)
+        got = _validation_dict(v.group(2)) if v else {}
+        if not got and not (v and v.group(2).strip() == "{}"):
+            log.notes.append(f"line {number}: validation metrics that could not be read (cut "
+                             "off, or broken by other output): not imported")
+        elif v:
+            (initial if v.group(1) == "Initial" else final).update(got)
+
     for number, segment in _lines(text, log):
         prefix, line = _split_prefix(segment)
+        if pending is not None and prefix == pending.prefix:
+            if _continues(line) and len(pending.parts) < _MAX_VAL_LINES:
+                pending.parts.append(line)
+                if pending.done():
+                    validation(pending.text() or "", pending.number)
+                    pending = None
+                continue
+            validation(pending.text() or "", pending.number)  # cut short: said in a note
+            pending = None
+        q = _VAL_QUOTED.match(line)
+        if q:
+            pending = _QuotedValidation(prefix, number, line)
+            if not q.group(1) or pending.done():  # one line: `"Initial ...: {...}"`
+                validation(pending.text() or "", number)
+                pending = None
+            continue
         v = _VAL_DICT.search(line)
         if v:
-            (initial if v.group(1) == "Initial" else final).update(_validation_dict(v.group(2)))
+            validation(line, number)
             continue
         m = _STEP.search(line)
         if m is None or not (m.group(2).startswith(" - ")
@@ -237,6 +295,8 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         present.update(values)
         records.append((step, {k: v for k, v in values.items()  # keep only what can map
                                if k in known or k.startswith(("val", "test_score"))}))
+    if pending is not None:
+        validation(pending.text() or "", pending.number)
     if not records and not initial and not final:
         raise NoStepsError(
             f"{path}: no `step:N - key:value` line: the run logged no training step (did it "
@@ -267,8 +327,9 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
 
 
 def _add_validation(records, initial: dict, final: dict, present: set) -> None:
-    """The initial evaluation at step 0 and the final one at the last step, unless those steps
-    logged the same keys themselves (a value is never counted twice)."""
+    """The initial evaluation at step 0 and the final one at the last step. When that step's own
+    line logged the same keys, it is the same evaluation printed to 3 decimals: the dict's
+    unrounded value replaces it (a value is never counted twice)."""
     for values, step in ((initial, 0), (final, max((s for s, _ in records), default=0))):
         if not values:
             continue
@@ -276,7 +337,7 @@ def _add_validation(records, initial: dict, final: dict, present: set) -> None:
         if row is None:
             records.append((step, dict(values)))
         else:
-            row.update({k: v for k, v in values.items() if k not in row})
+            row.update(values)
         present.update(values)
     records.sort(key=lambda sr: sr[0])
 
