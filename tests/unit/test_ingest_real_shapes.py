@@ -174,3 +174,42 @@ def test_a_validation_dict_cut_off_is_said_and_not_stored(tmp_path):
     assert any("line 2: validation metrics that could not be read" in n for n in out[0]["notes"])
     assert _sql(db, "select step, key from metrics order by key") == [(1, "lr"),
                                                                        (1, "reward_mean")]
+
+
+# -- 3. the evaluation before training when old verl logs its first update as step 0 -----------
+
+
+def test_the_evaluation_before_training_is_at_samples_0_when_the_first_update_is_step_0(
+        tmp_path):
+    """Before: `step:0 - test_score/...:0.521`, printed before the training line of step 0,
+    was stored at samples 512 (one batch of 64 x 8), as if measured after the first update."""
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(FIX / "verl_old_step0.log"), "--db", url)
+    rid = out[0]["run_id"]
+    assert _series(db, rid, "eval_accuracy") == [
+        (0, 0, 0.521), (4, 5 * 512, 0.563), (9, 10 * 512, 0.604)]  # after update 5 and 10
+    assert _series(db, rid, "reward_mean")[:2] == [(0, 512, 0.52), (1, 1024, 0.53)]
+    assert _sql(db, "select distinct samples from metrics where run_id=? and step=0 and "
+                    "key != 'eval_accuracy'", rid) == [(512,)]
+    assert any("evaluation before training (eval_accuracy) is stored at step 0 with samples 0"
+               in n for n in out[0]["notes"])
+
+
+def test_step_0s_own_evaluation_after_its_update_is_said_to_be_left_out(tmp_path):
+    # test_freq=1: step 0's line holds the evaluation after the first update too; the store
+    # keeps one eval_accuracy at step 0, the one before training (here from the quoted dict)
+    log = tmp_path / "v.log"
+    log.write_text(
+        "+ python3 -m verl.trainer.main_ppo data.train_batch_size=4 actor_rollout_ref.rollout.n=2"
+        " trainer.test_freq=1\n"
+        "(main_task pid=9) \"Initial validation metrics: {'test_score/openai/gsm8k': 0.25}\"\n"
+        "(main_task pid=9) step:0 - test_score/openai/gsm8k:0.250\n"
+        "(main_task pid=9) step:0 - critic/score/mean:0.3 - val/test_score/openai/gsm8k:0.300\n"
+        "(main_task pid=9) step:1 - critic/score/mean:0.4 - val/test_score/openai/gsm8k:0.350\n")
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(log), "--db", url)
+    rid = out[0]["run_id"]
+    assert _series(db, rid, "eval_accuracy") == [(0, 0, 0.25), (1, 16, 0.35)]
+    assert _series(db, rid, "reward_mean") == [(0, 8, 0.3), (1, 16, 0.4)]
+    assert any("step 0's eval_accuracy after its update was not stored" in n
+               for n in out[0]["notes"])

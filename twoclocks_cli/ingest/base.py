@@ -44,6 +44,9 @@ class ParsedLog:
     size: int
     steps: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> store key -> value
     samples: dict[int, int] = field(default_factory=dict)  # step -> samples, when logged
+    # (step, key) -> samples of a value logged at another point than its step's others: the
+    # evaluation before training, when old verl logs its first update as step 0 too
+    samples_at: dict[tuple[int, str], int] = field(default_factory=dict)
     params: dict[str, float | int] = field(default_factory=dict)  # batch_prompts/group_size/lr
     params_from: dict[str, str] = field(default_factory=dict)  # param -> where it came from
     sources: dict[str, str] = field(default_factory=dict)  # store key -> source key used

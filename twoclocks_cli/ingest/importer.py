@@ -163,12 +163,16 @@ def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str,
 def _write(store, run_id: int, plan: _Plan, skip: dict | None = None) -> int:
     """Upsert every value in batches (bounded memory), but the steps whose values `skip` already
     holds as they are; returns the steps written. The caller marks a failure."""
-    n = 0
+    n, at = 0, plan.log.samples_at
     with store.metric_writer(run_id) as writer:
         for step in sorted(plan.log.steps):
             values = plan.log.steps[step]
             if values and (skip is None or skip.get(step) != (plan.samples[step], values)):
-                writer.log(step, plan.samples[step], values)
+                writer.log(step, plan.samples[step],
+                           {k: v for k, v in values.items() if (step, k) not in at})
+                for k in values:
+                    if (step, k) in at:
+                        writer.log(step, at[step, k], {k: values[k]})
                 n += 1
     return n
 

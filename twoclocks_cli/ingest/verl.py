@@ -303,7 +303,9 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
             "crash before its first step?); nothing to import (--skip-bad skips such a file "
             "and imports the others)"
         )
-    _add_validation(records, initial, final, present)
+    before = _before_training(records, initial)
+    present.update(before)
+    _add_validation(records, final, present)
     _note_gaps(log, records, rounded_lr)
     params, origin = _header_params(header)
     _default_group_size(header, params, origin, log)
@@ -311,13 +313,39 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     log.params_from.update(origin)
     picks = mapping.choose_sources(present, mapping.VERL_KEYS, opts.column_map)
     _first_update_at_zero(log, records, picks)
+    if before and not log.step_offset:  # step 0 is before any update: the evaluation's step
+        row = next((r for s, r in records if s == 0), None)
+        if row is None:
+            records.insert(0, (0, before))
+        else:
+            row.update(before)
+        before = {}
     _logged_samples(log, records, present)
     evals = set()
-    for step, values in records:
+
+    def store_names(values: dict[str, float]) -> dict[str, float]:
         mapped = mapping.apply(values, picks)
         if "eval_accuracy" not in picks and (acc := _eval_accuracy(values)) is not None:
             mapped["eval_accuracy"] = acc
             evals.update(k for k in values if _VAL_CORE.match(k) or _VAL_OLD.match(k))
+        return mapped
+
+    at_start = store_names(before)
+    if at_start:  # old verl: step 0 is also the first update, one batch in
+        log.put(0, at_start)
+        log.samples_at.update({(0, k): 0 for k in at_start})
+        log.notes.append(f"the evaluation before training ({', '.join(sorted(at_start))}) is "
+                         "stored at step 0 with samples 0; step 0's update at one batch")
+    for step, values in records:
+        mapped = store_names(values)
+        if step == 0 and at_start:
+            lost = sorted(k for k in mapped if k in at_start)
+            for k in lost:
+                del mapped[k]
+            if lost:
+                log.notes.append(f"step 0's {', '.join(lost)} after its update was not stored: "
+                                 "the store keeps one value per step and key, and step 0's is "
+                                 "the evaluation before training")
         log.put(step, mapped)
     if evals:
         picks = {**picks, "eval_accuracy": "val-core/<source>/reward/mean@N or val/test_score"}
@@ -326,19 +354,37 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     return log
 
 
-def _add_validation(records, initial: dict, final: dict, present: set) -> None:
-    """The initial evaluation at step 0 and the final one at the last step. When that step's own
-    line logged the same keys, it is the same evaluation printed to 3 decimals: the dict's
-    unrounded value replaces it (a value is never counted twice)."""
-    for values, step in ((initial, 0), (final, max((s for s, _ in records), default=0))):
-        if not values:
-            continue
+def _is_eval(key: str) -> bool:
+    return key.startswith(("val", "test_score"))
+
+
+def _before_training(records, initial: dict) -> dict[str, float]:
+    """The evaluation before any update: the `Initial validation metrics` dict and the step-0
+    lines of evaluation keys only that come before the first training line (taken out of
+    `records`). The dict's unrounded values replace the same keys' 3-decimal ones."""
+    first_train = next((i for i, (_, r) in enumerate(records)
+                        if any(not _is_eval(k) for k in r)), len(records))
+    before: dict[str, float] = {}
+    for i in reversed(range(first_train)):
+        step, row = records[i]
+        if step == 0 and row and all(_is_eval(k) for k in row):
+            before = {**row, **before}
+            del records[i]
+    return {**before, **initial}
+
+
+def _add_validation(records, final: dict, present: set) -> None:
+    """The final evaluation at the last step. When that step's own line logged the same keys,
+    it is the same evaluation printed to 3 decimals: the dict's unrounded value replaces it (a
+    value is never counted twice)."""
+    if final:
+        step = max((s for s, _ in records), default=0)
         row = next((r for s, r in records if s == step), None)
         if row is None:
-            records.append((step, dict(values)))
+            records.append((step, dict(final)))
         else:
-            row.update(values)
-        present.update(values)
+            row.update(final)
+        present.update(final)
     records.sort(key=lambda sr: sr[0])
 
 
