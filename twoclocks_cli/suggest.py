@@ -356,3 +356,76 @@ def suggested_config(name: str, stored: dict | None, ref, suggestions: list[dict
     data["grid"] = grid
     cfg2 = parse_config(data, "--out")
     return data, plan(cfg2, "--out").cells
+
+
+# -- for one sweep of the store ------------------------------------------------------------
+
+
+def suggest_for(store, name: str, budget: int | None) -> tuple[dict, object, list]:
+    """(the suggestion document, the analysis used, the sweep's runs)."""
+    from twoclocks_cli.clocks.saved import analysis_for
+
+    sweep = store.get_sweep(name)  # NotFoundError names the known sweeps
+    a, how = analysis_for(store, name)
+    if a.critical.recommended is None:
+        # stored by an older version: the same options, analysed again
+        a, how = analysis_for(store, name, a.options)
+        how = "refreshed"
+    runs = store.list_runs(name)
+    family = {r.run_id for r in a.runs if r.in_family}
+    budgets = [int(r.config["sample_budget"]) for r in runs
+               if r.id in family and isinstance(r.config, dict)
+               and isinstance(r.config.get("sample_budget"), int | float)]
+    sweep_budget = max(budgets, default=0) or int((sweep.config or {}).get("sample_budget") or 0)
+    if not sweep_budget:
+        sweep_budget = int(a.longest_run)
+    used: dict[float, set[int]] = {}
+    for r in runs:
+        if r.batch_samples is not None and r.seed is not None:
+            used.setdefault(float(r.batch_samples), set()).add(int(r.seed))
+    doc = plan_suggestions(a, sweep_budget=sweep_budget, budget=budget, used_seeds=used)
+    doc["analysis_source"] = how
+    return doc, a, runs
+
+
+def reference_run(analysis, runs: list):
+    """An analysed run of the analysed setting (completed first, then the largest batch);
+    `analysis` is a clocks.result.Analysis."""
+    family = [r.run_id for r in analysis.runs if r.in_family]
+    by_id = {r.id: r for r in runs}
+    cands = [by_id[i] for i in family if i in by_id and by_id[i].config]
+    cands.sort(key=lambda r: (r.status != "completed", -(r.batch_samples or 0), r.id))
+    return cands[0] if cands else None
+
+
+def config_text(store, name, doc, analysis, runs, url: str | None) -> tuple[str, list]:
+    """The TOML text of the suggested cells as a config of sweep `name` (checked to read back as
+    the same config), and its planned cells; `url` is the store it names (None: left out)."""
+    import tomllib
+
+    from twoclocks_cli.config import parse_config
+    from twoclocks_cli.core.toml import dumps
+
+    sweep = store.get_sweep(name)
+    data, cells = suggested_config(name, sweep.config, reference_run(analysis, runs),
+                                   doc["suggestions"], doc["budget"], url)
+    have = {r.cell_id for r in runs}
+    old = [c for c in cells if c.cell_id in have]
+    if old:
+        doc["notes"].append(f"{len(old)} of the {len(cells)} cells are already in the store "
+                            "(registered, not yet run?): `twoclocks sweep` skips them")
+    header = [
+        f"twoclocks suggest for sweep {name!r} (analysis {doc.get('analysis_id')}): "
+        f"{len(cells)} cells, {doc['cost_samples']} samples at most",
+        f"B_crit {estimate_text(analysis.critical.recommended)} samples "
+        f"({analysis.critical.recommended.source or 'no estimate'})",
+        "add them to the same sweep with: twoclocks sweep THIS_FILE"
+        + ("" if url else " --db URL (the store URL holds a password: not written here)"),
+    ] + [f"{s['kind']} B={s['batch_samples']} seeds {s['seeds']}: {s['why']}"
+         for s in doc["suggestions"]]
+    text = dumps(data, header=header)
+    back = parse_config(tomllib.loads(text), "--out")
+    if back != parse_config(data, "--out"):  # the writer must round-trip exactly
+        raise ConfigError("--out: the written TOML does not read back as the same config; "
+                          "not written")
+    return text, cells

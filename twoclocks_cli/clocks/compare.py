@@ -267,3 +267,32 @@ def compare_schedule(store, sweep: str, run_id: int, a: Analysis) -> dict:
         "schedule": sched,
         "verdict": _verdict(constant, clocks),
     }
+
+
+def compare_run(store, sweep: str, run_id: int) -> dict:
+    """`twoclocks compare`: run `run_id` (a schedule or adaptive run) beside the constant batches
+    of `sweep` under the sweep's stored analysis, with the static schedule it recommends."""
+    from twoclocks_cli.clocks.saved import latest_analysis
+
+    name = store.get_sweep(sweep).name
+    analysis = latest_analysis(store, name)
+    if analysis is None:
+        raise AnalysisError(f"sweep {name!r} has no stored analysis: run `twoclocks analyze "
+                            f"{name} --save` first")
+    result = compare_schedule(store, name, run_id, analysis)
+    result["kind"] = "adaptive" if (store.get_run(run_id).config or {}).get(
+        "batch_schedule") == "adaptive" else "schedule"
+    result["static_schedule"] = static_schedule(analysis)
+    return result
+
+
+def static_schedule(analysis) -> dict:
+    """The static schedule `twoclocks schedule` recommends from the analysis: its phases and
+    predicted clocks (None with the reason where it cannot schedule)."""
+    from twoclocks_cli.clocks.schedule import make_schedule
+
+    try:
+        plan = make_schedule(analysis)
+    except AnalysisError as err:
+        return {"phases": [], "predicted": None, "why": str(err)}
+    return {"phases": plan["phases"], "predicted": plan["predicted"], "why": None}

@@ -62,40 +62,16 @@ def compare(
 ) -> None:
     """Both clocks of a schedule or adaptive run beside the sweep's constant-batch clocks and the
     static schedule it recommends (same options)."""
-    from twoclocks_cli.clocks.compare import compare_schedule
-    from twoclocks_cli.clocks.saved import latest_analysis
-    from twoclocks_cli.core.errors import AnalysisError
+    from twoclocks_cli.clocks.compare import compare_run
     from twoclocks_cli.store import Store
 
-    store = Store.open(db)
-    name = store.get_sweep(sweep).name
-    analysis = latest_analysis(store, name)
-    if analysis is None:
-        raise AnalysisError(f"sweep {name!r} has no stored analysis: run `twoclocks analyze "
-                            f"{name} --save` first")
-    result = compare_schedule(store, name, run, analysis)
-    result["kind"] = "adaptive" if (store.get_run(run).config or {}).get(
-        "batch_schedule") == "adaptive" else "schedule"
-    result["static_schedule"] = static_schedule(analysis)
+    result = compare_run(Store.open(db), sweep, run)
     if as_json:
         from twoclocks_cli.render.jsonout import print_json
 
         print_json(result)
         return
     render(result)
-
-
-def static_schedule(analysis) -> dict:
-    """The static schedule `twoclocks schedule` recommends from the analysis: its phases and
-    predicted clocks (None with the reason where it cannot schedule)."""
-    from twoclocks_cli.clocks import make_schedule
-    from twoclocks_cli.core.errors import AnalysisError
-
-    try:
-        plan = make_schedule(analysis)
-    except AnalysisError as err:
-        return {"phases": [], "predicted": None, "why": str(err)}
-    return {"phases": plan["phases"], "predicted": plan["predicted"], "why": None}
 
 
 def merged_phases(phases: list[dict]) -> list[dict]:
