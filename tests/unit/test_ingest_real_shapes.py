@@ -8,7 +8,12 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
@@ -213,3 +218,103 @@ def test_step_0s_own_evaluation_after_its_update_is_said_to_be_left_out(tmp_path
     assert _series(db, rid, "reward_mean") == [(0, 8, 0.3), (1, 16, 0.4)]
     assert any("step 0's eval_accuracy after its update was not stored" in n
                for n in out[0]["notes"])
+
+
+# -- 4. a complete last line without its newline ------------------------------------------------
+
+
+def test_a_complete_last_line_without_a_newline_is_imported(tmp_path):
+    """Before: step 12 of the verl log (every field there, then the ANSI reset, then EOF) and
+    step 8 of the JSONL (a whole object) were dropped as "the file ends mid-line"."""
+    db, url = _db(tmp_path)
+    for name in ("verl_no_trailing_newline.log", "table_no_trailing_newline.jsonl"):
+        assert not (FIX / name).read_bytes().endswith(b"\n")
+    out = _ingest_json(str(FIX / "verl_no_trailing_newline.log"),
+                       str(FIX / "table_no_trailing_newline.jsonl"), "--db", url)
+    verl, jsonl = (o["run_id"] for o in out)
+    assert not any("mid-line" in n for o in out for n in o["notes"])
+    assert _series(db, verl, "reward_mean")[-1] == (12, 12 * 64, 0.56)
+    assert _series(db, verl, "time_gen_s")[-1] == (12, 12 * 64, 16.2)
+    assert _sql(db, "select count(*) from metrics where run_id=? and step=12", verl) == [(7,)]
+    assert _series(db, jsonl, "reward_mean")[-1] == (8, 256, 0.8)
+
+
+@pytest.mark.parametrize("cut, why", [
+    ("step:12 - actor/entropy:np.float64(0.550) - actor/pg_loss:-0.002 - actor/grad_no",
+     "'actor/grad_no' is not key:value"),
+    ("step:12 - actor/entropy:np.float64(0.550) - actor/pg_loss:-0.002",
+     "without actor/grad_norm, actor/lr, critic/score/mean and 2 more"),
+])
+def test_a_last_line_that_does_not_parse_whole_is_a_cut_line_not_a_bad_one(tmp_path, cut, why):
+    text = (FIX / "verl_no_trailing_newline.log").read_text()
+    log = tmp_path / "cut.log"
+    log.write_text(text[: text.rindex("\n") + 1] + "\x1b[36m(TaskRunner pid=3021)\x1b[0m " + cut)
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(log), "--db", url)  # no --skip-bad needed: not a malformed line
+    assert out[0]["skipped_lines"] == [] and out[0]["steps"] == 11
+    note = next(n for n in out[0]["notes"] if "the file ends mid-line (line 15" in n)
+    if why.startswith("without"):
+        assert why in note
+    assert _sql(db, "select count(*) from metrics where step=12") == [(0,)]
+
+
+def test_a_jsonl_object_cut_off_is_left_out(tmp_path):
+    text = (FIX / "table_no_trailing_newline.jsonl").read_text()
+    log = tmp_path / "cut.jsonl"
+    log.write_text(text[:-12])  # '{"step": 8, "reward_mean": 0.8, "entr'
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(log), "--db", url)
+    assert out[0]["skipped_lines"] == [] and out[0]["steps"] == 7
+    assert any("ends mid-line (line 9" in n for n in out[0]["notes"])
+    assert _sql(db, "select max(step) from metrics") == [(7,)]
+
+
+def _follower(path: Path, url: str, idle: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "twoclocks_cli", "ingest", str(path), "--follow", "--idle",
+         str(idle), "--poll", "0.1", "--db", url, "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(db: Path, query: str, want, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = _sql(db, query) if db.exists() else None
+        except sqlite3.OperationalError:  # the follower is still creating the store
+            got = None
+        if got == want:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{query} never gave {want} (last: {got})")
+
+
+def test_follow_takes_an_unterminated_last_line_only_once_the_file_is_finished(tmp_path):
+    """A growing file's last line may really be partial while it is written, and a partial
+    verl line can parse (`...actor/entropy:0.5` of 0.55): --follow never stores it then, and
+    takes a whole last line without its newline once the file is idle."""
+    lines = (FIX / "verl_no_trailing_newline.log").read_text().split("\n")
+    log = tmp_path / "live.log"
+    step4 = lines[6]  # ... timing_s/gen:15.40<ANSI reset>
+    assert "step:4 -" in step4
+    log.write_text("\n".join(lines[:6]) + "\n" + step4[:-6])  # cut inside '15.40': '15.'
+    db, url = _db(tmp_path)
+    follower = _follower(log, url, idle=3)
+    try:
+        _wait_for(db, "select max(step) from metrics", [(3,)])
+        time.sleep(1.0)  # ten polls of the file as it is: the cut step 4 still waits
+        assert _sql(db, "select count(*) from metrics where step=4") == [(0,)]
+        with log.open("a") as fh:  # the writer finishes step 4, then writes step 5 unended
+            fh.write(step4[-6:] + "\n" + lines[7])
+        _wait_for(db, "select value from metrics where step=4 and key='time_gen_s'", [(15.4,)])
+        time.sleep(0.5)  # under --idle since the last change: step 5 is not taken yet
+        assert _sql(db, "select count(*) from metrics where step=5") == [(0,)]
+        out, err = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, err
+    result = json.loads(out)[0]
+    assert not any("mid-line" in n for n in result["notes"])
+    assert _sql(db, "select status from runs") == [("completed",)]
+    assert _series(db, result["run_id"], "time_gen_s") == [
+        (s, s * 64, round(15 + 0.1 * s, 2)) for s in range(1, 6)]

@@ -62,7 +62,7 @@ def ingest(
     opts = IngestOptions(
         fmt=fmt, sweep=sweep, batch_prompts=batch_prompts, group_size=group_size, lr=lr,
         seed=seed, column_map=parse_map(column_map or []), skip_bad=skip_bad,
-        max_bytes=max_bytes, identity=identity,
+        max_bytes=max_bytes, identity=identity, finished=not follow,
     )
     if follow:
         _check_follow(paths, idle, poll, pid)

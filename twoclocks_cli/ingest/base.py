@@ -32,6 +32,10 @@ class IngestOptions:
     skip_bad: bool = False  # skip malformed lines instead of refusing the file
     max_bytes: int = DEFAULT_MAX_BYTES  # refuse larger files before reading them
     identity: str = "content"  # a run is identified by file "content" hash or by "path"
+    # whether the file is finished (nothing writes it any more): then a last line without its
+    # newline is taken when it parses whole; while it may still grow, such a line may be cut
+    # off mid-write and waits for its newline (`--follow` and the live followers)
+    finished: bool = False
 
 
 @dataclass

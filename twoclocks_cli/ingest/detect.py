@@ -37,8 +37,10 @@ class FormatUnknownError(ConfigError):
     """A file whose content is none of the formats read (and no --format was given)."""
 
 
-def detect(path: Path, max_bytes: int) -> tuple[str, str]:
-    """(format, why) of `path`; FormatUnknownError names the file and the formats allowed."""
+def detect(path: Path, max_bytes: int, finished: bool = True) -> tuple[str, str]:
+    """(format, why) of `path`; FormatUnknownError names the file and the formats allowed.
+    A file that may still grow (`finished` False) is judged on its complete lines only: a
+    first line half written could pass for another format."""
     path = Path(path)
     if path.is_dir():
         if (path / "trainer_state.json").is_file():
@@ -51,6 +53,8 @@ def detect(path: Path, max_bytes: int) -> tuple[str, str]:
     with path.open("rb") as fh:
         head = fh.read(HEAD_BYTES)
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
+    if not finished and len(head) < HEAD_BYTES:
+        text = text[: text.rfind("\n") + 1]
     found = _from_text(path, text, whole=len(head) < HEAD_BYTES)
     if found is None and len(head) == HEAD_BYTES:
         size = path.stat().st_size

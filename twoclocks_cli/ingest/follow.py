@@ -1,11 +1,13 @@
 """`twoclocks ingest PATH --follow`: import a log that is still being written, incrementally.
 
 Each time the file changes, it is parsed again: only complete lines count (a partial last line
-waits for its newline, see the parsers' cut-last-line rule) and only steps whose values are new
-or changed are upserted, so any number of followers of one file — or a follower restarted —
-never duplicates a row. A file that shrinks was rewritten or truncated: its run is imported
-afresh. The run is `running` while followed and `completed` once the file has not changed for
-`idle` seconds. The run is identified by the file's path (`--identity path`).
+waits for its newline, see the parsers' cut-last-line rule; once the file is finished — idle,
+or its writer exited — a last line without its newline is taken if it is whole) and only steps
+whose values are new or changed are upserted, so any number of followers of one file — or a
+follower restarted — never duplicates a row. A file that shrinks was rewritten or truncated:
+its run is imported afresh. The run is `running` while followed and `completed` once the file
+has not changed for `idle` seconds. The run is identified by the file's path (`--identity
+path`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
                 pid: int | None = None) -> IngestResult:
     """Follow `path` until it has not changed for `idle` seconds (or, with `pid`, until that
     process — the one writing it — has exited and the last change is read)."""
-    state = _Followed(opts=dataclasses.replace(opts, identity="path"))
+    state = _Followed(opts=dataclasses.replace(opts, identity="path", finished=False))
     quiet_since = clock()
     while True:
         stat = path.stat() if path.is_file() else None
@@ -63,6 +65,15 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
         elif clock() - quiet_since >= idle or (pid is not None and not _alive(pid)):
             break
         time.sleep(poll)
+    # the writer is done (idle, or its process exited): a last line without its newline is no
+    # longer being written, so it is taken now if it is whole
+    state.opts = dataclasses.replace(state.opts, finished=True)
+    if path.is_file():
+        shrank = state.size is not None and path.stat().st_size < state.size
+        n = _sync(store, path, state, fresh=shrank)
+        if echo and n:
+            echo(f"{path}: run {state.run_id}: {n} new step(s) once the file was finished, "
+                 f"{len(state.written)} in all")
     if state.run_id is None and state.unknown is not None:
         raise state.unknown
     if state.run_id is None:

@@ -63,7 +63,7 @@ class _Plan:
 def with_format(path: Path, opts: IngestOptions) -> tuple[IngestOptions, str]:
     """`opts` with the file's format: --format's, else told from the content; and which."""
     if opts.fmt is None:
-        fmt, why = detect.detect(Path(path), opts.max_bytes)
+        fmt, why = detect.detect(Path(path), opts.max_bytes, finished=opts.finished)
         return dataclasses.replace(opts, fmt=fmt), f"detected: {why}"
     if opts.fmt not in PARSERS:
         raise ConfigError(f"--format {opts.fmt!r}: allowed are {', '.join(base.FORMATS)}")

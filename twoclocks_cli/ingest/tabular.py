@@ -94,21 +94,34 @@ def _config_params(record: dict) -> dict[str, tuple[float, str]]:
     return out
 
 
-def cut_last_line(log: ParsedLog, text: str) -> str:
+def cut_last_line(log: ParsedLog, text: str, whole=None) -> str:
     """`text` without a last line that has no newline (cut off mid-write: a file still being
-    written, or truncated), with a note; a cut line must never be stored as a shorter value."""
+    written, or truncated), with a note; a cut line must never be stored as a shorter value.
+    `whole(line)` says whether such a line is complete after all (a finished file's last JSON
+    object): then it is kept."""
     head, sep, last = text.rpartition("\n")
-    if not last.strip() or not sep:
+    if not last.strip() or not sep or (whole is not None and whole(last)):
         return text
     log.notes.append(f"the file ends mid-line (line {head.count(chr(10)) + 2}, {last[:40]!r}...): "
                      "that line was not imported")
     return head + "\n"
 
 
-def _jsonl_rows(log: ParsedLog, text: str) -> tuple[list[Row], list[str]]:
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _jsonl_rows(log: ParsedLog, text: str, finished: bool) -> tuple[list[Row], list[str]]:
+    """JSON objects, one a line. A finished file's last line without its newline is taken
+    when it is a whole JSON value (an object cut off mid-write never parses)."""
     rows: list[Row] = []
     columns: dict[str, None] = {}
-    for number, line in enumerate(cut_last_line(log, text).split("\n"), start=1):
+    text = cut_last_line(log, text, _parses if finished else None)
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -200,7 +213,10 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     log = new_log(path, opts.fmt, data)
     text = decode_text(path, data)
     if opts.fmt == "csv":
-        text = cut_last_line(log, text)
-    rows, columns = (_csv_rows if opts.fmt == "csv" else _jsonl_rows)(log, text)
+        # a row cut inside its last cell has every field and parses (0.957 cut to 0.9): a last
+        # row without its newline is left out even from a finished file
+        rows, columns = _csv_rows(log, cut_last_line(log, text))
+    else:
+        rows, columns = _jsonl_rows(log, text, opts.finished)
     _translate(log, rows, columns, opts)
     return log

@@ -13,7 +13,8 @@ metrics: {...}` the last step's (verl pprints them as a string: in quotes, or cu
 fragments over several lines; their unrounded values replace the same keys' 3-decimal ones).
 `key(1e-4):0.010` is a value printed in units of 1e-4. What the log cannot say exactly is left
 out with a note: an lr printed as `0.000` (rounded away), a last line cut off mid-write (a file
-still being written, or truncated).
+still being written, or truncated: in a finished file, a last line without its newline is taken
+when it parses and has every training key the other step lines have).
 """
 
 from __future__ import annotations
@@ -216,17 +217,28 @@ def _continues(text: str) -> bool:
     return bool(re.match(r"""^\s+(["']).*\1\)?\s*$""", text))
 
 
-def _lines(text: str, log: ParsedLog):
-    """(line number, segment) of every complete line; a last line without its newline is cut
-    off (the file is still being written, or was truncated): it is left out, with a note."""
+def _lines(text: str, log: ParsedLog, finished: bool):
+    """(line number, segment, whether it is an unterminated last line) of every line. A last
+    line without its newline may be cut off mid-write: while the file may still grow it is left
+    out, with a note (it waits for its newline); in a finished file it is yielded, and the
+    caller takes it only if it is whole."""
     lines = text.split("\n")
     last = lines.pop()  # "" when the file ends with a newline
-    if last.strip():
-        log.notes.append(f"the file ends mid-line (line {len(lines) + 1}, "
-                         f"{_clean(last)[:40]!r}...): that line was not imported")
+    cut = bool(last.strip())
+    if cut and not finished:
+        _note_cut(log, len(lines) + 1, last, "")
+    elif cut:
+        lines.append(last)
     for number, raw in enumerate(lines, start=1):
-        for segment in raw.split("\r"):  # tqdm redraws its bar with \r inside one line
-            yield number, segment
+        segments = raw.split("\r")  # tqdm redraws its bar with \r inside one line
+        final = cut and finished and number == len(lines)
+        for i, segment in enumerate(segments):
+            yield number, segment, final and i == len(segments) - 1
+
+
+def _note_cut(log: ParsedLog, number: int, text: str, why: str) -> None:
+    log.notes.append(f"the file ends mid-line (line {number}, {_clean(text)[:40]!r}...)"
+                     f"{why}: that line was not imported")
 
 
 def parse(path: Path, opts: IngestOptions) -> ParsedLog:
@@ -254,7 +266,8 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         elif v:
             (initial if v.group(1) == "Initial" else final).update(got)
 
-    for number, segment in _lines(text, log):
+    common: set[str] | None = None  # the training keys every step line so far logged
+    for number, segment, unterminated in _lines(text, log, opts.finished):
         prefix, line = _split_prefix(segment)
         if pending is not None and prefix == pending.prefix:
             if _continues(line) and len(pending.parts) < _MAX_VAL_LINES:
@@ -287,8 +300,20 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
             step = to_step(m.group(1))
             values = _parse_step_line(m.group(2), rounded)
         except ValueError as exc:
-            log.bad(number, f"malformed step line: {exc}")
+            if unterminated:  # a step line cut off mid-write, not a malformed one
+                _note_cut(log, number, segment, "")
+            else:
+                log.bad(number, f"malformed step line: {exc}")
             continue
+        train = {k for k in values if not _is_eval(k)}
+        if unterminated and common and not common <= train:
+            lacks = sorted(common - train)
+            _note_cut(log, number, segment, f", without {', '.join(lacks[:3])}"
+                      + (f" and {len(lacks) - 3} more" if len(lacks) > 3 else "")
+                      + " that every other step line has")
+            continue
+        if train:
+            common = train if common is None else common & train
         for key in rounded & set(_LR_KEYS):  # an lr of 0.000 is a rounding, not a value
             values.pop(key)
             rounded_lr += 1
