@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# An lr scan on the built-in tiny model: one `twoclocks train` run per PROMPTS:LR pair, one after
+# another, into one store, with the held-out accuracy every 1,024 samples (1,024 problems).
+# Where the main job's lr should sit is found this way: first at the smallest batch of the grid,
+# then at the sqrt-scaled lr of the larger batches.
+#
+#     bash examples/tiny-arith-lr-scan.sh 4:1.25e-4 4:2e-4 4:2.5e-4 16:5e-4
+#     TWOCLOCKS_SCAN_OUT=out/scan bash examples/tiny-arith-lr-scan.sh ...   # where it writes
+#
+# Then read the curves with `twoclocks runs list --db sqlite:///out/scan/scan.db` and
+# `twoclocks export --run ID --keys eval_accuracy,drift_rel,entropy --db ...`. A finished pair is
+# skipped on a rerun (its workdir holds a finished run), so the scan can be resumed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${TWOCLOCKS_SCAN_OUT:-out/scan}
+BUDGET=${TWOCLOCKS_SCAN_BUDGET:-32768}
+TC=${TWOCLOCKS_BIN:-.venv/bin/twoclocks}
+mkdir -p "$OUT"
+[ "$#" -gt 0 ] || { echo "usage: $0 PROMPTS:LR [PROMPTS:LR ...]" >&2; exit 2; }
+for pair in "$@"; do
+  prompts=${pair%%:*}; lr=${pair##*:}
+  if ! [[ "$prompts" =~ ^[0-9]+$ ]] || [ "$prompts" = "$pair" ]; then
+    echo "error: '$pair': expected PROMPTS:LR, e.g. 4:2e-4" >&2; exit 2
+  fi
+  name="p$prompts-lr$lr"
+  config="$OUT/$name.toml"
+  cat > "$config" <<TOML
+model = "builtin:tiny-arith"
+dataset = "builtin:arithmetic"
+group_size = 8
+prompts_per_batch = $prompts
+lr = $lr
+sample_budget = $BUDGET
+clip_eps_low = 0.2
+clip_eps_high = 0.2
+num_minibatches = 2
+micro_batch_size = 64
+max_new_tokens = 12
+eval_every_samples = 1024
+eval_size = 1024
+kl_init_every = 4
+checkpoint_every_steps = 50
+threads = 1
+seed = 0
+TOML
+  if [ -f "$OUT/wd-$name/done" ]; then echo "$name: done already"; continue; fi
+  "$TC" train "$config" --db "sqlite:///$OUT/scan.db" --name "$name" --workdir "$OUT/wd-$name"
+  touch "$OUT/wd-$name/done"
+done
