@@ -13,6 +13,7 @@ import difflib
 import functools
 import importlib.util
 import re
+import string
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -331,6 +332,29 @@ class TrainConfig(BaseModel):
                 raise ValueError(problem)
         return value
 
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        """A format string whose one field is {question}: it is rendered with nothing else."""
+        if value is None:
+            return value
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+        except ValueError as err:  # an unmatched brace
+            raise ValueError(f"not a format string ({err}; write {{{{ and }}}} for a literal "
+                             "brace)") from None
+        unknown = sorted(names - {"question"})
+        if unknown:
+            raise ValueError(f"unknown placeholder {{{unknown[0]}}}: the only one is {{question}} "
+                             "(write {{ and }} for a literal brace)")
+        if "question" not in names:
+            raise ValueError("prompt_template must contain {question}")
+        try:
+            value.format(question="1+1")
+        except (ValueError, TypeError) as err:  # a conversion or format spec str cannot take
+            raise ValueError(f"{{question}} cannot be rendered: {err}") from None
+        return value
+
     @field_validator("reward")
     @classmethod
     def _reward_spec(cls, value: str) -> str:
@@ -366,8 +390,6 @@ class TrainConfig(BaseModel):
                 if ph.until_samples <= last:
                     raise ValueError(f"phases[{i}].until_samples must increase")
                 last = ph.until_samples
-        if self.prompt_template is not None and "{question}" not in self.prompt_template:
-            raise ValueError("prompt_template must contain {question}")
         self._check_adaptive()
         self._check_sizes()
         return self

@@ -6,7 +6,10 @@ A `Problem` is a question and its gold answer (both strings); rewards compare co
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +27,8 @@ ALLOWED_OPS = ("+", "-", "*")
 HELDOUT_MODULUS = 10
 # Problem spaces up to this size are enumerated to draw a held-out set without replacement.
 _ENUMERATE_LIMIT = 2_000_000
+EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
+BUILTIN_DATASETS = ("builtin:arithmetic",)
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,8 @@ def _cell(value, path: Path | str, where: str, key: str) -> str:
     text = str(value).strip()
     if not text:
         raise ConfigError(f"{path}: {where}: column {key!r} is empty")
+    if "\x00" in text:  # no tokenizer or store text column takes it, and no question needs it
+        raise ConfigError(f"{path}: {where}: column {key!r} contains a NUL character")
     return text
 
 
@@ -295,3 +302,114 @@ def load_hf_problems(
     if not problems:
         raise ConfigError(f"dataset {spec!r}: no problems in split {split!r}")
     return problems
+
+
+# -- what a dataset spec needs, and every problem of a config --------------------------------------
+
+# a datasets hub id: [ORG/]NAME of word characters, '-' and '.' (no '--' or '..')
+_HUB_ID = re.compile(r"^(?!.*(?:--|\.\.))(?:[\w.-]+/)?[\w.-]+$")
+
+
+def dataset_problem(spec: str) -> str | None:
+    """What would stop `spec` (a `dataset` or `eval_dataset` value) from loading, found without
+    reading a row: an unknown built-in name, a missing or unsupported file, a missing reader
+    package, an `hf:` hub id that is not in the local cache. None when nothing is found."""
+    if spec.startswith("builtin:"):
+        if spec in BUILTIN_DATASETS:
+            return None
+        return (f"unknown built-in dataset {spec!r}: allowed is "
+                f"{', '.join(map(repr, BUILTIN_DATASETS))}")
+    if spec.startswith("hf:"):
+        return _hf_problem(spec)
+    path = Path(spec)
+    suffix = path.suffix.lower()
+    if suffix not in _READERS:
+        return (f"{path}: unsupported dataset file type {path.suffix!r}: allowed are "
+                f"{', '.join(_READERS)}")
+    try:
+        if not path.exists():
+            return f"{path}: dataset file not found"
+        if not path.is_file():
+            return f"{path}: not a file (a dataset is one {suffix} file)"
+        if not os.access(path, os.R_OK):
+            return f"{path}: dataset file not readable (permission denied)"
+    except OSError as err:
+        return f"{path}: {err.strerror or err}"
+    if suffix == ".parquet" and importlib.util.find_spec("pyarrow") is None:
+        return f"{path}: reading Parquet needs pyarrow (pip install pyarrow)"
+    return None
+
+
+def _hf_problem(spec: str) -> str | None:
+    """`hf:ID`: the datasets package, and a local folder or a hub id the local cache holds (a
+    hub id that is not cached loads only over the network, which cannot be checked here)."""
+    ident = spec[3:]
+    if importlib.util.find_spec("datasets") is None:
+        return f"dataset {spec!r} needs the `datasets` package (pip install 'twoclocks[hf]')"
+    path = Path(ident).expanduser()
+    try:
+        if path.exists():
+            return None if path.is_dir() else f"dataset {spec!r}: {path} is not a folder"
+    except OSError as err:
+        return f"dataset {spec!r}: {err.strerror or err}"
+    if ident.startswith(("/", "./", "../", "~")) or ident.count("/") > 1:
+        return f"dataset {spec!r}: folder {path} does not exist"
+    if not ident or len(ident) > 96 or not _HUB_ID.match(ident):
+        return f"dataset {spec!r}: neither an existing folder nor a hub id ([ORG/]NAME)"
+    hub, local = _hf_caches()
+    if (hub / f"datasets--{ident.replace('/', '--')}").is_dir() or \
+            (local / ident.replace("/", "___")).is_dir():
+        return None
+    return (f"dataset {spec!r}: a hub id in neither local cache ({hub}, {local}): without the "
+            "network it cannot load, and whether the hub holds it cannot be checked here; "
+            f"download it first (`hf download --repo-type dataset {ident}`) or give a local "
+            "file or folder")
+
+
+def _hf_caches() -> tuple[Path, Path]:
+    """(the hub's download cache, the datasets library's own cache), as those libraries find
+    them from the environment (datasets itself is not imported: it is slow to import)."""
+    try:
+        from huggingface_hub import constants
+
+        home, hub = constants.HF_HOME, constants.HF_HUB_CACHE
+    except ImportError:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+        hub = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+    local = os.environ.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")
+    return Path(hub).expanduser(), Path(local).expanduser()
+
+
+def read_spec(spec: str, cfg, hub: bool = True) -> list[Problem] | None:
+    """Problems of a file or `hf:` dataset spec (None for an `hf:` one when not `hub`)."""
+    if spec.startswith("hf:"):
+        if not hub:
+            return None
+        return load_hf_problems(spec, cfg.dataset_split, cfg.question_key, cfg.answer_key)
+    return load_problems(spec, cfg.question_key, cfg.answer_key)
+
+
+def read_data(cfg, hub: bool = True):
+    """(training problems, held-out problems) of a TrainConfig: the ArithmeticTask itself for
+    `builtin:arithmetic`, else a list; with `hub=False` an `hf:` dataset is not loaded (None in
+    its place). Every bad file, row or size is a ConfigError."""
+    if cfg.dataset == "builtin:arithmetic":
+        train = ArithmeticTask(cfg.arith_min_value, cfg.arith_max_value, tuple(cfg.arith_ops))
+        held = train.heldout(cfg.eval_size, EVAL_SEED)
+    elif cfg.dataset.startswith("builtin:"):
+        raise ConfigError(dataset_problem(cfg.dataset))
+    else:
+        train = read_spec(cfg.dataset, cfg, hub)
+        held = None
+        if cfg.eval_dataset is None and train is not None:
+            if len(train) <= cfg.eval_size:
+                raise ConfigError(
+                    f"{cfg.dataset}: {len(train)} rows, but eval_size = {cfg.eval_size} rows "
+                    "are held out from it: set eval_dataset or a smaller eval_size"
+                )
+            train, held = train[: -cfg.eval_size], train[-cfg.eval_size :]
+    if cfg.eval_dataset is not None:
+        rows = read_spec(cfg.eval_dataset, cfg, hub)
+        held = rows[: cfg.eval_size] if rows is not None else None
+    return train, held

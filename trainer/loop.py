@@ -24,10 +24,10 @@ from trainer import checkpoint, grpo, sampler, sharding
 from trainer import metrics as M
 from trainer.config import TrainConfig
 from trainer.data import (
+    EVAL_SEED,
     ArithmeticTask,
     Problem,
-    load_hf_problems,
-    load_problems,
+    read_data,
     render_prompt,
 )
 from trainer.dist import Dist, setup_dist
@@ -44,8 +44,6 @@ from trainer.update import (
     update,
 )
 from twoclocks_cli.core.errors import ConfigError
-
-EVAL_SEED = 20_240_601  # one held-out set shared by every cell, so cells compare on equal terms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,36 +88,10 @@ class TaskSource:
         pass
 
 
-def _read(spec: str, cfg: TrainConfig) -> list[Problem]:
-    """Problems of a file or `hf:` dataset spec."""
-    if spec.startswith("hf:"):
-        return load_hf_problems(spec, cfg.dataset_split, cfg.question_key, cfg.answer_key)
-    return load_problems(spec, cfg.question_key, cfg.answer_key)
-
-
 def load_data(cfg: TrainConfig):
     """(training source, held-out problems) for `cfg`; bad files raise ConfigError."""
-    if cfg.dataset == "builtin:arithmetic":
-        task = ArithmeticTask(cfg.arith_min_value, cfg.arith_max_value, tuple(cfg.arith_ops))
-        train = TaskSource(task)
-        held = task.heldout(cfg.eval_size, EVAL_SEED)
-    elif cfg.dataset.startswith("builtin:"):
-        raise ConfigError(
-            f"unknown built-in dataset {cfg.dataset!r}: allowed is 'builtin:arithmetic'"
-        )
-    else:
-        problems = _read(cfg.dataset, cfg)
-        if cfg.eval_dataset is None:
-            if len(problems) <= cfg.eval_size:
-                raise ConfigError(
-                    f"{cfg.dataset}: {len(problems)} rows, but eval_size = {cfg.eval_size} rows "
-                    "are held out from it: set eval_dataset or a smaller eval_size"
-                )
-            problems, held = problems[: -cfg.eval_size], problems[-cfg.eval_size :]
-        train = FileSource(problems)
-    if cfg.eval_dataset is not None:
-        held = _read(cfg.eval_dataset, cfg)[: cfg.eval_size]
-    return train, held
+    train, held = read_data(cfg)
+    return (TaskSource(train) if isinstance(train, ArithmeticTask) else FileSource(train)), held
 
 
 def load_model(cfg: TrainConfig, device: str = "cpu"):
@@ -138,9 +110,10 @@ def load_model(cfg: TrainConfig, device: str = "cpu"):
     try:
         tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, cfg.dtype))
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - the loaders raise many types for a bad folder
+        first = (str(err).strip().splitlines() or [""])[0]
         raise ConfigError(
-            f"model {cfg.model!r}: cannot load ({str(err).splitlines()[0]})"
+            f"model {cfg.model!r}: cannot load ({type(err).__name__}: {first})"
         ) from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

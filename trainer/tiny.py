@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import string
 import sys
@@ -364,7 +365,87 @@ def resolve_model_path(name_or_path: str) -> Path | str:
         if not path.is_dir():
             raise ConfigError(f"model path {path} is not a directory")
         return path
-    looks_local = name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1
-    if looks_local:
+    if looks_local(name_or_path):
         raise ConfigError(f"model path {path} does not exist")
     return name_or_path
+
+
+# -- what a model name needs, checked before anything runs (no torch, no network) -----------------
+
+BUILTIN_MODELS = (TINY_MODEL_ID,)
+# huggingface_hub's repo id rule: [ORG/]NAME of word characters, '-' and '.', no '--' or '..'
+_HUB_ID = re.compile(r"^(?!.*(?:--|\.\.))(?:[\w.-]+/)?[\w.-]+$")
+_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                    "vocab.txt", "spiece.model")
+
+
+def looks_local(name: str) -> bool:
+    """A name written as a path (absolute, ./, ../, ~, or more than one '/'), never a hub id."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+
+
+def model_problem(name: str) -> str | None:
+    """What would stop `name` (the `model` option) from loading (a line to follow the name),
+    or None: a built-in name from the known list; a local folder holding config.json, weights
+    and tokenizer files; or a hub id already in the local Hugging Face cache. Read from the
+    file system only (no torch, no network), so a sweep can refuse it before it writes
+    anything."""
+    if name.startswith("builtin:"):
+        if name in BUILTIN_MODELS:
+            return None
+        return f"unknown built-in model {name!r}: allowed is {', '.join(map(repr, BUILTIN_MODELS))}"
+    path = Path(name).expanduser()
+    try:
+        if path.exists():
+            return _folder_problem(path)
+    except OSError as err:
+        return f"model path {path}: {err.strerror or err}"
+    if looks_local(name):
+        return f"model path {path} does not exist"
+    if len(name) > 96 or not _HUB_ID.match(name):
+        return "neither an existing folder nor a Hugging Face hub id ([ORG/]NAME)"
+    return _hub_problem(name)
+
+
+def _folder_problem(path: Path) -> str | None:
+    """A model folder must hold what AutoModelForCausalLM and AutoTokenizer read."""
+    if not path.is_dir():
+        return f"model path {path} is not a directory"
+    config = path / "config.json"
+    if not config.is_file():
+        return (f"model folder {path} has no config.json (a Hugging Face model folder holds "
+                "config.json, the weights and the tokenizer files)")
+    try:
+        ok = isinstance(json.loads(config.read_text(encoding="utf-8")), dict)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        ok = False
+    if not ok:
+        return f"model folder {path}: config.json is not a readable JSON object"
+    if not any(next(path.glob(pattern), None) for pattern in _WEIGHTS):
+        return f"model folder {path} holds no weights (*.safetensors or *.bin)"
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return (f"model folder {path} holds no tokenizer files (one of "
+                f"{', '.join(_TOKENIZER_FILES)})")
+    return None
+
+
+def _hub_problem(repo: str) -> str | None:
+    """A hub id loads without the network only from the local cache. Whether the hub holds an
+    id that is not cached cannot be told without asking it, and cells often run offline (and
+    would each download it), so such an id is refused with how to cache it."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:  # transformers ships huggingface_hub: without it nothing loads anyway
+        return "a hub id needs huggingface_hub (pip install transformers)"
+    try:
+        hit = try_to_load_from_cache(repo, "config.json")
+    except Exception:  # noqa: BLE001 - an id the hub library itself refuses
+        hit = None
+    if isinstance(hit, str):
+        return None
+    return (f"a Hugging Face hub id not in the local cache ({HF_HUB_CACHE}): "
+            "without the network it cannot load, and whether the hub holds it cannot be checked "
+            f"here; download it first (`hf download {repo}`, or point HF_HUB_CACHE at a cache "
+            "that holds it) or give a local model folder")

@@ -15,6 +15,7 @@ no sqlalchemy): the planner imports this module.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,13 +43,49 @@ def check_options(cfg, source: str) -> None:
 
 
 def check_table(cfg, source: str, config_dir: str | None) -> dict:
-    """Nothing every cell carries but its trainer options, which resolve_cell adds."""
-    return {}
+    """Nothing every cell carries but its trainer options, which resolve_cell adds; what it
+    returns is the folder a relative model or dataset path starts from: `config_dir`, else the
+    folder of `source` when it is a file, else the working directory."""
+    base = Path(config_dir) if config_dir else (
+        Path(source).parent if Path(source).is_file() else Path.cwd())
+    return {"base": str(base)}
 
 
 def resolve_cell(cfg, common: dict, options: dict, table: dict) -> dict:
-    """A TrainConfig dict: the common keys, then [trainer], then the cell's options."""
-    return {**common, **cfg.trainer, **options}
+    """A TrainConfig dict: the common keys, then [trainer], then the cell's options; a relative
+    model folder or dataset file made absolute from table["base"] (the config's folder), since
+    a cell runs in a folder of its own."""
+    cell = {**common, **cfg.trainer, **options}
+    base = table.get("base")
+    for key in PATH_KEYS:
+        if base is not None and isinstance(cell.get(key), str):
+            cell[key] = absolute(key, cell[key], Path(base))
+    return cell
+
+
+PATH_KEYS = ("model", "dataset", "eval_dataset")  # TrainConfig's keys that may name a path
+
+
+def absolute(key: str, value: str, base: Path) -> str:
+    """`value` of `key` (a PATH_KEYS key) with a relative path made absolute from `base`: a
+    dataset file always; a model or `hf:` folder when written as a path or found there (else it
+    is a hub id); built-in names as they are."""
+    from trainer.tiny import looks_local
+
+    prefix = "hf:" if value.startswith("hf:") else ""
+    rest = value[len(prefix):]
+    if value.startswith("builtin:") or not rest:
+        return value
+    try:
+        path = Path(rest).expanduser()
+        if path.is_absolute():
+            return prefix + str(path)
+        full = os.path.abspath(base / path)
+        if key == "model" or prefix:
+            return prefix + full if looks_local(rest) or os.path.exists(full) else value
+        return full
+    except (OSError, ValueError):  # a NUL or a name too long: the validator says which
+        return value
 
 
 def steps(budget: int, batch: int) -> int:
@@ -70,10 +107,86 @@ def cell_checker(cfg, source: str):
             return f"trainer.{key}"
         return sweep_keys.get(key, f"trainer.{key}")
 
+    checked: set = set()  # what the cells share is checked once
+
     def check(cell) -> None:
-        TrainConfig.from_dict(cell.config, source=cell_source(cell, source), rename=rename)
+        where = cell_source(cell, source)
+        train = TrainConfig.from_dict(cell.config, source=where, rename=rename)
+        check_needs(train, where, rename, checked=checked)
 
     return check
+
+
+def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
+                checked: set | None = None) -> None:
+    """Refuse (ConfigError) what `cfg` names and this machine cannot give a run: the train
+    extra, the model, the dataset files and their every row (`hf:` ones loaded only with
+    `hub`; else the package and the local cache are checked), the reward's module and the
+    rollout engine. Found without importing torch or running the reward's module, so a sweep
+    refuses before it writes anything and `twoclocks train` before its run row. `rename` names
+    a key as the config wrote it; `checked` remembers what passed, for the next cell."""
+    import importlib.util
+
+    from trainer.config import _module_found
+    from trainer.data import dataset_problem, read_data
+    from trainer.tiny import model_problem
+    from twoclocks_cli.core.errors import ConfigError
+    from twoclocks_cli.core.numbers import short
+
+    checked = set() if checked is None else checked
+    name = rename or (lambda key: key)
+
+    def refuse(key: str, problem: str):
+        raise ConfigError(f"{source}: key {name(key)!r} = {short(getattr(cfg, key))}: {problem}")
+
+    def once(what: tuple, check) -> None:
+        if what not in checked:
+            check()
+            checked.add(what)
+
+    def extra() -> None:
+        for package in ("torch", "transformers"):
+            if importlib.util.find_spec(package) is None:
+                raise ConfigError(f"{source}: the grpo trainer needs the train extra (pip "
+                                  f"install 'twoclocks[train]'): {package} is not installed")
+
+    def model() -> None:
+        if problem := model_problem(cfg.model):
+            refuse("model", problem)
+
+    def data() -> None:
+        for key in ("dataset", "eval_dataset"):
+            spec = getattr(cfg, key)
+            if spec is not None and (problem := dataset_problem(spec)):
+                refuse(key, problem)
+        try:
+            read_data(cfg, hub=hub)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
+
+    def reward() -> None:
+        module = cfg.reward.partition(":")[0]
+        if cfg.reward == "math-verify":
+            if importlib.util.find_spec("math_verify") is None:
+                refuse("reward", "needs math-verify, part of the train extra (pip install "
+                       "'twoclocks[train]')")
+        elif not _module_found(module):
+            refuse("reward", f"module {module!r} is not importable (looked on sys.path and "
+                   "PYTHONPATH, which the runs inherit; put its folder on PYTHONPATH or "
+                   "install it)")
+
+    def engine() -> None:
+        if cfg.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            refuse("rollout_engine", "needs the vllm extra (pip install 'twoclocks[vllm]') and "
+                   "a GPU; use rollout_engine = 'hf' here")
+
+    once(("extra",), extra)
+    once(("model", cfg.model), model)
+    once(("data", cfg.dataset, cfg.eval_dataset, cfg.dataset_split, cfg.question_key,
+          cfg.answer_key, cfg.eval_size, cfg.arith_min_value, cfg.arith_max_value,
+          tuple(cfg.arith_ops)), data)
+    once(("reward", cfg.reward), reward)
+    once(("engine", cfg.rollout_engine), engine)
 
 
 def updates_per_batch(cell: dict) -> int:

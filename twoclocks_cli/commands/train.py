@@ -17,22 +17,25 @@ import typer
 from twoclocks_cli.options import DbOption
 
 
-def _validate(cfg) -> None:
-    """Fail on a missing model path, a bad dataset or a missing extra before anything is written."""
-    import importlib.util
+def _validate(cfg, source: str) -> None:
+    """Refuse what the run would fail on (the model, the dataset and its rows, the reward's
+    module, the rollout engine) before anything is written, as `sweep` does for its cells
+    (an `hf:` dataset is loaded here: this process trains on it next)."""
+    from twoclocks_cli.backends.grpo import check_needs
 
-    from trainer.loop import load_data
-    from trainer.tiny import TINY_MODEL_ID, resolve_model_path
-    from twoclocks_cli.core.errors import ConfigError
+    check_needs(cfg, source, hub=True)
 
-    if cfg.model != TINY_MODEL_ID:
-        resolve_model_path(cfg.model)
-    load_data(cfg)
-    if cfg.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            "rollout_engine = 'vllm' needs the vllm extra (pip install 'twoclocks[vllm]') and a "
-            "GPU; use rollout_engine = 'hf' here"
-        )
+
+def _check_calibration(store, cfg, workdir: Path | None, source: str) -> None:
+    """A fresh adaptive run calibrates from `adaptive.from_sweep` in this store when it starts:
+    the sweep and its analysis must be there (a resumed run carries its calibration in its
+    checkpoint)."""
+    from trainer import checkpoint
+    from twoclocks_cli.launch.sweeps import check_calibration
+
+    if workdir is not None and Path(workdir).exists() and checkpoint.latest(workdir) is not None:
+        return
+    check_calibration(store, [cfg.model_dump(mode="json")], source, "adaptive.from_sweep")
 
 
 def _resume_row(store, cfg, workdir: Path, extend: bool) -> int:
@@ -147,20 +150,22 @@ def train(
 ) -> None:
     """Train one GRPO run in-process; every step's metrics go to the store."""
     from trainer.config import load_config
-    from trainer.dist import setup_dist
     from twoclocks_cli.core.errors import TwoclocksError
-    from twoclocks_cli.launch.job import failed_status, returned_status
+    from twoclocks_cli.launch.job import failed_status, one_line, returned_status
     from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.models import RunStatus
 
     cfg = load_config(config)
-    _validate(cfg)
+    _validate(cfg, str(config))
+    from trainer.dist import setup_dist  # torch: only once the config is known to be good
+
     dist = setup_dist()
     store = writer = None
     run_id = None
     if dist.rank == 0:
         store = Store.open(db)
+        _check_calibration(store, cfg, workdir, str(config))
         run_id, workdir = _run_row(store, cfg, name or config.stem, workdir, extend)
     run_id, workdir = _broadcast((run_id, str(workdir)), dist)
     workdir = Path(workdir)
@@ -182,16 +187,16 @@ def train(
     except BaseException as err:
         if dist.rank == 0:
             writer.close()
-            store.set_status(run_id, failed_status(err), message=str(err)[:500],
-                             error=str(err)[:2000])
+            text = str(err) if isinstance(err, TwoclocksError) else one_line(err)
+            store.set_status(run_id, failed_status(err), message=text[:500], error=text[:2000])
         if isinstance(err, KeyboardInterrupt) and dist.rank == 0:
             _say_how_to_resume(store, run_id, workdir, config, db)
             if as_json:
                 print_json(train_record(store, run_id, workdir))
             raise typer.Exit(130) from None
-        if isinstance(err, TwoclocksError | KeyboardInterrupt | SystemExit):
-            raise
-        raise TwoclocksError(f"run {run_id} failed: {type(err).__name__}: {err}") from None
+        # a project error is the user's one line; anything else is a bug, which the CLI logs
+        # with its traceback (the run row already says it failed)
+        raise
     if dist.rank == 0:
         writer.close()
         store.set_status(run_id, returned_status(status))

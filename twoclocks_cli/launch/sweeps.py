@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from twoclocks_cli.backends import sweep_backend
 from twoclocks_cli.config.models import SweepConfig
 from twoclocks_cli.config.plan import Plan
-from twoclocks_cli.core.errors import LaunchError
+from twoclocks_cli.core.errors import ConfigError, LaunchError, NotFoundError
 from twoclocks_cli.launch.base import JobState, Submission
 from twoclocks_cli.launch.state import ACTIVE, PENDING, RETRYABLE
 from twoclocks_cli.store.models import Run, RunStatus
@@ -82,8 +83,11 @@ class Registered:
 
 
 def register(store, plan: Plan, source: str) -> Registered:
-    """Create the sweep and its new cells in ONE transaction (all or nothing)."""
+    """Create the sweep and its new cells in ONE transaction (all or nothing), once the sweeps
+    its adaptive cells calibrate from are found in `store` (check_calibration)."""
     cfg = plan.config
+    check_calibration(store, [c.config for c in plan.cells], source,
+                      f"{sweep_backend(cfg.backend).TABLE}.adaptive.from_sweep")
     # unique per registration: another store's sweep of the same name never shares (and
     # resumes from) these checkpoints
     folder = str(Path(cfg.workdir).resolve() / f"{cfg.name}-{uuid.uuid4().hex[:8]}")
@@ -94,6 +98,25 @@ def register(store, plan: Plan, source: str) -> Registered:
     reg = store.register_cells(cfg.name, cfg.backend, redacted(cfg.model_dump(mode="json")),
                                folder, cells, source)
     return Registered(cfg.name, reg.folder, reg.new, reg.existing, reg.runs)
+
+
+def check_calibration(store, cells: list[dict], source: str, key: str) -> None:
+    """Every sweep an adaptive cell calibrates from (its `adaptive.from_sweep`, written as
+    `key`) is in `store` and has a stored analysis: a cell calibrates when it starts, from the
+    store it writes to, so without them every such cell would fail there (ConfigError)."""
+    names = sorted({c["adaptive"]["from_sweep"] for c in cells
+                    if c.get("batch_schedule") == "adaptive" and isinstance(c.get("adaptive"), dict)
+                    and isinstance(c["adaptive"].get("from_sweep"), str)})
+    for name in names:
+        where = f"{source}: key {key!r} = {name!r}"
+        try:
+            analysis = store.latest_analysis(name)
+        except NotFoundError as err:
+            raise ConfigError(f"{where}: {err} in {store.url}; run that sweep there and "
+                              f"`twoclocks analyze {name} --save` first") from None
+        if analysis is None:
+            raise ConfigError(f"{where}: the sweep has no stored analysis in {store.url}: run "
+                              f"`twoclocks analyze {name} --save` first")
 
 
 def to_submit(store, reg: Registered, retry_failed: bool) -> list[Run]:
