@@ -318,3 +318,42 @@ def test_follow_takes_an_unterminated_last_line_only_once_the_file_is_finished(t
     assert _sql(db, "select status from runs") == [("completed",)]
     assert _series(db, result["run_id"], "time_gen_s") == [
         (s, s * 64, round(15 + 0.1 * s, 2)) for s in range(1, 6)]
+
+
+# -- 5. the config dict broken by another process's output and a NUL byte -----------------------
+
+
+def test_an_unreadable_config_dict_falls_back_to_the_logged_lr(tmp_path):
+    """Before: the dict's 'optim': {'lr': 5e-07} was lost with the dict (a WorkerDict line with
+    NUL bytes glued into it) and the run's lr was stored as unknown, although actor/lr is
+    logged at every step."""
+    data = (FIX / "verl_config_broken_nul.log").read_bytes()
+    assert b"\x00" in data and b"'lr': 5e-07" in data
+    db, url = _db(tmp_path)
+    out = _ingest_json(str(FIX / "verl_config_broken_nul.log"), "--db", url)
+    rid = out[0]["run_id"]
+    assert _sql(db, "select lr, batch_prompts, group_size, "
+                    "json_extract(config, '$.ingest.params_from.lr') from runs") == [
+        (5e-07, 32, 8, "log (peak actor/lr logged)")]  # warm-up 1.67e-07, 3.33e-07, then 5e-07
+    note = next(n for n in out[0]["notes"] if n.startswith("lr = 5e-07, the peak actor/lr"))
+    assert "printed config dict (line 3) could not be read" in note and "--lr" in note
+    assert not any("lr was not found" in n for n in out[0]["notes"])
+    assert [v for _, _, v in _series(db, rid, "lr")][:3] == [
+        1.6666666666666665e-07, 3.333333333333333e-07, 5e-07]  # the logged values, as logged
+    # --lr still sets it, saying what it overrides
+    out = _ingest_json(str(FIX / "verl_config_broken_nul.log"), "--lr", "6e-7", "--sweep", "o",
+                       "--db", url)
+    assert out[0]["lr"] == 6e-7 and out[0]["params_from"]["lr"] == "option"
+    assert any("--lr 6e-07 overrides 5e-07 from the log (peak actor/lr logged)" in n
+               for n in out[0]["notes"])
+
+
+def test_an_unreadable_config_dict_is_named_when_the_batch_size_is_missing(tmp_path):
+    text = (FIX / "verl_config_broken_nul.log").read_text()
+    log = tmp_path / "nobatch.log"
+    log.write_text(text.replace(" data.train_batch_size=32", ""))
+    db, url = _db(tmp_path)
+    proc = twoclocks("ingest", str(log), "--db", url)
+    assert_one_line_error(proc, "the batch size is unknown; pass --batch-prompts",
+                          "the printed config dict (line 3) could not be read")
+    assert _sql(db, "select count(*) from runs") == [(0,)]

@@ -6,11 +6,13 @@ Values may be printed as `np.float64(0.5)`. Key names drift between versions (`t
 Before the first step line, prompts per step (`data.train_batch_size`), group size
 (`actor_rollout_ref.rollout.n`) and lr (`actor_rollout_ref.actor.optim.lr`) are read from the
 printed config dict (parsed with `ast.literal_eval`, which evaluates literals only) or, failing
-that, from `key=value` overrides on the command line. Other Ray processes print into the middle
-of the driver's multi-line config dict: a dict is gathered from the lines of the process that
-began it. `Initial validation metrics: {...}` is the step-0 evaluation, `Final validation
-metrics: {...}` the last step's (verl pprints them as a string: in quotes, or cut into quoted
-fragments over several lines; their unrounded values replace the same keys' 3-decimal ones).
+that, from `key=value` overrides on the command line; with no lr there (a dict broken by
+another process's output glued into its lines, or a NUL byte), the run's lr is the peak
+`actor/lr` logged, with a note. Other Ray processes print into the middle of the driver's
+multi-line config dict: a dict is gathered from the lines of the process that began it.
+`Initial validation metrics: {...}` is the step-0 evaluation, `Final validation metrics: {...}`
+the last step's (verl pprints them as a string: in quotes, or cut into quoted fragments over
+several lines; their unrounded values replace the same keys' 3-decimal ones).
 `key(1e-4):0.010` is a value printed in units of 1e-4. What the log cannot say exactly is left
 out with a note: an lr printed as `0.000` (rounded away), a last line cut off mid-write (a file
 still being written, or truncated: in a finished file, a last line without its newline is taken
@@ -20,6 +22,7 @@ when it parses and has every training key the other step lines have).
 from __future__ import annotations
 
 import ast
+import math
 import re
 from pathlib import Path
 
@@ -114,19 +117,20 @@ def _dig(tree, dotted: str):
     return tree
 
 
-def _config_dicts(header: list[tuple[str, str]]):
+def _config_dicts(header: list[tuple[str, str, int]], broken: list[int]):
     """Each top-level `{...}` literal printed in the header (pprint spreads them over lines),
     gathered from the lines of the process that printed its first line: other processes' lines
-    in between are skipped."""
+    in between are skipped. The line number of each one that does not parse goes to `broken`
+    (another process's output glued into one of its lines, a NUL byte)."""
     i = 0
     while i < len(header):
-        prefix, first = header[i]
+        prefix, first, number = header[i]
         if not first.lstrip().startswith("{'"):
             i += 1
             continue
         chunk, depth, size, j = [], 0, 0, i
         while j < len(header):
-            who, text = header[j]
+            who, text, _ = header[j]
             j += 1
             if who != prefix:
                 continue
@@ -143,18 +147,20 @@ def _config_dicts(header: list[tuple[str, str]]):
             yield tree
             i = j
         else:
+            broken.append(number)
             i += 1
 
 
-def _header_params(header: list[tuple[str, str]]) -> tuple[dict, dict]:
-    """Batch prompts, group size and lr stated before the first step line, with their source."""
-    params, origin = {}, {}
-    for tree in _config_dicts(header):
+def _header_params(header: list[tuple[str, str, int]]) -> tuple[dict, dict, list[int]]:
+    """Batch prompts, group size and lr stated before the first step line, with their source;
+    and the lines of printed dicts that could not be read."""
+    params, origin, broken = {}, {}, []
+    for tree in _config_dicts(header, broken):
         for name, (dotted, kind) in _PARAMS.items():
             v = _dig(tree, dotted)
             if name not in params and isinstance(v, (int, float)) and not isinstance(v, bool):
                 params[name], origin[name] = kind(v), f"log config ({dotted})"
-    text = "\n".join(line for _, line in header)
+    text = "\n".join(line for _, line, _ in header)
     for name, (dotted, kind) in _PARAMS.items():
         if name in params:
             continue
@@ -165,7 +171,7 @@ def _header_params(header: list[tuple[str, str]]) -> tuple[dict, dict]:
                 params[name], origin[name] = kind(float(m.group(1))), f"log command line ({dotted})"
             except ValueError:
                 pass
-    return params, origin
+    return params, origin, broken
 
 
 def _eval_accuracy(record: dict[str, float]) -> float | None:
@@ -293,7 +299,7 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         if m is None or not (m.group(2).startswith(" - ")
                              or (m.group(1).isdigit() and not m.group(2).strip())):
             if not records and line:
-                header.append((prefix, line))
+                header.append((prefix, line, number))
             continue
         rounded: set[str] = set()
         try:
@@ -332,11 +338,15 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     present.update(before)
     _add_validation(records, final, present)
     _note_gaps(log, records, rounded_lr)
-    params, origin = _header_params(header)
+    params, origin, broken = _header_params(header)
     _default_group_size(header, params, origin, log)
     log.params.update(params)
     log.params_from.update(origin)
     picks = mapping.choose_sources(present, mapping.VERL_KEYS, opts.column_map)
+    _logged_lr(log, records, picks.get("lr"), broken)
+    if broken and not {"batch_prompts", "group_size"} <= set(params):
+        log.batch_hint = (f"the printed config dict (line {broken[0]}) could not be read "
+                          "(another process's output inside it, or a NUL byte)")
     _first_update_at_zero(log, records, picks)
     if before and not log.step_offset:  # step 0 is before any update: the evaluation's step
         row = next((r for s, r in records if s == 0), None)
@@ -434,12 +444,30 @@ def _default_group_size(header, params: dict, origin: dict, log: ParsedLog) -> N
     it is GRPO, which needs n > 1: then the group size stays unknown (pass --group-size)."""
     if "group_size" in params:
         return
-    text = "\n".join(line for _, line in header)
+    text = "\n".join(line for _, line, _ in header)
     if re.search(r"adv_estimator[\"':= ]+['\"]?grpo", text):
         return
     params["group_size"], origin["group_size"] = 1, "verl default (rollout.n not in the log)"
     log.notes.append("actor_rollout_ref.rollout.n is not in the log: verl's default n = 1 "
                      "(one completion per prompt, PPO) is used; --group-size sets it")
+
+
+def _logged_lr(log: ParsedLog, records, key: str | None, broken: list[int]) -> None:
+    """Without an lr in the config or on the command line, the run's lr is the peak lr it
+    logged (after warm-up; before any decay), with a note saying why."""
+    if "lr" in log.params or key is None:
+        return
+    lrs = [r[key] for _, r in records if key in r and math.isfinite(r[key]) and r[key] > 0]
+    if not lrs:
+        return
+    log.params["lr"] = max(lrs)
+    log.params_from["lr"] = f"log (peak {key} logged)"
+    dotted = _PARAMS["lr"][0]
+    why = (f"the printed config dict (line {broken[0]}) could not be read (another process's "
+           f"output inside it, or a NUL byte), so {dotted} is not known" if broken else
+           f"{dotted} is in neither the printed config nor the command line")
+    log.notes.append(f"lr = {max(lrs):.3g}, the peak {key} logged: {why}; --lr sets the "
+                     "configured lr")
 
 
 def _logged_samples(log: ParsedLog, records, present: set) -> None:
