@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
+from twoclocks_cli.core.errors import ConfigError
 
 FIX = Path(__file__).parents[1] / "fixtures" / "ingest"
 
@@ -357,3 +358,33 @@ def test_an_unreadable_config_dict_is_named_when_the_batch_size_is_missing(tmp_p
     assert_one_line_error(proc, "the batch size is unknown; pass --batch-prompts",
                           "the printed config dict (line 3) could not be read")
     assert _sql(db, "select count(*) from runs") == [(0,)]
+
+
+# -- 6. a run's source key names its stored key -------------------------------------------------
+
+
+def test_the_source_keys_of_imported_runs_name_their_store_keys(tmp_path):
+    from twoclocks_cli.ingest.mapping import store_key_of
+
+    db, url = _db(tmp_path)
+    _ingest_json(str(FIX / "verl_new.log"), str(FIX / "verl_old.log"), "--sweep", "v",
+                 "--db", url)
+    _ingest_json(str(FIX / "trl_new"), "--sweep", "t", "--batch-prompts", "4",
+                 "--group-size", "2", "--db", url)
+    _ingest_json(str(FIX / "table.csv"), "--sweep", "c", "--map", "reward_mean=rew",
+                 "--db", url)
+    configs = {name: [json.loads(c) for (c,) in _sql(
+        db, "select r.config from runs r join sweeps w on w.id = r.sweep_id where w.name = ?",
+        name)] for name in ("v", "t", "c")}
+    assert store_key_of(configs["v"], "critic/score/mean") == "reward_mean"
+    assert store_key_of(configs["v"], "actor/entropy") == "entropy"  # verl_new's name
+    assert store_key_of(configs["v"], "actor/entropy_loss") == "entropy"  # verl_old's
+    assert store_key_of(configs["t"], "reward") == "reward_mean"
+    assert store_key_of(configs["c"], "rew") == "reward_mean"
+    for name in ("reward_mean", "global_step", "no/such/key"):  # a store key, an axis, nothing
+        assert store_key_of(configs["v"] + configs["c"], name) is None
+    # stored as another key in another run (--map): ambiguous, never a silent pick
+    with pytest.raises(ConfigError, match="'critic/score/mean' is the source of reward_mean, "
+                                        "accuracy"):
+        store_key_of(configs["v"] + [{"ingest": {"sources": {
+            "accuracy": "critic/score/mean"}}}], "critic/score/mean")

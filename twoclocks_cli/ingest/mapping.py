@@ -117,3 +117,24 @@ def apply(record: Mapping[str, float], picks: Mapping[str, str]) -> dict[str, fl
 def unmapped(present: Iterable[str], picks: Mapping[str, str], ignore: Iterable[str] = ()) -> set:
     used = set(picks.values()) | set(ignore)
     return {k for k in present if k not in used}
+
+
+def store_key_of(configs: Iterable[Mapping | None], name: str) -> str | None:
+    """The store key that `name` was imported as, when `name` is a source key of imported runs
+    (verl's `critic/score/mean` is stored as `reward_mean`, TRL's `reward` too), read from each
+    run's own import record (`config["ingest"]["sources"]`: store key -> source key); None when
+    no run imported a key by that name (a store key, or no import at all). Runs that stored it
+    under different keys (a table imported with --map) make the name ambiguous: ConfigError."""
+    found: dict[str, None] = {}
+    for config in configs:
+        ingest = (config or {}).get("ingest")
+        sources = ingest.get("sources") if isinstance(ingest, Mapping) else None
+        if not isinstance(sources, Mapping):
+            continue
+        for target, source in sources.items():
+            if source == name and target not in AXES:
+                found[target] = None
+    if len(found) > 1:
+        raise ConfigError(f"metric {name!r} is the source of {', '.join(found)} in different "
+                          "imported runs: name the store key instead")
+    return next(iter(found), None)
