@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOORS = [
     ["twoclocks_cli.core", "twoclocks_cli"],  # the package root holds only __version__
     ["twoclocks_cli.store", "twoclocks_cli.theory", "trainer"],
-    ["twoclocks_cli.clocks", "twoclocks_cli.ingest"],
+    ["twoclocks_cli.ingest"],  # foreign logs into the store's names
+    ["twoclocks_cli.clocks"],  # reads an imported run's source names to accept them as aliases
     ["twoclocks_cli.integrations"],  # code that runs inside someone else's trainer
     ["twoclocks_cli.backends"],
     ["twoclocks_cli.config"],  # the planner asks the backends

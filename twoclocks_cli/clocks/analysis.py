@@ -44,7 +44,7 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     if not runs:
         raise AnalysisError(f"sweep {sweep!r} has no runs yet: nothing to analyse")
     ids = [r.id for r in runs]
-    metric = _pick_metric(store, sweep, ids, opts.metric)
+    metric = _pick_metric(store, sweep, ids, opts.metric, runs)
     signals = load_signals(store, ids, metric, opts)
     warnings: list[str] = []
     curves = {rid: prepare(sig.metric) for rid, sig in signals.items()}
@@ -106,13 +106,20 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     ))
 
 
-def _pick_metric(store, sweep, ids, wanted) -> str:
-    """The progress metric: the one asked for, else eval_accuracy when logged, else reward_mean."""
+def _pick_metric(store, sweep, ids, wanted, runs) -> str:
+    """The progress metric: the one asked for, else eval_accuracy when logged, else reward_mean.
+    The name an imported run's own log used (verl's `critic/score/mean`) stands for the store
+    key it was imported as (`reward_mean`)."""
+    from twoclocks_cli.ingest.mapping import store_key_of
+
     candidates = [wanted] if wanted else ["eval_accuracy", "reward_mean"]
     keys = store.metric_keys(ids)
     for c in candidates:
         if c in keys:
             return c
+    alias = store_key_of([r.config for r in runs], wanted) if wanted else None
+    if alias in keys:
+        return alias
     shown = wanted or "eval_accuracy or reward_mean"
     known = ", ".join(keys) if keys else "none: no run has logged anything yet"
     raise NotFoundError(f"metric {shown!r} not logged by any run of {sweep!r}; metrics: {known}")

@@ -104,6 +104,10 @@ def gather(store, opts: ReportOptions) -> ReportData:
     keys = set(store.metric_keys(ids))
     metric = (analysis.metric if analysis else None) or asked.metric or next(
         (k for k in PROGRESS_KEYS if k in keys), None)
+    if metric not in keys:  # a name of the imported runs' own logs stands for its store key
+        from twoclocks_cli.ingest.mapping import store_key_of
+
+        metric = store_key_of([r.config for r in runs], metric) or metric
     wanted = [metric] if metric in keys else []
     wanted += [k for k in SIDE_KEYS if k in keys and k != metric][:6]
     curves = {k: store.load_metric(ids, k) for k in wanted}
