@@ -409,7 +409,12 @@ def read_data(cfg, hub: bool = True):
                     "are held out from it: set eval_dataset or a smaller eval_size"
                 )
             train, held = train[: -cfg.eval_size], train[-cfg.eval_size :]
-    if cfg.eval_dataset is not None:
+    if cfg.eval_dataset == "builtin:arithmetic":
+        task = ArithmeticTask(cfg.arith_min_value, cfg.arith_max_value, tuple(cfg.arith_ops))
+        held = task.heldout(cfg.eval_size, EVAL_SEED)
+    elif cfg.eval_dataset is not None and cfg.eval_dataset.startswith("builtin:"):
+        raise ConfigError(dataset_problem(cfg.eval_dataset))
+    elif cfg.eval_dataset is not None:
         rows = read_spec(cfg.eval_dataset, cfg, hub)
         held = rows[: cfg.eval_size] if rows is not None else None
     return train, held

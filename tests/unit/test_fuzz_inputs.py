@@ -12,6 +12,8 @@ mutates configs into valid and invalid ones alike; this suite only builds invali
 from __future__ import annotations
 
 import copy
+import importlib.util
+import json
 import os
 import shutil
 import sqlite3
@@ -227,6 +229,111 @@ def test_invalid_grpo_cells_are_refused_by_plan(tmp_path_factory, seeded, mutati
     doc = _set(copy.deepcopy(GRPO_BASE), path, value)
     (case.root / "g.toml").write_text(mutate_fuzz.to_toml(doc))
     case.refuses(["plan", str(case.root / "g.toml")], what=mutation)
+
+
+# --- what grpo cells need: the trainer keys that name a model, a file, a module or an engine ----
+
+# values the check cannot pass, each with the phrase its one line says; "@..." values are files
+# the test writes into the case's folder first (see _materialise)
+_WORD = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=8)
+MODEL_VALUES = st.one_of(
+    _WORD.map(lambda w: (f"/nonexistent-fz/{w}", "does not exist")),
+    _WORD.map(lambda w: (f"./fz-missing-{w}", "does not exist")),
+    _WORD.filter(lambda w: w != "tiny").map(lambda w: (f"builtin:{w}", "unknown built-in model")),
+    st.tuples(_WORD, _WORD).map(lambda p: (f"fz-nocache-{p[0]}/{p[1]}", "not in the local cache")),
+    st.sampled_from(["a--b", "a/..b", "x/y z"]).map(lambda v: (v, "neither an existing folder")),
+    st.sampled_from([("@empty_dir", "has no config.json"), ("@config_only", "holds no weights"),
+                     ("@no_tokenizer", "holds no tokenizer files"),
+                     ("@bad_config", "not a readable JSON object"),
+                     ("@a_file", "is not a directory")]),
+)
+DATASET_VALUES = st.one_of(
+    st.tuples(_WORD, st.sampled_from([".jsonl", ".csv", ".parquet"]))
+    .map(lambda p: (f"/nonexistent-fz/{p[0]}{p[1]}", "not found")),
+    st.tuples(_WORD, st.sampled_from([".txt", ".json", "", ".jsonl.gz", ".tsv"]))
+    .map(lambda p: (f"fz-{p[0]}{p[1]}", "unsupported dataset file type")),
+    _WORD.filter(lambda w: w != "arithmetic")
+    .map(lambda w: (f"builtin:{w}", "unknown built-in dataset")),
+    _WORD.map(lambda w: (f"hf:/nonexistent-fz/{w}", "does not exist"
+                         if importlib.util.find_spec("datasets") else "`datasets` package")),
+    st.sampled_from([("@nul_rows", "NUL character"), ("@folder.jsonl", "not a file"),
+                     ("@missing_column", "missing column 'question'"),
+                     ("@not_json", "not valid JSON")]),
+)
+REWARD_VALUES = st.tuples(st.from_regex(r"fz_nomod_[a-z]{1,6}(\.[a-z]{1,4})?", fullmatch=True),
+                          st.from_regex(r"[a-z_]{1,6}", fullmatch=True)) \
+    .map(lambda p: (f"{p[0]}:{p[1]}", "not importable"))
+TEMPLATE_VALUES = st.one_of(
+    st.from_regex(r"[a-z]{1,8}", fullmatch=True).filter(lambda w: w != "question")
+    .map(lambda w: ("{question} {" + w + "}", "unknown placeholder")),
+    _WORD.map(lambda w: (w, "must contain {question}")),
+    st.sampled_from([("{question", "not a format string"), ("{question:d}", "cannot be rendered"),
+                     ("{}{question}", "unknown placeholder {}")]),
+)
+_NEEDS = [("model", MODEL_VALUES), ("dataset", DATASET_VALUES), ("eval_dataset", DATASET_VALUES),
+          ("reward", REWARD_VALUES), ("prompt_template", TEMPLATE_VALUES)]
+if importlib.util.find_spec("vllm") is None:
+    _NEEDS.append(("rollout_engine", st.just(("vllm", "vllm extra"))))
+NEEDS_MUTATIONS = st.one_of(*[
+    st.tuples(st.sampled_from([("trainer", key), ("grid", "trainer", key)]), values)
+    for key, values in _NEEDS])
+
+
+def _materialise(root: Path, value: str) -> str:
+    """An "@..." value as the path of a file or folder written for it; others as they are."""
+    if not value.startswith("@"):
+        return value
+    path = root / value[1:]
+    files = {"config_only": ["config.json"], "no_tokenizer": ["config.json", "model.safetensors"],
+             "bad_config": ["model.safetensors", "tokenizer.json"]}
+    if value == "@a_file":
+        path.write_text("x")
+    elif value[1:] in files or value == "@empty_dir" or value == "@folder.jsonl":
+        path.mkdir()
+        for name in files.get(value[1:], []):
+            (path / name).write_text("{}")
+        if value == "@bad_config":
+            (path / "config.json").write_text("{not json")
+    else:
+        path = path.with_suffix(".jsonl")
+        row = {"question": "1+1", "answer": "2"}
+        lines = [json.dumps(row)] * 300
+        if value == "@nul_rows":
+            lines.append(json.dumps({"question": "1\u00002", "answer": "3"}))
+        elif value == "@missing_column":
+            lines = [json.dumps({"q": "1+1", "answer": "2"})] * 300
+        elif value == "@not_json":
+            lines.append("{oops")
+        path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@settings(FUZZ, max_examples=120)
+@given(mutation=NEEDS_MUTATIONS)
+def test_what_grpo_cells_need_is_refused_by_plan_and_sweep(tmp_path_factory, seeded, mutation):
+    """Every trainer key that names a model, dataset file, reward module or rollout engine is
+    checked at plan time, as [trainer] and as a grid axis beside a good value; `sweep` then
+    refuses it too (the plan's refusal comes first, so no case can train) and writes nothing."""
+    case = _case(tmp_path_factory, seeded)
+    path, (value, phrase) = mutation
+    value = _materialise(case.root, value)
+    good = TRAIN_GOOD[path[-1]]
+    doc = _set(copy.deepcopy(GRPO_BASE), path, [good, value] if path[0] == "grid" else value)
+    if path[-1] in ("dataset", "eval_dataset"):
+        doc["trainer"]["eval_size"] = 4
+    (case.root / "n.toml").write_text(mutate_fuzz.to_toml(doc))
+    cfg = str(case.root / "n.toml")
+    line = case.refuses(["plan", cfg], phrase, what=mutation)
+    if phrase not in ROW_PHRASES:  # a bad row is named by its file and line, not by the key
+        assert ".".join(path) in line, (line, mutation)
+    case.refuses(["sweep", cfg, "--db", case.url, "--executor", "debug"], phrase, what=mutation)
+    assert not (case.root / "twoclocks-runs").exists()
+
+
+ROW_PHRASES = {"NUL character", "missing column 'question'", "not valid JSON"}
+TRAIN_GOOD = {"model": "builtin:tiny-arith", "dataset": "builtin:arithmetic",
+              "eval_dataset": "builtin:arithmetic", "reward": "math-verify",
+              "prompt_template": "{question}=", "rollout_engine": "hf"}
 
 
 # --- training configs ------------------------------------------------------------------------
