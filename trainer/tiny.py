@@ -430,10 +430,23 @@ def _folder_problem(path: Path) -> str | None:
     return None
 
 
+def _hub_offline() -> bool:
+    """Whether this process is told to stay off the hub (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE),
+    as huggingface_hub reads those variables."""
+    import os
+
+    return any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
 def _hub_problem(repo: str) -> str | None:
-    """A hub id loads without the network only from the local cache. Whether the hub holds an
-    id that is not cached cannot be told without asking it, and cells often run offline (and
-    would each download it), so such an id is refused with how to cache it."""
+    """A hub id loads without the network only from the local cache. Online, an id that is not
+    cached may still be downloaded where the cells run (a cluster's login node often has no
+    model the compute nodes fetch), and whether the hub holds it cannot be told without asking
+    it, so it passes; offline (HF_HUB_OFFLINE=1) it cannot load, so it is refused with how to
+    cache it."""
+    if not _hub_offline():
+        return None
     try:
         from huggingface_hub import try_to_load_from_cache
         from huggingface_hub.constants import HF_HUB_CACHE
@@ -445,7 +458,7 @@ def _hub_problem(repo: str) -> str | None:
         hit = None
     if isinstance(hit, str):
         return None
-    return (f"a Hugging Face hub id not in the local cache ({HF_HUB_CACHE}): "
-            "without the network it cannot load, and whether the hub holds it cannot be checked "
-            f"here; download it first (`hf download {repo}`, or point HF_HUB_CACHE at a cache "
-            "that holds it) or give a local model folder")
+    return (f"a Hugging Face hub id not in the local cache ({HF_HUB_CACHE}) while "
+            "HF_HUB_OFFLINE is set: without the network it cannot load, and whether the hub "
+            f"holds it cannot be checked here; download it first (`hf download {repo}`, or point "
+            "HF_HUB_CACHE at a cache that holds it) or give a local model folder")

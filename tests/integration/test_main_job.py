@@ -54,12 +54,38 @@ def _ok(proc):
     return proc
 
 
+def _on_its_cluster(tmp_path) -> tuple[Path, dict]:
+    """The SLURM example as it plans where it runs: its data files exist and its reward module
+    is on PYTHONPATH (both in tmp_path), and, where vLLM is not installed here, after plan has
+    refused it by name, with the HF engine. Returns the config and the environment."""
+    import importlib.util
+
+    text = (ROOT / "examples" / "qwen2.5-math-1.5b-slurm.toml").read_text()
+    rows = "".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n"
+                   for i in range(600))
+    for name in ("train.jsonl", "test500.jsonl"):
+        (tmp_path / name).write_text(rows)
+        text = text.replace(f"/data/math/{name}", str(tmp_path / name))
+    (tmp_path / "my_rewards.py").write_text("def math_boxed(completions, answers):\n"
+                                            "    return [0.0 for _ in completions]\n")
+    config = tmp_path / "qwen.toml"
+    config.write_text(text)
+    env = {"PYTHONPATH": str(tmp_path)}
+    if importlib.util.find_spec("vllm") is None:
+        assert_one_line_error(twoclocks("plan", str(config), env=env), "rollout_engine", "vllm")
+        config.write_text(text.replace('rollout_engine = "vllm"', 'rollout_engine = "hf"'))
+    return config, env
+
+
 @pytest.mark.parametrize("example", ["tiny-arith-sweep.toml", "qwen2.5-math-1.5b-slurm.toml"])
-def test_examples_plan(example):
+def test_examples_plan(example, tmp_path):
     """Both shipped sweep configs plan: 16x batch range, sqrt lr, cells valid for the trainer."""
     from trainer.config import TrainConfig
 
-    data = json.loads(_ok(twoclocks("plan", str(ROOT / "examples" / example), "--json")).stdout)
+    path, env = ROOT / "examples" / example, None
+    if example.startswith("qwen"):
+        path, env = _on_its_cluster(tmp_path)
+    data = json.loads(_ok(twoclocks("plan", str(path), "--json", env=env)).stdout)
     cells = data["cells"]
     batches = sorted({c["batch_samples"] for c in cells})
     assert batches[-1] == 16 * batches[0]

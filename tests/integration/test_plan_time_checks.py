@@ -133,7 +133,8 @@ def test_a_model_folder_needs_config_weights_and_tokenizer(tmp_path):
 def test_a_hub_id_plans_only_from_the_local_cache(tmp_path):
     """Offline a hub id loads only from the cache: not there, it is refused, saying so."""
     cache = tmp_path / "hf"
-    env = {"HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "hfhome")}
+    env = {"HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "hfhome"),
+           "HF_HUB_OFFLINE": "1"}
     line = _refused(tmp_path, 'model = "someorg/some-model"', "trainer.model",
                     "not in the local cache", str(cache), "hf download someorg/some-model",
                     env=env)
@@ -151,6 +152,11 @@ def test_a_hub_id_plans_only_from_the_local_cache(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert {c["config"]["model"] for c in json.loads(proc.stdout)["cells"]} == \
         {"someorg/some-model"}
+    # online, an id not cached here plans: the cells' nodes may download it
+    online = {k: v for k, v in env.items() if k != "HF_HUB_OFFLINE"}
+    proc = twoclocks("plan", str(_config(tmp_path, 'model = "otherorg/other-model"')),
+                     cwd=tmp_path, env={**online, "HF_HUB_OFFLINE": "0"})
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_an_hf_dataset_plans_only_from_a_folder_or_the_local_cache(tmp_path):

@@ -71,7 +71,8 @@ def test_a_prompt_template_has_one_placeholder(tmp_path, template, needles):
 
 
 def test_a_model_that_cannot_load_is_refused_before_the_run_row(tmp_path):
-    env = {"HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HOME": str(tmp_path / "hfhome")}
+    env = {"HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HOME": str(tmp_path / "hfhome"),
+           "HF_HUB_OFFLINE": "1"}
     line = _refused(tmp_path, 'model = "nosuchorg/nosuchmodel"\n', "key 'model'",
                     "not in the local cache", env=env)
     assert "without the network it cannot load" in line

@@ -83,8 +83,8 @@ class Case:
         here = os.getcwd()
         os.chdir(self.root)  # a default ./twoclocks.db or workdir would land here
         try:
-            result = CliRunner().invoke(app, args, env={
-                "TWOCLOCKS_CRASH_DIR": str(self.root / "crashes")})
+            result = CliRunner().invoke(app, args, env={  # offline: an uncached hub id is refused
+                "TWOCLOCKS_CRASH_DIR": str(self.root / "crashes"), "HF_HUB_OFFLINE": "1"})
         finally:
             os.chdir(here)
         context = (args, what, result.output[-2000:])
