@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainer.adaptive_config import AdaptiveConfig
 from twoclocks_cli.core import toml
 from twoclocks_cli.core.errors import ConfigError
-from twoclocks_cli.core.limits import INT32_MAX, INT64_MAX, Int32, nul_key, path_problem
+from twoclocks_cli.core.limits import INT32_MAX, INT64_MAX, Int32, path_problem, refuse_nul
 from twoclocks_cli.core.numbers import short
 
 # strict: a string, a bool or a float is never turned into a number of another type; finite only
@@ -469,10 +469,7 @@ class TrainConfig(BaseModel):
             data.update(extra)
         if data.get("backend") == "grpo":
             data.pop("backend")
-        bad = nul_key(data)
-        if bad:
-            raise ConfigError(f"{source}: key {bad!r}: contains a NUL character, which no key "
-                              "or value may hold")
+        refuse_nul(data, source)
         try:
             return cls.model_validate(data)
         except ValidationError as err:

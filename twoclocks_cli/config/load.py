@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from twoclocks_cli.config.models import SweepConfig
 from twoclocks_cli.core import toml
 from twoclocks_cli.core.errors import ConfigError
-from twoclocks_cli.core.limits import nul_key
+from twoclocks_cli.core.limits import refuse_nul
 from twoclocks_cli.core.numbers import short
 
 
@@ -24,10 +24,7 @@ def load_config(path: str | Path) -> SweepConfig:
 
 def parse_config(data: dict[str, Any], source: str = "config") -> SweepConfig:
     """Validate a parsed TOML document; the first problem becomes the error's one line."""
-    bad = nul_key(data)
-    if bad:
-        raise ConfigError(f"{source}: key {bad!r}: contains a NUL character, which no key or "
-                          "value may hold")
+    refuse_nul(data, source)
     try:
         return SweepConfig.model_validate(data)
     except ValidationError as exc:

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from twoclocks_cli.core.errors import ConfigError
+
 INT32_MAX = 2**31 - 1  # runs.seed/batch_* and metrics.step are INTEGER (32-bit on PostgreSQL)
 INT64_MAX = 2**63 - 1  # metrics.samples is BIGINT
 MAX_CELLS = 10_000  # cells one sweep may plan
@@ -66,3 +68,12 @@ def nul_key(data: Any, prefix: str = "") -> str | None:
     elif isinstance(data, str) and "\x00" in data:
         return prefix or "value"
     return None
+
+
+def refuse_nul(data: Any, source: str) -> None:
+    """ConfigError naming the first key whose name or value holds a NUL character: no file,
+    column or argv can carry one."""
+    bad = nul_key(data)
+    if bad:
+        raise ConfigError(f"{source}: key {bad!r}: contains a NUL character, which no key or "
+                          "value may hold")
