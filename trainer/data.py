@@ -341,8 +341,10 @@ def dataset_problem(spec: str) -> str | None:
 
 
 def _hf_problem(spec: str) -> str | None:
-    """`hf:ID`: the datasets package, and a local folder or a hub id the local cache holds (a
-    hub id that is not cached loads only over the network, which cannot be checked here)."""
+    """`hf:ID`: the datasets package, and a local folder or a hub id. Online, an id that is not
+    cached here may still be downloaded where the runs start, and whether the hub holds it
+    cannot be told without asking it, so it passes; offline (HF_HUB_OFFLINE or
+    HF_DATASETS_OFFLINE) only the local caches can give it."""
     ident = spec[3:]
     if importlib.util.find_spec("datasets") is None:
         return f"dataset {spec!r} needs the `datasets` package (pip install 'twoclocks[hf]')"
@@ -356,14 +358,23 @@ def _hf_problem(spec: str) -> str | None:
         return f"dataset {spec!r}: folder {path} does not exist"
     if not ident or len(ident) > 96 or not _HUB_ID.match(ident):
         return f"dataset {spec!r}: neither an existing folder nor a hub id ([ORG/]NAME)"
+    if not _offline():
+        return None
     hub, local = _hf_caches()
     if (hub / f"datasets--{ident.replace('/', '--')}").is_dir() or \
             (local / ident.replace("/", "___")).is_dir():
         return None
-    return (f"dataset {spec!r}: a hub id in neither local cache ({hub}, {local}): without the "
-            "network it cannot load, and whether the hub holds it cannot be checked here; "
+    return (f"dataset {spec!r}: a hub id in neither local cache ({hub}, {local}) while the hub "
+            "is off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE): without the network it cannot load; "
             f"download it first (`hf download --repo-type dataset {ident}`) or give a local "
             "file or folder")
+
+
+def _offline() -> bool:
+    """Whether this process is told to stay off the hub, as huggingface_hub and datasets read
+    those variables."""
+    return any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def _hf_caches() -> tuple[Path, Path]:

@@ -163,10 +163,19 @@ def test_an_hf_dataset_plans_only_from_a_folder_or_the_local_cache(tmp_path):
     if importlib.util.find_spec("datasets") is None:
         _refused(tmp_path, 'dataset = "hf:someorg/data"', "needs the `datasets` package")
         return
-    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_DATASETS_CACHE": str(tmp_path / "ds")}
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_DATASETS_CACHE": str(tmp_path / "ds"),
+           "HF_HUB_OFFLINE": "1"}
     _refused(tmp_path, 'dataset = "hf:someorg/data"', "trainer.dataset", "neither local cache",
              "hf download --repo-type dataset someorg/data", env=env)
     _refused(tmp_path, f'dataset = "hf:{tmp_path / "nowhere"}"', "does not exist", env=env)
+    # the datasets library's own cache holds it: offline it loads from there
+    (tmp_path / "ds" / "someorg___data").mkdir(parents=True)
+    cfg = _config(tmp_path, 'dataset = "hf:someorg/data"')
+    assert twoclocks("plan", str(cfg), cwd=tmp_path, env=env).returncode == 0
+    # online, an id not cached here plans: the runs may download it
+    cfg = _config(tmp_path, 'dataset = "hf:otherorg/data"')
+    online = twoclocks("plan", str(cfg), cwd=tmp_path, env={**env, "HF_HUB_OFFLINE": "0"})
+    assert online.returncode == 0, online.stderr
 
 
 def test_every_row_of_a_dataset_file_is_read_at_plan_time(tmp_path):
