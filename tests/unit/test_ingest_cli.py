@@ -165,8 +165,8 @@ def test_options_override_the_log_with_a_note(sqlite_url):
 
 
 def test_unknown_format_and_foreign_sweep_refused(sqlite_url):
-    one_line_error(cli("ingest", FIX / "table.csv", "-f", "wandb", "--db", sqlite_url),
-                   "--format 'wandb'", "trl, verl, csv, jsonl")
+    one_line_error(cli("ingest", FIX / "table.csv", "-f", "aim", "--db", sqlite_url),
+                   "--format 'aim'", "trl, verl, csv, jsonl")
     store = Store.open(sqlite_url)
     with store.session() as s:
         s.add(Sweep(name="mine", backend="grpo", config={}))

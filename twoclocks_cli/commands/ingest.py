@@ -1,4 +1,5 @@
-"""`twoclocks ingest`: import TRL, verl, CSV or JSONL training logs as completed runs of a sweep."""
+"""`twoclocks ingest`: import training logs (TRL, verl, CSV, JSONL) and tracked runs (W&B,
+MLflow, TensorBoard) as completed runs of a sweep."""
 
 import json
 from pathlib import Path
@@ -9,13 +10,26 @@ import typer
 from twoclocks_cli.options import DbOption, JsonOption
 
 FORMAT_HELP = (
-    "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line). "
-    "Default: told from each file's content."
+    "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line), "
+    "wandb (run directories), wandb-csv (a panel export), mlflow (a local store), tensorboard "
+    "(event files). Default: told from each source's content."
 )
 
 
 def ingest(
-    paths: Annotated[list[Path], typer.Argument(help="Log files (or TRL checkpoint folders).")],
+    paths: Annotated[list[Path] | None, typer.Argument(
+        help="Log files, TRL checkpoint folders, W&B run folders, TensorBoard run folders, "
+        "MLflow stores (mlflow.db or mlruns).")] = None,
+    sources: Annotated[list[str] | None, typer.Option(
+        "--from", help="A tracking store by URI: mlflow:sqlite:///mlflow.db or "
+        "mlflow:./mlruns (repeatable).")] = None,
+    runs: Annotated[list[str] | None, typer.Option(
+        "--run", help="Sources holding several runs (W&B, MLflow, TensorBoard): only runs "
+        "whose name or id matches this glob (repeatable).")] = None,
+    experiments: Annotated[list[str] | None, typer.Option(
+        "--experiment", help="MLflow: only this experiment, by name or id (repeatable).")] = None,
+    mlflow_filter: Annotated[str | None, typer.Option(
+        "--filter", help="MLflow: a search filter, e.g. \"params.lr = '0.001'\".")] = None,
     fmt: Annotated[str | None, typer.Option("--format", "-f", help=FORMAT_HELP)] = None,
     sweep: Annotated[str, typer.Option(
         "--sweep", help="Sweep the runs join (created when missing).")] = "imported",
@@ -49,7 +63,8 @@ def ingest(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Import training logs as completed runs, one per file; re-importing changes nothing."""
+    """Import training logs as completed runs, one per file (or per run of a W&B, MLflow or
+    TensorBoard source); re-importing changes nothing."""
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.ingest import FORMATS, IngestOptions, ingest_files, parse_map
     from twoclocks_cli.store import Store
@@ -59,21 +74,23 @@ def ingest(
     if max_bytes < 1:
         raise ConfigError(f"--max-bytes {max_bytes}: must be positive")
     _check_options(sweep, lr, batch_prompts, group_size, seed)
+    every = _sources(paths or [], sources or [])
     opts = IngestOptions(
         fmt=fmt, sweep=sweep, batch_prompts=batch_prompts, group_size=group_size, lr=lr,
         seed=seed, column_map=parse_map(column_map or []), skip_bad=skip_bad,
-        max_bytes=max_bytes, identity=identity, finished=not follow,
+        max_bytes=max_bytes, identity=identity, finished=not follow, runs=tuple(runs or ()),
+        experiments=tuple(experiments or ()), mlflow_filter=mlflow_filter,
     )
     if follow:
-        _check_follow(paths, idle, poll, pid)
+        _check_follow(every, idle, poll, pid)
     store = Store.open(db)
     if follow:
         from twoclocks_cli.ingest.follow import follow_file
 
         echo = None if as_json else (lambda line: typer.echo(line))
-        results = [follow_file(store, paths[0], opts, idle=idle, poll=poll, echo=echo, pid=pid)]
+        results = [follow_file(store, every[0], opts, idle=idle, poll=poll, echo=echo, pid=pid)]
     else:
-        results = ingest_files(store, paths, opts)
+        results = ingest_files(store, every, opts)
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in results], indent=2))
         return
@@ -98,14 +115,30 @@ def ingest(
             typer.echo(f"  note: {note}")
 
 
-def _check_follow(paths: list[Path], idle: float, poll: float, pid: int | None) -> None:
-    """--follow takes one file and positive, finite waits."""
+def _sources(paths: list[Path], uris: list[str]) -> list:
+    """The paths, then the --from URIs (only mlflow: ones are known); at least one."""
+    from twoclocks_cli.core.errors import ConfigError
+
+    for uri in uris:
+        if not uri.startswith("mlflow:"):
+            raise ConfigError(f"--from {uri!r}: expected mlflow:URI (mlflow:sqlite:///mlflow.db "
+                              "or mlflow:./mlruns); files and folders are given as PATH")
+    if not paths and not uris:
+        raise ConfigError("nothing to import: give log files or folders, or --from mlflow:URI")
+    return [*paths, *uris]
+
+
+def _check_follow(paths: list, idle: float, poll: float, pid: int | None) -> None:
+    """--follow takes one file or run folder and positive, finite waits."""
     import math
 
     from twoclocks_cli.core.errors import ConfigError
 
     if len(paths) != 1:
         raise ConfigError(f"--follow follows one file, got {len(paths)}")
+    if isinstance(paths[0], str):
+        raise ConfigError(f"--follow {paths[0]}: an MLflow store is imported whole; --follow "
+                          "follows a log file, a W&B run folder or a TensorBoard run folder")
     for name, v in (("--idle", idle), ("--poll", poll)):
         if not (math.isfinite(v) and 0 < v <= 86_400):
             raise ConfigError(f"{name} {v}: must be a number of seconds in (0, 86400]")

@@ -14,7 +14,9 @@ from pathlib import Path
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.core.numbers import short
 
-FORMATS = ("trl", "verl", "csv", "jsonl")
+FORMATS = ("trl", "verl", "csv", "jsonl", "wandb", "wandb-csv", "mlflow", "tensorboard")
+# formats whose one source (a folder, a store, a panel export) holds several runs
+MULTI_RUN = ("wandb", "wandb-csv", "mlflow", "tensorboard")
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 
 
@@ -32,6 +34,9 @@ class IngestOptions:
     skip_bad: bool = False  # skip malformed lines instead of refusing the file
     max_bytes: int = DEFAULT_MAX_BYTES  # refuse larger files before reading them
     identity: str = "content"  # a run is identified by file "content" hash or by "path"
+    runs: tuple[str, ...] = ()  # multi-run sources: only runs whose name or id matches a glob
+    experiments: tuple[str, ...] = ()  # MLflow: only these experiments (names or ids)
+    mlflow_filter: str | None = None  # MLflow: a search_runs filter string
     # whether the file is finished (nothing writes it any more): then a last line without its
     # newline is taken when it parses whole; while it may still grow, such a line may be cut
     # off mid-write and waits for its newline (`--follow` and the live followers)
@@ -61,6 +66,15 @@ class ParsedLog:
     step_offset: int = 0  # samples = (step + offset) x batch (1: the first update is step 0)
     batch_hint: str = ""  # where this format keeps the batch size, for the "pass --batch-..." error
     fmt_from: str = "option"  # "option" (--format) or "detected: <what the content showed>"
+    # one run of a multi-run source (a W&B panel's column group, an MLflow run, a TensorBoard
+    # folder): its id within the source (part of the run's identity) and its name
+    run_key: str = ""
+    run_name: str = ""
+
+    @property
+    def where(self) -> str:
+        """The file, and the run within it when it holds several: what messages name."""
+        return f"{self.path} (run {self.run_name})" if self.run_name else str(self.path)
 
     def put(self, step: int, values: dict[str, float]) -> None:
         """Merge `values` into `step`, counting keys that were already there."""

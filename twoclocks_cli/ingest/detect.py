@@ -7,7 +7,13 @@ JSON Lines, a `.txt` a verl console log).
 - verl: a `step:N - key:value` line, an `Initial/Final validation metrics:` line, or verl's own
   marks (`verl.trainer`, a `(TaskRunner pid=N)` / `(main_task pid=N)` Ray prefix), so that a run
   that crashed before its first step is still told apart (and said to have no step);
-- csv: a header row of two or more names, and rows with as many fields.
+- csv: a header row of two or more names, and rows with as many fields;
+- wandb-csv: such a header that is a W&B panel export's (`Step, <run> - <metric>, ...`);
+- wandb: a `.wandb` file (its `:W&B` header), a W&B run directory holding one, or a `wandb/`
+  folder of run directories;
+- tensorboard: an `events.out.tfevents.*` file, or a folder with such files in it or below it;
+- mlflow: an SQLite file with MLflow's tables, or an `mlruns` folder (experiment folders with
+  their meta.yaml).
 
 Only the first MiB is looked at, unless that says nothing (then the whole file, for verl's
 marks: a long model-loading preamble can come before the first of them).
@@ -22,6 +28,7 @@ import re
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.ingest import mlflow_store, tensorboard, wandb_csv, wandb_offline
 from twoclocks_cli.ingest.base import FORMATS
 
 HEAD_BYTES = 1 << 20
@@ -43,15 +50,15 @@ def detect(path: Path, max_bytes: int, finished: bool = True) -> tuple[str, str]
     first line half written could pass for another format."""
     path = Path(path)
     if path.is_dir():
-        if (path / "trainer_state.json").is_file():
-            return "trl", "a checkpoint folder holding trainer_state.json"
-        raise _unknown(path, "a folder without a trainer_state.json")
+        return _folder(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such file")
     if not path.is_file():
         raise ConfigError(f"{path}: not a regular file")
     with path.open("rb") as fh:
         head = fh.read(HEAD_BYTES)
+    if (binary := _binary(path, head)) is not None:
+        return binary
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
     if not finished and len(head) < HEAD_BYTES:
         text = text[: text.rfind("\n") + 1]
@@ -66,11 +73,39 @@ def detect(path: Path, max_bytes: int, finished: bool = True) -> tuple[str, str]
     return found
 
 
+def _folder(path: Path) -> tuple[str, str]:
+    """The format of a folder: a TRL checkpoint, W&B runs, an mlruns store, TensorBoard runs."""
+    if (path / "trainer_state.json").is_file():
+        return "trl", "a checkpoint folder holding trainer_state.json"
+    if wandb_offline.run_files(path):
+        return "wandb", "a folder of W&B runs (.wandb files)"
+    if mlflow_store.is_file_store(path):
+        return "mlflow", "an MLflow mlruns folder"
+    if tensorboard.run_folders(path):
+        return "tensorboard", "a folder of TensorBoard event files"
+    raise _unknown(path, "a folder without a trainer_state.json, a .wandb file, an MLflow "
+                   "experiment or a TensorBoard event file")
+
+
+def _binary(path: Path, head: bytes) -> tuple[str, str] | None:
+    """A W&B log, a TensorBoard event file or an MLflow SQLite store, from its first bytes."""
+    if head.startswith(wandb_offline.MAGIC):
+        return "wandb", "a W&B transaction log (:W&B header)"
+    if path.name.startswith("events.out.tfevents."):
+        return "tensorboard", "a TensorBoard event file"
+    if head.startswith(mlflow_store.SQLITE_MAGIC):
+        if mlflow_store.is_sqlite_store(path):
+            return "mlflow", "an SQLite file with MLflow's tables"
+        raise _unknown(path, "an SQLite database without MLflow's tables")
+    return None
+
+
 def _unknown(path: Path, what: str) -> FormatUnknownError:
     return FormatUnknownError(
         f"{path}: {what or 'the format cannot be told from the content'}: it is none of a verl "
         "console log, a TRL trainer_state.json or checkpoint folder, JSON Lines, a CSV with a "
-        f"header row (pass --format {'|'.join(FORMATS)})")
+        "header row, a W&B run folder or panel CSV, an MLflow store, TensorBoard event files "
+        f"(pass --format {'|'.join(FORMATS)})")
 
 
 def _from_text(path: Path, text: str, whole: bool) -> tuple[str, str] | None:
@@ -91,6 +126,8 @@ def _from_text(path: Path, text: str, whole: bool) -> tuple[str, str] | None:
     if _VERL.search(text):
         return "verl", "verl console lines"
     if not stripped.startswith(("{", "[")) and _is_csv(lines):
+        if wandb_csv.is_panel_header(_header(lines)):
+            return "wandb-csv", "a W&B panel export (Step, <run> - <metric>, ...)"
         return "csv", "a CSV header row and rows"
     return None
 
@@ -109,6 +146,13 @@ def _is_json(text: str) -> bool:
         return True
     except (ValueError, RecursionError):
         return False
+
+
+def _header(lines: list[str]) -> list[str]:
+    try:
+        return [h.strip() for h in next(csv.reader(io.StringIO(lines[0])))]
+    except (csv.Error, StopIteration):
+        return []
 
 
 def _is_csv(lines: list[str]) -> bool:

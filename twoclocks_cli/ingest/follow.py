@@ -7,7 +7,8 @@ whose values are new or changed are upserted, so any number of followers of one 
 follower restarted — never duplicates a row. A file that shrinks was rewritten or truncated:
 its run is imported afresh. The run is `running` while followed and `completed` once the file
 has not changed for `idle` seconds. The run is identified by the file's path (`--identity
-path`).
+path`). A W&B run directory or a TensorBoard run folder is followed as one file: it changed when
+its logs' total size or newest change did.
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
     state = _Followed(opts=dataclasses.replace(opts, identity="path", finished=False))
     quiet_since = clock()
     while True:
-        stat = path.stat() if path.is_file() else None
-        changed = stat is not None and (stat.st_size, stat.st_mtime) != (state.size, state.mtime)
+        stat = _signature(path)
+        changed = stat is not None and stat != (state.size, state.mtime)
         if changed:
-            shrank = state.size is not None and stat.st_size < state.size
-            state.size, state.mtime = stat.st_size, stat.st_mtime
+            shrank = state.size is not None and stat[0] < state.size
+            state.size, state.mtime = stat
             quiet_since = clock()
             n = _sync(store, path, state, fresh=shrank)
             if echo and n:
@@ -68,8 +69,8 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
     # the writer is done (idle, or its process exited): a last line without its newline is no
     # longer being written, so it is taken now if it is whole
     state.opts = dataclasses.replace(state.opts, finished=True)
-    if path.is_file():
-        shrank = state.size is not None and path.stat().st_size < state.size
+    if (stat := _signature(path)) is not None:
+        shrank = state.size is not None and stat[0] < state.size
         n = _sync(store, path, state, fresh=shrank)
         if echo and n:
             echo(f"{path}: run {state.run_id}: {n} new step(s) once the file was finished, "
@@ -86,6 +87,18 @@ def follow_file(store, path: Path, opts: base.IngestOptions, idle: float = 30.0,
                      message=f"followed {path}: unchanged for {idle:g} s")
     state.last.action = "followed"
     return state.last
+
+
+def _signature(path: Path) -> tuple[int, float] | None:
+    """(size, mtime) of the file; of a run folder, its logs' total size and newest mtime."""
+    if path.is_file():
+        stat = path.stat()
+        return stat.st_size, stat.st_mtime
+    if not path.is_dir():
+        return None
+    stats = [f.stat() for f in path.rglob("*") if f.is_file() and (
+        f.suffix == ".wandb" or f.name.startswith("events.out.tfevents."))]
+    return (sum(s.st_size for s in stats), max(s.st_mtime for s in stats)) if stats else None
 
 
 def _alive(pid: int) -> bool:

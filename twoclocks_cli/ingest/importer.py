@@ -14,10 +14,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
-from twoclocks_cli.ingest import base, detect, tabular, trl, verl
+from twoclocks_cli.ingest import (
+    base,
+    detect,
+    mlflow_store,
+    tabular,
+    tensorboard,
+    trl,
+    verl,
+    wandb_csv,
+    wandb_offline,
+)
 from twoclocks_cli.ingest.base import IngestOptions, ParsedLog
 
 PARSERS = {"trl": trl.parse, "verl": verl.parse, "csv": tabular.parse, "jsonl": tabular.parse}
+# sources that hold several runs: each parser returns one ParsedLog per run selected
+MULTI_PARSERS = {"wandb": wandb_offline.parse_runs, "wandb-csv": wandb_csv.parse_runs,
+                 "mlflow": mlflow_store.parse_runs, "tensorboard": tensorboard.parse_runs}
 
 
 @dataclass
@@ -60,28 +73,51 @@ class _Plan:
     notes: list[str]
 
 
-def with_format(path: Path, opts: IngestOptions) -> tuple[IngestOptions, str]:
-    """`opts` with the file's format: --format's, else told from the content; and which."""
+def with_format(path: Path | str, opts: IngestOptions) -> tuple[IngestOptions, str]:
+    """`opts` with the source's format: --format's, else told from the content (an
+    `mlflow:URI` names its own); and which."""
+    if isinstance(path, str) and path.startswith(mlflow_store.PREFIX):
+        if opts.fmt not in (None, "mlflow"):
+            raise ConfigError(f"{path}: an MLflow tracking URI, not --format {opts.fmt}")
+        return dataclasses.replace(opts, fmt="mlflow"), "option"
     if opts.fmt is None:
         fmt, why = detect.detect(Path(path), opts.max_bytes, finished=opts.finished)
         return dataclasses.replace(opts, fmt=fmt), f"detected: {why}"
-    if opts.fmt not in PARSERS:
+    if opts.fmt not in PARSERS and opts.fmt not in MULTI_PARSERS:
         raise ConfigError(f"--format {opts.fmt!r}: allowed are {', '.join(base.FORMATS)}")
     return opts, "option"
 
 
-def parse_file(path: Path, opts: IngestOptions) -> ParsedLog:
+def parse_source(path: Path | str, opts: IngestOptions) -> list[ParsedLog]:
+    """Every run a source holds (one for a log file), each checked: bad lines, known metrics."""
     opts, how = with_format(path, opts)
-    log = PARSERS[opts.fmt](Path(path), opts)
-    log.fmt_from = how
-    base.require_clean(log, opts.skip_bad)
-    if not any(log.steps.values()):
-        seen = ", ".join(sorted(log.unmapped)[:20]) or "none"
-        raise ConfigError(
-            f"{log.path}: no metric this tool knows was found (numeric keys seen: {seen}); "
-            f"name them with --map STORE_KEY=COLUMN"
-        )
-    return log
+    if opts.fmt in MULTI_PARSERS:
+        logs = MULTI_PARSERS[opts.fmt](path if isinstance(path, str) else Path(path), opts)
+    elif opts.runs:
+        raise ConfigError(f"{path}: --run selects runs of a W&B, MLflow or TensorBoard "
+                          f"source; a {opts.fmt} log is one run")
+    else:
+        logs = [PARSERS[opts.fmt](Path(path), opts)]
+    for log in logs:
+        log.fmt_from = how
+        base.require_clean(log, opts.skip_bad)
+        if not any(log.steps.values()):
+            seen = ", ".join(sorted(log.unmapped)[:20]) or "none"
+            raise ConfigError(
+                f"{log.where}: no metric this tool knows was found (numeric keys seen: "
+                f"{seen}); name them with --map STORE_KEY=COLUMN"
+            )
+    return logs
+
+
+def parse_file(path: Path | str, opts: IngestOptions) -> ParsedLog:
+    """The one run of a log file, or of a source holding exactly one run (`--follow`)."""
+    logs = parse_source(path, opts)
+    if len(logs) != 1:
+        names = ", ".join(log.run_name for log in logs[:8])
+        raise ConfigError(f"{path}: holds {len(logs)} runs ({names}); --follow follows one: "
+                          "name it with --run NAME or give its own folder")
+    return logs[0]
 
 
 def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
@@ -98,9 +134,9 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
     p, g = params.get("batch_prompts"), params.get("group_size")
     for name, v in (("batch_prompts", p), ("group_size", g)):
         if v is not None and (int(v) != v or v < 1):
-            raise ConfigError(f"{log.path}: {name} = {v!r} must be a positive integer")
+            raise ConfigError(f"{log.where}: {name} = {v!r} must be a positive integer")
     if params.get("lr") is not None and not params["lr"] > 0:
-        raise ConfigError(f"{log.path}: lr = {params['lr']!r} must be positive")
+        raise ConfigError(f"{log.where}: lr = {params['lr']!r} must be positive")
     if params.get("lr") is None:
         notes.append("the run's lr was not found in the log (pass --lr): its lr column stays "
                      "empty, and analyze cannot tell its setting from another lr's")
@@ -110,13 +146,15 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
     if missing and batch is None:
         need = [f"--{n}" for n, v in (("batch-prompts", p), ("group-size", g)) if v is None]
         raise ConfigError(
-            f"{log.path}: samples are not logged and the batch size is unknown; pass "
+            f"{log.where}: samples are not logged and the batch size is unknown; pass "
             f"{' and '.join(need)} (samples = step × prompts × group size)"
             + (f"; {log.batch_hint}" if log.batch_hint else "")
         )
     for s in missing:
         samples[s] = (s + log.step_offset) * batch
     digest = hashlib.sha256(log.fmt.encode() + b"\0")
+    if log.run_key:  # one run of a source holding several
+        digest.update(log.run_key.encode() + b"\0")
     if opts.identity == "path":
         digest.update(str(log.path.resolve()).encode())
     elif opts.identity == "content":
@@ -137,6 +175,7 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
         "seed": columns["seed"],
         "ingest": {
             "format": log.fmt, "path": str(log.path.resolve()), "sha256": log.sha256,
+            **({"run": log.run_key} if log.run_key else {}),
             "bytes": log.size, "identity": opts.identity, "params_from": origin,
             "sources": log.sources, "map": opts.column_map,
             "skipped_lines": [line for line, _ in log.bad_lines],
@@ -145,7 +184,10 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
     return _Plan(log, digest.hexdigest()[:32], columns, config, samples, notes)
 
 
-def _run_name(path: Path) -> str:
+def _run_name(log: ParsedLog) -> str:
+    if log.run_name:  # one run of a source holding several: the tracker's own name
+        return log.run_name[-200:]
+    path = log.path
     return f"{path.parent.name}/{path.name}"[-200:] if path.parent.name else path.name[-200:]
 
 
@@ -156,7 +198,7 @@ def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str,
     An updated run loses its metrics (the mapping may have changed) unless `keep_metrics`
     (`--follow`: the same file grew; its values are upserted)."""
     return store.upsert_import_run(sweep_name, fmt, base.FORMATS, plan.cell_id,
-                                   _run_name(plan.log.path), plan.config, plan.columns,
+                                   _run_name(plan.log), plan.config, plan.columns,
                                    keep_metrics)
 
 
@@ -177,17 +219,19 @@ def _write(store, run_id: int, plan: _Plan, skip: dict | None = None) -> int:
     return n
 
 
-def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestResult]:
-    """Parse every file (refusing the lot if one is bad), then write one run per file."""
+def ingest_files(store, paths: list[Path | str], opts: IngestOptions) -> list[IngestResult]:
+    """Parse every source (refusing the lot if one is bad), then write one run per file, or
+    per run of a source holding several (a W&B folder, an MLflow store, TensorBoard runs)."""
     from twoclocks_cli.store.models import RunStatus
 
     plans, results = [], []
     for p in paths:
-        file_opts, how = with_format(Path(p), opts)
+        p = p if isinstance(p, str) else Path(p)
+        file_opts, how = with_format(p, opts)
         try:
-            log = parse_file(Path(p), file_opts)
-            log.fmt_from = how
-            plans.append(_resolve(log, file_opts))
+            for log in parse_source(p, file_opts):
+                log.fmt_from = how
+                plans.append(_resolve(log, file_opts))
         except base.NoStepsError as exc:  # --skip-bad: skip the file, import the others
             if not opts.skip_bad:
                 raise
@@ -203,7 +247,7 @@ def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestRe
     for plan in plans:
         log = plan.log
         if plan.cell_id in seen:
-            seen[plan.cell_id].notes.append(f"{log.path} is the same run; imported once")
+            seen[plan.cell_id].notes.append(f"{log.where} is the same run; imported once")
             continue
         run_id, action = _upsert_run(store, plan, opts.sweep, log.fmt)
         rows = sum(len(v) for v in log.steps.values())
@@ -214,9 +258,9 @@ def ingest_files(store, paths: list[Path], opts: IngestOptions) -> list[IngestRe
                 store.set_status(run_id, RunStatus.failed, message="ingest failed",
                                  error=str(exc))
                 raise
-            store.set_status(run_id, RunStatus.completed, message=f"ingested {log.path}")
+            store.set_status(run_id, RunStatus.completed, message=f"ingested {log.where}")
         results.append(IngestResult(
-            path=str(log.path), format=log.fmt, format_from=log.fmt_from, sweep=opts.sweep,
+            path=log.where, format=log.fmt, format_from=log.fmt_from, sweep=opts.sweep,
             run_id=run_id, action=action,
             steps=len(log.steps), rows=rows, params_from=plan.config["ingest"]["params_from"],
             sources=dict(log.sources), unmapped=sorted(log.unmapped),
