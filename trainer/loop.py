@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from trainer import checkpoint, grpo, sampler, sharding
+from trainer.branch import Branch, stream_seeds
 from trainer import metrics as M
 from trainer.config import TrainConfig
 from trainer.data import (
@@ -325,6 +326,32 @@ def _resume(run: Run, ckpt: Path | None) -> dict | None:
     if ckpt is None:
         return None
     main, rng = checkpoint.load(ckpt, run.dist.rank)
+    _load_state(run, main, rng)
+    return main.get("controller")
+
+
+def _start_branch(run: Run, branch: Branch) -> None:
+    """Start a branch (`trainer.branch`): the parent checkpoint's state, with the branch
+    config's Adam betas and eps over the parent's moments; replicate r > 0 reseeds the
+    sampling and data streams."""
+    ckpt = branch.checkpoint()
+    if ckpt is not None:
+        main, rng = checkpoint.load(ckpt, run.dist.rank)
+        if len(main["data"]) != run.dist.world:
+            raise ConfigError(f"branch: checkpoint {ckpt} was written by {len(main['data'])} "
+                              f"process(es); this branch runs {run.dist.world}")
+        _load_state(run, main, rng)
+        for group in run.opt.param_groups:  # load_state_dict took the parent's
+            group["betas"] = (run.cfg.adam_beta1, run.cfg.adam_beta2)
+            group["eps"] = run.cfg.adam_epsilon
+    if branch.replicate:
+        torch_seed, data_seed = stream_seeds(run.cfg.seed, branch.replicate)
+        torch.manual_seed(torch_seed + run.dist.rank)
+        run.data_rng.bit_generator.state = np.random.default_rng(data_seed).bit_generator.state
+
+
+def _load_state(run: Run, main: dict, rng: dict) -> None:
+    """Put a checkpoint's model, optimizer, counters, data position and RNGs into `run`."""
     if run.dist.sharded:  # full tensors in the checkpoint: each rank keeps its slices
         sharding.load_full_state(run.model, main["model"])
         sharding.load_optimizer_state(run.opt, main["optimizer"])
@@ -335,7 +362,6 @@ def _resume(run: Run, ckpt: Path | None) -> dict | None:
     run.source.load_state(main["data"][run.dist.rank])
     checkpoint.restore_rng(rng, run.data_rng)
     _sync_engine(run)
-    return main.get("controller")
 
 
 def _save(run: Run) -> None:
@@ -560,6 +586,7 @@ def train(
     make_rollout: Callable | None = None,
     controller: ControllerFactory | None = None,
     owner: Owner | None = None,
+    branch: Branch | None = None,
 ) -> str:
     """Run (or resume from `workdir`) one GRPO training; returns 'completed' or 'diverged'.
 
@@ -569,7 +596,8 @@ def train(
     checkpoint in `workdir` it refuses (another store/run or config) is refused (ConfigError)
     before anything is loaded; `extend` lets a resume raise sample_budget only.
     `make_rollout(cfg, model, tok, path)` replaces the configured rollout engine (e.g. one
-    that feeds every world size the same batch).
+    that feeds every world size the same batch). `branch` starts a training without a
+    checkpoint of its own from another's (`trainer.branch`).
     """
     # --- set up, resume ------------------------------------------------------------------
     workdir = Path(workdir)
@@ -584,6 +612,8 @@ def train(
     ckpt = _claim_checkpoint(owner, workdir, dist, extend)
     run = _set_up(cfg, sink, workdir, dist, owner, make_rollout)
     saved = _resume(run, ckpt)  # the controller's state, for a resumed adaptive run
+    if ckpt is None and branch is not None:
+        _start_branch(run, branch)
     run.ctl = controller(saved) if cfg.batch_schedule == "adaptive" else None
 
     try:

@@ -295,7 +295,7 @@ def controller_of(cfg: TrainConfig, sink) -> ControllerFactory | None:
 def train(cfg: TrainConfig, writer, workdir: Path, **options) -> str:
     """`trainer.loop.train` for a run of the store: `writer` is its MetricWriter (None on ranks
     other than 0); the sink, the controller and the checkpoints' owner are built from it.
-    `options`: on_step, extend, make_rollout (as `trainer.loop.train`)."""
+    `options`: on_step, extend, make_rollout, branch (as `trainer.loop.train`)."""
     from trainer.loop import train as train_loop
 
     sink = sink_of(writer)
@@ -304,9 +304,15 @@ def train(cfg: TrainConfig, writer, workdir: Path, **options) -> str:
 
 
 def run(cell: dict, writer, workdir: Path) -> RunStatus:
-    """Train the cell; `completed`, or `diverged` when the loss/gradient went non-finite."""
+    """Train the cell; `completed`, or `diverged` when the loss/gradient went non-finite. A
+    cell with a `branch` table (`twoclocks probe`) starts from the checkpoint it names
+    (`trainer.branch`) unless its workdir holds its own."""
+    from trainer.branch import Branch
     from trainer.config import TrainConfig
     from twoclocks_cli.store.models import RunStatus
 
+    cell = dict(cell)
+    spec = cell.pop("branch", None)
+    branch = None if spec is None else Branch.from_dict(spec, "cell config")
     cfg = TrainConfig.from_dict(cell, source="cell config")
-    return RunStatus(train(cfg, writer, Path(workdir)))
+    return RunStatus(train(cfg, writer, Path(workdir), branch=branch))
