@@ -13,6 +13,6 @@ fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "$TORCH_PIN"
-"$VENV/bin/python" -m pip install -q -e ".[train,postgres,hf,export,trl,dev,docs]"
+"$VENV/bin/python" -m pip install -q -e ".[train,postgres,hf,export,trl,sources,dev,docs]"
 echo "$want" > "$stamp"
 echo "environment ready in $VENV"
