@@ -38,7 +38,7 @@ def _probe(url, run_id, at, *extra):
 
 
 def test_the_replayed_state_is_the_runs_own(sim_run):
-    from twoclocks_cli.probe import state_at
+    from twoclocks_cli.probe.sim import state_at
 
     url, store, run_id = sim_run
     cfg, _, state = state_at(store.get_run(run_id), 1000)
@@ -82,4 +82,4 @@ def test_probe_refuses_what_it_cannot_do_in_one_line(sim_run, tmp_path):
     other = json.loads(proc.stdout)[0]["run_id"]
     proc = twoclocks("probe", str(other), "--at", "8", "--batches", "8,16",
                      "--branch-samples", "64", "--db", url)
-    assert_one_line_error(proc, "probe branches sim runs only")
+    assert_one_line_error(proc, "probe branches sim and grpo runs")

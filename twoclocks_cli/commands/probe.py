@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -26,52 +27,170 @@ def probe(
     branch_samples: Annotated[float, typer.Option(
         "--branch-samples", help="Samples each branch may spend.")],
     seeds: Annotated[int, typer.Option(help="Branches per batch size.")] = 3,
-    seed: Annotated[int, typer.Option(help="Seed of the branches' noise.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the sim branches' noise and of the "
+                                      "bootstrap.")] = 0,
     truth: Annotated[bool, typer.Option(
         "--truth/--no-truth", help="Also the theory model's local B_crit from the same state "
         "(sim runs; a dense simulation, seconds to a minute).")] = False,
+    eval_every: Annotated[int | None, typer.Option(
+        "--eval-every", help="grpo: evaluate each branch every this many samples (default "
+        "--branch-samples / 8).")] = None,
+    window: Annotated[int, typer.Option(
+        "--window", help="grpo: moving-average window over a branch's evaluations.")] = 3,
+    target_frac: Annotated[float, typer.Option(
+        "--target-frac", help="grpo: the gain target as a share of the best batch's median "
+        "gain.")] = 0.5,
+    executor: Annotated[str | None, typer.Option(
+        "--executor", help="grpo: local, slurm, debug or auto (default: the run's sweep's).")
+    ] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="grpo: follow the replay and the branches until they end.")] = False,
+    retry_failed: Annotated[bool, typer.Option(
+        "--retry-failed", help="grpo: resubmit failed and cancelled cells too.")] = False,
+    workdir: Annotated[Path | None, typer.Option(
+        "--workdir", help="grpo: folder for the probe sweep's cells (default: beside the "
+        "run's sweep, else ./twoclocks-probe).")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Branch a run at one point over several batch sizes and measure its local B_crit.
 
-    Supported for sim runs (the state is rebuilt by replaying the run); the GRPO trainer's
-    branching is not built yet.
+    sim runs branch in this process. grpo runs branch real training: a replay of the run to
+    --at, then the branches from its checkpoint, as cells of the sweep probe-RUN-atSAMPLES
+    through the run's executor; rerun the same command to continue (or pass --wait).
     """
-    import json
-
-    from twoclocks_cli.probe import probe_run
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
     sizes = _floats(batches, "--batches")
     store = Store.open(db)
+    run = store.get_run(run_id)
+    if run.backend == "sim":
+        _sim(store, run_id, at, sizes, branch_samples, seeds, seed, truth, as_json)
+    elif run.backend == "grpo":
+        _grpo(store, run, db, at, sizes, branch_samples, seeds, seed, eval_every, window,
+              target_frac, executor, wait, retry_failed, workdir, as_json)
+    else:
+        why = ("TRL keeps its own checkpoints, which the probe does not branch"
+               if run.backend == "trl" else "an imported or external run has no state here")
+        raise ConfigError(f"run {run_id} is a {run.backend} run: probe branches sim and grpo "
+                          f"runs ({why})")
+
+
+def _sim(store, run_id, at, sizes, branch_samples, seeds, seed, truth, as_json) -> None:
+    import json
+
+    from twoclocks_cli.probe.sim import probe_run
+
     result = probe_run(store, run_id, at, sizes, branch_samples, seeds=seeds, seed=seed,
                        truth=truth)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, allow_nan=False))
         return
-    from rich.table import Table
-
-    from twoclocks_cli.core.numbers import count, num
+    from twoclocks_cli.core.numbers import num
     from twoclocks_cli.render.tables import console
 
     con = console()
-    t = Table(title=f"run {run_id} branched at {result.at_samples:,.0f} samples: samples from "
-                    f"progress {result.progress_at:.4g} to {result.target:.4g}")
-    for col in ("batch", "lr", "median", "per seed"):
-        t.add_column(col)
-    for b, lr in zip(result.batches, result.lrs, strict=True):
-        vals = result.clocks[b]
-        got = sorted(v for v in vals if v is not None)
-        med = "censored" if len(got) * 2 <= len(vals) else count(got[len(vals) // 2])
-        t.add_row(num(b), num(lr, 3), med,
-                  ", ".join("censored" if v is None else count(v) for v in vals))
-    con.print(t)
+    con.print(_clock_table(f"run {run_id} branched at {result.at_samples:,.0f} samples: samples "
+                           f"from progress {result.progress_at:.4g} to {result.target:.4g}",
+                           result.batches, result.lrs, result.clocks))
     est = result.b_crit
     con.print(f"[bold]local B_crit: {est.text()}[/bold] ({est.placement}; {est.note})")
     if result.truth is not None:
         tb = result.truth.b_crit
         con.print(f"theory's local B_crit from the same state: "
                   f"{'none' if tb is None else num(tb)} ({result.truth.mechanism})")
+    for n in result.notes:
+        con.print(f"note: {n}")
+
+
+def _clock_table(title: str, batches, lrs, clocks):
+    from rich.table import Table
+
+    from twoclocks_cli.core.numbers import count, num
+
+    t = Table(title=title)
+    for col in ("batch", "lr", "median", "per seed"):
+        t.add_column(col)
+    for b, lr in zip(batches, lrs, strict=True):
+        vals = clocks[b]
+        got = sorted(v for v in vals if v is not None)
+        med = "censored" if len(got) * 2 <= len(vals) else count(got[len(vals) // 2])
+        t.add_row(num(b), num(lr, 3), med,
+                  ", ".join("censored" if v is None else count(v) for v in vals))
+    return t
+
+
+def _grpo(store, run, db, at, sizes, branch_samples, seeds, seed, eval_every, window,
+          target_frac, executor, wait, retry_failed, workdir, as_json) -> None:
+    from twoclocks_cli.core.errors import LaunchError
+    from twoclocks_cli.launch import probe as launch
+    from twoclocks_cli.launch.sweeps import absolute_db_url
+    from twoclocks_cli.probe import grpo
+    from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
+    from twoclocks_cli.render.status import follow, wait_quietly
+    from twoclocks_cli.store.engine import resolve_url
+
+    probe = grpo.plan(store, run, at, sizes, branch_samples, seeds, eval_every, window,
+                      target_frac, workdir)
+    ex = launch.executor(probe.parent_sweep_config, executor, probe.sweep)
+    url = absolute_db_url(db or resolve_url(None))
+    source = f"probe of run {run.id} at {probe.at_samples} samples"
+    with stdout_to_stderr(as_json):  # debug cells run here: their output is not the JSON
+        stage = launch.advance(store, probe, ex, url, wait, retry_failed, source,
+                               follow=wait_quietly if as_json else follow)
+    if not stage.done:
+        if (bad := launch.failed_branches(store, probe, stage)) is not None:
+            raise LaunchError(bad)
+        _say_stage(probe, stage, ex.name, as_json)
+        return
+    result = grpo.result(store, probe, stage.runs, seed=seed)
+    if as_json:
+        print_json({"state": "done", **result.to_json()})
+        return
+    _print_grpo(result)
+
+
+def _say_stage(probe, stage, executor: str, as_json: bool) -> None:
+    """Where an unfinished probe stands, and how to continue it."""
+    from twoclocks_cli.render.jsonout import print_json
+
+    if as_json:
+        print_json({"state": "running", "run_id": probe.run_id, "sweep": probe.sweep,
+                    "at_samples": probe.at_samples, "replay": stage.replay,
+                    "branches": stage.branches, "submitted": stage.submitted})
+        return
+    where = (f"replay {stage.replay}" if stage.replay not in (None, "completed") else
+             ", ".join(f"{n} {s}" for s, n in sorted(stage.branches.items())) + " branch(es)")
+    typer.echo(f"probe of run {probe.run_id} at {probe.at_samples:,} samples (sweep "
+               f"{probe.sweep}): {where}; submitted {stage.submitted} cell(s) via {executor}. "
+               "Run the same command again to continue, or add --wait")
+
+
+def _print_grpo(result) -> None:
+    from twoclocks_cli.core.numbers import num
+    from twoclocks_cli.render.tables import console
+
+    con = console()
+    con.print(_clock_table(
+        f"run {result.run_id} branched at {result.at_samples:,} samples (step "
+        f"{result.at_step}): samples from {result.metric} {result.progress_at:.4g} to "
+        f"{result.target:.4g}", result.batches, result.lrs, result.clocks))
+    est = result.b_crit
+    con.print(f"[bold]local B_crit: {est.text()}[/bold] ({est.placement}; {est.note})")
+    nz = result.noise
+    b_simple = "not logged" if nz["b_simple"] is None else num(nz["b_simple"])
+    b_sign = "not logged" if nz["b_sign"] is None else num(nz["b_sign"])
+    con.print(f"in-run noise scales of run {result.run_id} at step {nz['step']}: B_simple "
+              f"{b_simple}, B_sign {b_sign} (samples; two-batch terms, EMA {nz['ema']:g})")
+    rp = result.replay
+    if rp["identical"]:
+        con.print(f"replay: identical to run {result.run_id} at every one of its {rp['steps']} "
+                  f"steps ({', '.join(rp['keys'])})")
+    else:
+        d = rp["first_difference"]
+        con.print(f"[bold]warning: the replay differs from run {result.run_id} from step "
+                  f"{d['step']} ({d['key']} {d['run']!r} vs {d['replay']!r}): the branches "
+                  "start from another state (a different thread count or torch build?)[/bold]")
     for n in result.notes:
         con.print(f"note: {n}")

@@ -1,17 +1,12 @@
-"""`twoclocks probe`: the *local* critical batch size at one point of a run, from short branches.
-
-Merrill et al. (2025) measure the critical batch directly: from a checkpoint, short runs at
-several batch sizes (lr by the sweep's scaling rule, same seeds), and the batch at which the
-samples needed for a fixed gain double over the small-batch limit. In our units: from the run's
-state at `at` samples, every batch in `batches` branches `seeds` times for up to `branch_samples`
-samples; the gain target is half the median gain the best batch makes in the branch budget; each
-branch's clock is the samples it needs to reach it; B_crit = E(B_crit) = 2 E_min with the
-model-free estimator `analyze` uses (`clocks.critical.empirical`).
+"""`twoclocks probe` on a sim run: branches of the theory model from the run's replayed state.
 
 Built for runs of the `sim` backend: the state at `at` is rebuilt by replaying the run's own cell
-(the backend is deterministic given its seed) and progress is the model's noise-free progress.
-The GRPO trainer cannot be branched yet (its checkpoints hold one point; branching them is the
-same plan with real training): a non-sim run is refused in one line.
+(the backend is deterministic given its seed) and progress is the model's noise-free progress;
+every branch runs here, in this process (seconds). From that state every batch in `batches`
+branches `seeds` times for up to `branch_samples` samples; the gain target is half the median
+gain the best batch makes in the branch budget; each branch's clock is the samples it needs to
+reach it; B_crit solves E(B_crit) = 2 E_min with the model-free estimator `analyze` uses
+(`clocks.critical.empirical`). `truth` adds the theory's own local B_crit from the same state.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ import numpy as np
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.result import Theory
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
+from twoclocks_cli.probe.common import check_branches, scaling
 
 
 @dataclass
@@ -47,20 +43,6 @@ class ProbeResult:
         out["b_crit"] = self.b_crit.to_json()
         out["truth"] = None if self.truth is None else self.truth.to_json()
         return out
-
-
-def _scaling(run, sweep) -> tuple[float, float, float]:
-    """(reference batch, reference lr, exponent) of the run's lr rule: the sweep's scaling
-    table when there is one, else sqrt from the run's own (batch, lr)."""
-    cfg = ((sweep.config if sweep is not None else None) or {}).get("scaling") or {}
-    rule = cfg.get("rule", "sqrt")
-    alpha = {"sqrt": 0.5, "linear": 1.0, "none": 0.0, "constant": 0.0}.get(rule)
-    if alpha is None:
-        try:
-            alpha = float(rule)
-        except (TypeError, ValueError):
-            alpha = 0.5
-    return float(run.batch_samples), float(run.lr), alpha
 
 
 def state_at(run, at: float):
@@ -96,7 +78,7 @@ def probe_run(store, run_id: int, at: float, batches: list[float], branch_sample
 
     run = store.get_run(run_id)
     _check(run, at, batches, branch_samples, seeds)
-    b0, lr0, alpha = _scaling(run, run.sweep)
+    b0, lr0, alpha = scaling(run, run.sweep)
     cfg, cap, start = state_at(run, at)
     loss = 0.5 * np.sum(cfg.h * start.theta**2, axis=1)
     p_at = float(start.progress(loss)[0])
@@ -135,8 +117,7 @@ def probe_run(store, run_id: int, at: float, batches: list[float], branch_sample
 def _check(run, at, batches, branch_samples, seeds) -> None:
     """One line for each thing a probe cannot do with these arguments."""
     if run.backend != "sim":
-        raise ConfigError(f"run {run.id} is a {run.backend} run: probe branches sim runs only "
-                          "(branching the GRPO trainer's checkpoints is not built yet)")
+        raise ConfigError(f"run {run.id} is a {run.backend} run, not a sim run")
     if not run.batch_samples or not run.lr:
         raise ConfigError(f"run {run.id}: no batch size or lr recorded: nothing to scale from")
     if not (math.isfinite(at) and at >= 0):
@@ -144,11 +125,4 @@ def _check(run, at, batches, branch_samples, seeds) -> None:
     budget = (run.config or {}).get("sample_budget")
     if budget is not None and at > float(budget):
         raise ConfigError(f"--at {at:g}: beyond the run's sample budget {float(budget):g}")
-    if len(set(batches)) < 2 or any(not (math.isfinite(b) and b >= 1) for b in batches):
-        raise ConfigError(f"--batches {','.join(f'{b:g}' for b in batches)}: at least two "
-                          "distinct batch sizes (samples, >= 1)")
-    if not (math.isfinite(branch_samples) and branch_samples >= 2 * max(batches)):
-        raise ConfigError(f"--branch-samples {branch_samples:g}: must be finite and at least "
-                          f"twice the largest batch ({2 * max(batches):g})")
-    if not 1 <= seeds <= 64:
-        raise ConfigError(f"--seeds {seeds}: must be in 1..64")
+    check_branches(batches, branch_samples, seeds)
