@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from trainer import checkpoint, grpo, sampler, sharding
-from trainer.branch import Branch, stream_seeds
 from trainer import metrics as M
+from trainer.branch import Branch, stream_seeds
 from trainer.config import TrainConfig
 from trainer.data import (
     EVAL_SEED,

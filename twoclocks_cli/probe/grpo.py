@@ -35,7 +35,7 @@ import numpy as np
 
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
-from twoclocks_cli.probe.common import check_branches, rule_exponent, scaling
+from twoclocks_cli.probe.common import check_branches, scaling
 from twoclocks_cli.store.registry import NewCell
 
 METRIC = "eval_accuracy"
@@ -99,8 +99,8 @@ def plan(store, run, at: float, batches: list[float], branch_samples: float, see
          eval_every: int | None = None, window: int = 3, frac: float = 0.5,
          workdir: Path | None = None) -> GrpoProbe:
     """Check everything and plan the probe's cells; writes nothing (ConfigError lines)."""
-    from twoclocks_cli.backends.grpo import check_needs
     from trainer.config import TrainConfig
+    from twoclocks_cli.backends.grpo import check_needs
 
     where = f"run {run.id}"
     if not run.batch_samples or not run.lr or not run.group_size:
