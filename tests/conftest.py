@@ -53,6 +53,7 @@ NEEDS_TINY_MODEL = {
     "tests/integration/test_tiny_model.py",
     "tests/integration/test_train.py",
     "tests/integration/test_train_interrupt.py",
+    "tests/integration/test_train_refusals.py",
     "tests/integration/test_trl_backend.py",
     "tests/integration/test_trl_callback.py",
     "tests/unit/test_fast_decode.py",
