@@ -2,7 +2,7 @@
 mlflow client (`pip install -e '.[sources]'`; mlflow-skinny is enough).
 
 `twoclocks ingest --from mlflow:URI` (or the database file or `mlruns` folder as a PATH) imports
-every run of every experiment, or those `--experiment NAME` names, `--mlflow-filter EXPR`
+every run of every experiment, or those `--experiment NAME` names, `--filter EXPR`
 (MLflow's own search syntax, `params.lr = '0.001'`) keeps and `--run GLOB` names. A run's params
 are its cell (verl's MLflow logger writes `data/train_batch_size`, HF's `learning_rate`), its
 metric history its steps (the last value logged at a step wins; the count is reported). Only
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import warnings
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
@@ -145,11 +146,13 @@ def parse_runs(source: Path | str, opts: IngestOptions) -> list[ParsedLog]:
     from mlflow.exceptions import MlflowException
 
     try:
-        client = _client(uri)
-        exps = _experiments(client, source, opts)
-        names = {e.experiment_id: e.name for e in exps}
-        runs = _runs(client, list(names), opts) if names else []
-        tracked = [_tracked(client, r, names[r.info.experiment_id]) for r in runs]
+        with warnings.catch_warnings():  # mlflow's own deprecation warnings are not the user's
+            warnings.simplefilter("ignore")
+            client = _client(uri)
+            exps = _experiments(client, source, opts)
+            names = {e.experiment_id: e.name for e in exps}
+            runs = _runs(client, list(names), opts) if names else []
+            tracked = [_tracked(client, r, names[r.info.experiment_id]) for r in runs]
     except MlflowException as exc:
         first = str(exc.message if hasattr(exc, "message") else exc).strip().splitlines()
         raise ConfigError(f"{source}: {first[0] if first else 'MLflow refused the store'}") \
