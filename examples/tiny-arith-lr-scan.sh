@@ -6,6 +6,7 @@
 #
 #     bash examples/tiny-arith-lr-scan.sh 4:1.25e-4 4:2e-4 4:2.5e-4 16:5e-4
 #     TWOCLOCKS_SCAN_OUT=out/scan bash examples/tiny-arith-lr-scan.sh ...   # where it writes
+#     TWOCLOCKS_SCAN_SEED=1 bash examples/tiny-arith-lr-scan.sh 128:7e-4     # another seed
 #
 # Then read the curves with `twoclocks runs list --db sqlite:///out/scan/scan.db` and
 # `twoclocks export --run ID --keys eval_accuracy,drift_rel,entropy --db ...`. A finished pair is
@@ -14,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${TWOCLOCKS_SCAN_OUT:-out/scan}
 BUDGET=${TWOCLOCKS_SCAN_BUDGET:-32768}
+SEED=${TWOCLOCKS_SCAN_SEED:-0}
 TC=${TWOCLOCKS_BIN:-.venv/bin/twoclocks}
 mkdir -p "$OUT"
 [ "$#" -gt 0 ] || { echo "usage: $0 PROMPTS:LR [PROMPTS:LR ...]" >&2; exit 2; }
@@ -23,6 +25,7 @@ for pair in "$@"; do
     echo "error: '$pair': expected PROMPTS:LR, e.g. 4:2e-4" >&2; exit 2
   fi
   name="p$prompts-lr$lr"
+  [ "$SEED" = 0 ] || name="$name-s$SEED"  # seed 0 keeps the names of earlier scans
   config="$OUT/$name.toml"
   cat > "$config" <<TOML
 model = "builtin:tiny-arith"
@@ -41,7 +44,7 @@ eval_size = 1024
 kl_init_every = 4
 checkpoint_every_steps = 50
 threads = 1
-seed = 0
+seed = $SEED
 TOML
   if [ -f "$OUT/wd-$name/done" ]; then echo "$name: done already"; continue; fi
   "$TC" train "$config" --db "sqlite:///$OUT/scan.db" --name "$name" --workdir "$OUT/wd-$name"
