@@ -20,9 +20,12 @@ import pytest
 from tests.support import trackers as tk
 
 _MISSING = [m for m in ("wandb", "mlflow", "tensorboard") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING), reason=f"the 'sources' extra is not installed ({', '.join(_MISSING)} "
-    "missing): pip install -e '.[sources]' (scripts/setup.sh installs it)")
+pytestmark = [
+    pytest.mark.skipif(bool(_MISSING), reason=f"the 'sources' extra is not installed "
+                       f"({', '.join(_MISSING)} missing): pip install -e '.[sources]' "
+                       "(scripts/setup.sh installs it)"),
+    pytest.mark.xdist_group("ingest_sources"),  # the sources are written once, on one worker
+]
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +125,8 @@ def test_what_each_source_says_it_inferred(written):
     url = written["url"]
     tb = _ingest(url, str(written["tensorboard"]), "--sweep", "notes-tb")
     assert all(any("32-bit floats" in n for n in r["notes"]) for r in tb)
-    assert {r["path"].rsplit("(run ", 1)[1] for r in tb} == {f"{tk.name_of(p)})"
-                                                             for p in tk.PROMPTS}
+    assert {r["run"] for r in tb} == {tk.name_of(p) for p in tk.PROMPTS}
+    assert {r["path"] for r in tb} == {str(written["tensorboard"])}
     wide = tk.write_panel_csv(written["root"] / "wide.csv", widen=5)
     panel = _ingest(url, str(wide), "--sweep", "notes-csv", "--batch-prompts", "4",
                     "--group-size", "8")
@@ -131,6 +134,15 @@ def test_what_each_source_says_it_inferred(written):
     for r in panel:
         assert any(n.startswith("5 row(s) where __MIN and __MAX differ") for n in r["notes"])
         assert any("analyze takes runs of one batch and lr as seeds" in n for n in r["notes"])
+    # an event file cut off mid-record (a run still writing, or a copy cut short)
+    events = next((written["tensorboard"] / tk.name_of(4)).glob("events.out.tfevents.*"))
+    cut = written["root"] / "tbcut" / "bs32"
+    cut.mkdir(parents=True)
+    (cut / events.name).write_bytes(events.read_bytes()[:-3])
+    (r,) = _ingest(url, str(cut), "--sweep", "notes-cut", "--batch-prompts", "4",
+                   "--group-size", "8")
+    assert any(n.startswith(f"{events.name} ends mid-record") for n in r["notes"])
+    assert r["rows"] == sum(len(v) for v in tk.curve(4).values()) - 1
     _one_line_error(_cli("ingest", str(written["wandb-csv"]), "--sweep", "notes-csv2", "--db", url),
                     "samples are not logged and the batch size is unknown; pass --batch-prompts "
                     "and --group-size (samples = step × prompts × group size); a W&B panel "
@@ -238,7 +250,11 @@ def test_bad_input_is_one_line_and_the_store_file_is_untouched(written, tmp_path
     data = bytearray(wb_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     (corrupt_wb / wb_file.name).write_bytes(bytes(data))
+    timed = tmp_path / "timed.csv"
+    timed.write_text('"Relative Time (Process)","a - reward","a - reward__MIN","a - reward__MAX"\n'
+                     "0.5,0.1,0.1,0.1\n")
     cases = [
+        ([str(timed)], "the x axis 'Relative Time (Process)' is '0.5', not a step"),
         ([str(other)], "a folder without a trainer_state.json, a .wandb file"),
         ([str(written["wandb"]), "--format", "tensorboard"], "no events.out.tfevents"),
         ([str(no_reward)], "no reward was logged (keys: loss)"),

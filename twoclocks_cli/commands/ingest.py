@@ -101,7 +101,8 @@ def ingest(
         batch = f"{r.batch_prompts}x{r.group_size}={r.batch_samples}" if r.batch_samples else "-"
         lr_txt = f"{r.lr:.3g}" if r.lr is not None else "-"
         how = " (detected from its content)" if r.format_from.startswith("detected") else ""
-        typer.echo(f"{r.path}: run {r.run_id} in sweep "
+        where = f"{r.path} (run {r.run})" if r.run else r.path
+        typer.echo(f"{where}: run {r.run_id} in sweep "
                    f"{r.sweep!r} {r.action}: {r.steps} steps, {r.rows} values, batch {batch}, "
                    f"lr {lr_txt}, format {r.format}{how}")
         for line, why in r.skipped_lines:

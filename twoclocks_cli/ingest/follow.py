@@ -136,8 +136,8 @@ def _sync(store, path: Path, state: _Followed, fresh: bool) -> int:
     state.written = {s: (plan.samples[s], v) for s, v in plan.log.steps.items() if v}
     log = plan.log
     state.last = IngestResult(
-        path=str(path), format=log.fmt, format_from=log.fmt_from, sweep=opts.sweep,
-        run_id=run_id, action="followed",
+        path=str(path), run=log.run_name or None, format=log.fmt, format_from=log.fmt_from,
+        sweep=opts.sweep, run_id=run_id, action="followed",
         steps=len(log.steps), rows=sum(len(v) for v in log.steps.values()),
         params_from=plan.config["ingest"]["params_from"], sources=dict(log.sources),
         unmapped=sorted(log.unmapped), skipped_lines=[[ln, why] for ln, why in log.bad_lines],

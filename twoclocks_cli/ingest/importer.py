@@ -56,6 +56,7 @@ class IngestResult:
     skipped_lines: list[list]
     duplicates: int
     notes: list[str] = field(default_factory=list)
+    run: str | None = None  # the run's name within a source holding several (W&B, MLflow, ...)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -260,8 +261,8 @@ def ingest_files(store, paths: list[Path | str], opts: IngestOptions) -> list[In
                 raise
             store.set_status(run_id, RunStatus.completed, message=f"ingested {log.where}")
         results.append(IngestResult(
-            path=log.where, format=log.fmt, format_from=log.fmt_from, sweep=opts.sweep,
-            run_id=run_id, action=action,
+            path=str(log.path), run=log.run_name or None, format=log.fmt,
+            format_from=log.fmt_from, sweep=opts.sweep, run_id=run_id, action=action,
             steps=len(log.steps), rows=rows, params_from=plan.config["ingest"]["params_from"],
             sources=dict(log.sources), unmapped=sorted(log.unmapped),
             skipped_lines=[[line, why] for line, why in log.bad_lines],
