@@ -106,6 +106,8 @@ def plan(store, run, at: float, batches: list[float], branch_samples: float, see
     if not run.batch_samples or not run.lr or not run.group_size:
         raise ConfigError(f"{where}: no batch size, group size or lr recorded: nothing to scale "
                           "from")
+    if "branch" in (run.config or {}):
+        raise ConfigError(f"{where} is a branch of a probe: probe the run it branched from")
     cfg = TrainConfig.from_dict(dict(run.config or {}), source=f"{where} config")
     if cfg.batch_schedule == "adaptive":
         raise ConfigError(f"{where} is an adaptive run: its batch follows the controller, and "
@@ -329,9 +331,18 @@ def result(store, probe: GrpoProbe, runs: dict[str, int], bootstrap: int = 400,
                  f"{p0:.4g} at the branch point -> target {target:.4g} ({probe.frac:g} of the "
                  f"best batch's median gain to {best:.4g} in {probe.branch_samples:,} samples), "
                  f"centred moving average of {probe.window} evaluation(s)")
+    missed = [b for b, v in clocks.items() if all(x is None for x in v)]
+    if missed:
+        notes.append(f"B={', '.join(map(str, missed))}: no branch reached the target within "
+                     f"{probe.branch_samples:,} samples, so not in the estimate (a longer "
+                     "--branch-samples says whether they are slower or only behind by noise)")
     if n:
-        notes.append(f"each evaluation: {n} problems (binomial SE ~{math.sqrt(0.25 / n):.3f} "
-                     "at accuracy 0.5)")
+        se = math.sqrt(max(p0 * (1 - p0), 1e-12) / n)
+        notes.append(f"each evaluation: {n} problems (binomial SE {se:.3g} at {p0:.3g})")
+        if best - p0 < 2 * se:
+            notes.append(f"the best batch's median gain ({best - p0:.3g}) is under 2 SE of one "
+                         "evaluation: the clocks time noise as much as progress; branch longer "
+                         "or evaluate more problems (eval_size)")
     notes.append("Adam's moments and step count carried over from the run: a branch steps "
                  "with the run's second-moment estimate (it relaxes over ~1/(1-beta2) steps)")
     return GrpoProbeResult(
