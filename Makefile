@@ -1,5 +1,5 @@
 # The two set-up commands of the README: `make demo` (the main job) and `make test` (the tests).
-.PHONY: setup demo test bench
+.PHONY: setup demo test test-vllm bench
 
 setup:
 	bash scripts/setup.sh
@@ -9,6 +9,11 @@ demo: setup
 
 test:
 	bash scripts/test.sh
+
+# The vLLM lane: vLLM's CPU build in a venv of its own (scripts/setup-vllm.sh), tests/vllm/.
+test-vllm:
+	bash scripts/setup-vllm.sh
+	$${TWOCLOCKS_VLLM_VENV:-.venv-vllm}/bin/python -m pytest -q -p no:cacheprovider -n0 --durations=10 tests/vllm
 
 bench: setup
 	.venv/bin/python bench/store_ingest.py
