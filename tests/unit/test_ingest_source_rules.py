@@ -75,6 +75,35 @@ def test_a_runs_settings_from_its_config():
     assert params == {"lr": 3e-4, "group_size": 8} and origin["group_size"] == "num_generations"
 
 
+def test_a_trl_runs_prompts_per_step_from_its_grpo_config():
+    """What HF's W&B and MLflow callbacks log of a GRPOConfig (its to_dict(): no world size):
+    prompts per step = 4 per device x processes x 2 accumulation / 4 generations, the
+    processes told by generation_batch_size = 4 per device x processes x steps_per_generation."""
+    pytest.importorskip("trl")
+    from pathlib import Path
+
+    from trl import GRPOConfig
+
+    from twoclocks_cli.ingest.base import IngestOptions
+
+    config = GRPOConfig(output_dir="unused", per_device_train_batch_size=4,
+                        gradient_accumulation_steps=2, num_generations=4, report_to=[],
+                        use_cpu=True, bf16=False, learning_rate=3e-6).to_dict()
+    assert (config["generation_batch_size"], config["steps_per_generation"]) == (8, 2)
+    # one process here; on 2, GRPOConfig would have made generation_batch_size 4 x 2 x 2
+    for processes in (1, 2):
+        run = scalars.TrackedRun(
+            key="r", name="r", sha256="0", size=0,
+            config={**config, "generation_batch_size": 8 * processes},
+            steps={1: {"reward": 0.5}, 2: {"reward": 0.6}})
+        log = scalars.to_log(run, Path("x"), "wandb", IngestOptions())
+        assert log.params == {"batch_prompts": 2 * processes, "group_size": 4, "lr": 3e-6,
+                              "seed": 42}
+        assert log.params_from["batch_prompts"] == "config (TRL's GRPOConfig)"
+    run.config["num_iterations"] = 3  # 16 completions a step do not divide by 3: unknown
+    assert "batch_prompts" not in scalars.to_log(run, Path("x"), "wandb", IngestOptions()).params
+
+
 @pytest.mark.parametrize("key, console", [
     ("train/reward", "reward"), ("eval/rewards/acc/mean", "eval_rewards/acc/mean"),
     ("val-core/gsm8k/reward/mean_at_4", "val-core/gsm8k/reward/mean@4"),

@@ -197,6 +197,13 @@ def _settings(log: ParsedLog, run: TrackedRun) -> None:
     """Prompts per step, group size, lr and seed from the run's config; else the peak lr
     logged; and where the batch would be, for the "pass --batch-prompts" error."""
     params, origin = config_params(run.config)
+    flat = flat_config(run.config)
+    if "batch_prompts" not in params and (trl_prompts := _trl_prompts(flat)) is not None:
+        params["batch_prompts"], origin["batch_prompts"] = trl_prompts, "TRL's GRPOConfig"
+        log.notes.append(f"prompts per step = {trl_prompts}: per_device_train_batch_size x "
+                         "processes x gradient_accumulation_steps / num_iterations / "
+                         "num_generations, processes = generation_batch_size / "
+                         "(per_device_train_batch_size x steps_per_generation)")
     log.params.update(params)
     log.params_from.update({k: f"{run.config_from} ({v})" for k, v in origin.items()})
     lrs = [v["lr"] for v in log.steps.values() if "lr" in v and v["lr"] > 0]
@@ -205,7 +212,6 @@ def _settings(log: ParsedLog, run: TrackedRun) -> None:
         log.params_from["lr"] = f"log (peak {log.sources.get('lr')} logged)"
         log.notes.append(f"lr = {max(lrs):.3g}, the peak {log.sources.get('lr')} logged: the "
                          f"{run.config_from} holds no configured lr; --lr sets it")
-    flat = flat_config(run.config)
     if "per_device_train_batch_size" in flat or "num_generations" in flat:
         log.batch_hint = ("a TRL run's config counts completions per device "
                           "(per_device_train_batch_size), not prompts: prompts per step = "
@@ -215,6 +221,28 @@ def _settings(log: ParsedLog, run: TrackedRun) -> None:
         log.batch_hint = (f"the {run.config_from} states neither data.train_batch_size and "
                           "actor_rollout_ref.rollout.n (verl) nor prompts_per_batch and "
                           "group_size")
+
+
+_TRL_BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+              "generation_batch_size", "steps_per_generation")
+
+
+def _trl_prompts(flat: Mapping) -> int | None:
+    """Prompts per optimizer step of a TRL GRPOConfig, as its trainer counts them (see
+    integrations/trl.py): the config has no world size, but its `generation_batch_size` is
+    per-device batch x processes x steps_per_generation. None unless every term is there and
+    divides exactly."""
+    values = [_number(flat.get(k)) for k in _TRL_BATCH]
+    iterations = _number(flat.get("num_iterations", 1))
+    if any(v is None or v < 1 or v != int(v) for v in [*values, iterations]):
+        return None
+    per_device, accum, g, gen_batch, per_gen = (int(v) for v in values)
+    processes, left = divmod(gen_batch, per_device * per_gen)
+    completions = per_device * processes * accum
+    if left or not processes or completions % int(iterations) or \
+            (completions // int(iterations)) % g:
+        return None
+    return completions // int(iterations) // g
 
 
 def _note_resumed(log: ParsedLog) -> None:
