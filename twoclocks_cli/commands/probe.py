@@ -181,10 +181,16 @@ def _print_grpo(result) -> None:
     nz = result.noise
     b_simple = "not logged" if nz["b_simple"] is None else num(nz["b_simple"])
     b_sign = "not logged" if nz["b_sign"] is None else num(nz["b_sign"])
-    con.print(f"in-run noise scales of run {result.run_id} at step {nz['step']}: B_simple "
-              f"{b_simple}, B_sign {b_sign} (samples; two-batch terms, EMA {nz['ema']:g})")
+    if nz["step"] is None:
+        con.print(f"in-run noise scales of run {result.run_id}: none measured within "
+                  f"{result.at_samples:,} samples")
+    else:
+        con.print(f"in-run noise scales of run {result.run_id} at step {nz['step']}: B_simple "
+                  f"{b_simple}, B_sign {b_sign} (samples; two-batch terms, EMA {nz['ema']:g})")
     rp = result.replay
-    if rp["identical"]:
+    if rp["steps"] == 0:
+        con.print("no replay: at 0 samples the branches start from the initial weights")
+    elif rp["identical"]:
         con.print(f"replay: identical to run {result.run_id} at every one of its {rp['steps']} "
                   f"steps ({', '.join(rp['keys'])})")
     else:

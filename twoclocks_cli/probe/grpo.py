@@ -343,8 +343,10 @@ def result(store, probe: GrpoProbe, runs: dict[str, int], bootstrap: int = 400,
             notes.append(f"the best batch's median gain ({best - p0:.3g}) is under 2 SE of one "
                          "evaluation: the clocks time noise as much as progress; branch longer "
                          "or evaluate more problems (eval_size)")
-    notes.append("Adam's moments and step count carried over from the run: a branch steps "
-                 "with the run's second-moment estimate (it relaxes over ~1/(1-beta2) steps)")
+    if probe.at_samples:
+        notes.append("Adam's moments and step count carried over from the run: a branch steps "
+                     "with the run's second-moment estimate (it relaxes over ~1/(1-beta2) "
+                     "steps)")
     return GrpoProbeResult(
         probe.run_id, probe.sweep, probe.at_samples, probe.at_step, METRIC, p0, target,
         probe.batches, probe.lrs, clocks,
