@@ -179,14 +179,10 @@ def _print_grpo(result) -> None:
     est = result.b_crit
     con.print(f"[bold]local B_crit: {est.text()}[/bold] ({est.placement}; {est.note})")
     nz = result.noise
-    b_simple = "not logged" if nz["b_simple"] is None else num(nz["b_simple"])
-    b_sign = "not logged" if nz["b_sign"] is None else num(nz["b_sign"])
-    if nz["step"] is None:
-        con.print(f"in-run noise scales of run {result.run_id}: none measured within "
-                  f"{result.at_samples:,} samples")
-    else:
-        con.print(f"in-run noise scales of run {result.run_id} at step {nz['step']}: B_simple "
-                  f"{b_simple}, B_sign {b_sign} (samples; two-batch terms, EMA {nz['ema']:g})")
+    said = {k: num(nz[k]) if nz[k] is not None else nz["why"][k] for k in ("b_simple", "b_sign")}
+    at = f"at step {nz['step']}" if nz["step"] is not None else "at the branch point"
+    con.print(f"in-run noise scales of run {result.run_id} {at} (samples; two-batch terms, "
+              f"EMA {nz['ema']:g}): B_simple {said['b_simple']}; B_sign {said['b_sign']}")
     rp = result.replay
     if rp["steps"] == 0:
         con.print("no replay: at 0 samples the branches start from the initial weights")

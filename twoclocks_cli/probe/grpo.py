@@ -375,23 +375,31 @@ def _progress_at(store, probe, runs, series, ids) -> float:
 def noise_at(store, run_id: int, step: int, ema_alpha: float = 0.05) -> dict:
     """The run's in-run noise scales at `step` (the last measuring step within it), computed
     as `analyze` does (the two-batch terms EMA-smoothed with `ema_alpha`): B_simple from the
-    Euclidean terms, B_sign from the l1 terms (not logged by the grpo trainer: None)."""
+    Euclidean terms, B_sign from the l1 terms (which the grpo trainer does not log). A value
+    is None with its reason in `why`: not logged, or not positive (the smoothed signal term
+    |G|^2 or P is <= 0: the batches' gradients are noise-dominated there)."""
     from twoclocks_cli.clocks.noise import sign_noise_scale
     from twoclocks_cli.clocks.runclock import GRAD_KEYS, SIGN_KEYS
     from twoclocks_cli.clocks.stats import noise_scale
 
-    out = {"ema": ema_alpha, "step": None}
+    out = {"ema": ema_alpha, "step": None, "b_simple": None, "b_sign": None, "why": {}}
     for name, keys, fn in (("b_simple", GRAD_KEYS, noise_scale),
                            ("b_sign", SIGN_KEYS, sign_noise_scale)):
         got = [store.load_metric([run_id], k).get(run_id) for k in keys]
-        out[name] = None
         if any(s is None for s in got) or len({s.values.size for s in got}) != 1:
+            out["why"][name] = "not logged by this run"
+            continue
+        within = np.flatnonzero(got[0].steps <= step)
+        if not within.size:
+            out["why"][name] = f"not measured within {step} steps"
             continue
         values = fn(*(s.values for s in got), ema_alpha=ema_alpha)
-        within = np.flatnonzero(got[0].steps <= step)
-        if within.size and np.isfinite(values[within[-1]]):
-            out[name] = float(values[within[-1]])
-            out["step"] = int(got[0].steps[within[-1]])
+        out["step"] = int(got[0].steps[within[-1]])
+        value = float(values[within[-1]])
+        if math.isfinite(value) and value > 0:
+            out[name] = value
+        else:
+            out["why"][name] = "not positive (the smoothed signal term is <= 0: noise dominates)"
     return out
 
 
