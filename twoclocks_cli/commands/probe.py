@@ -94,14 +94,19 @@ def _sim(store, run_id, at, sizes, branch_samples, seeds, seed, truth, as_json) 
     con.print(_clock_table(f"run {run_id} branched at {result.at_samples:,.0f} samples: samples "
                            f"from progress {result.progress_at:.4g} to {result.target:.4g}",
                            result.batches, result.lrs, result.clocks))
-    est = result.b_crit
-    con.print(f"[bold]local B_crit: {est.text()}[/bold] ({est.placement}; {est.note})")
+    con.print(_b_crit_line(result.b_crit))
     if result.truth is not None:
         tb = result.truth.b_crit
         con.print(f"theory's local B_crit from the same state: "
                   f"{'none' if tb is None else num(tb)} ({result.truth.mechanism})")
     for n in result.notes:
         con.print(f"note: {n}")
+
+
+def _b_crit_line(est) -> str:
+    """'local B_crit: 36 [30, 41] (interpolated; how)', or 'unknown (why)'."""
+    how = est.note if est.placement is None else f"{est.placement}; {est.note}"
+    return f"[bold]local B_crit: {est.text()}[/bold] ({how})"
 
 
 def _clock_table(title: str, batches, lrs, clocks):
@@ -176,8 +181,7 @@ def _print_grpo(result) -> None:
         f"run {result.run_id} branched at {result.at_samples:,} samples (step "
         f"{result.at_step}): samples from {result.metric} {result.progress_at:.4g} to "
         f"{result.target:.4g}", result.batches, result.lrs, result.clocks))
-    est = result.b_crit
-    con.print(f"[bold]local B_crit: {est.text()}[/bold] ({est.placement}; {est.note})")
+    con.print(_b_crit_line(result.b_crit))
     nz = result.noise
     said = {k: num(nz[k]) if nz[k] is not None else nz["why"][k] for k in ("b_simple", "b_sign")}
     at = f"at step {nz['step']}" if nz["step"] is not None else "at the branch point"
