@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
@@ -37,11 +38,16 @@ def run_folders(path: Path) -> dict[Path, list[Path]]:
         return {path.parent: [path]}
     out: dict[Path, list[Path]] = {}
     for root, dirs, files in os.walk(path):  # symlinked folders are not followed
-        dirs.sort()
+        dirs.sort(key=_natural)  # bs32 before bs128, as a sweep reads
         found = sorted(Path(root) / f for f in files if f.startswith("events.out.tfevents."))
         if found:
             out[Path(root)] = found
     return out
+
+
+def _natural(name: str) -> list:
+    """A sort key that orders the numbers in a name by value."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 class _File:
