@@ -322,3 +322,26 @@ def test_bad_input_is_one_line_and_writes_nothing(probed, tmp_path):
         proc = twoclocks("probe", *args, "--db", url, cwd=tmp_path)
         assert_one_line_error(proc, needle)
     assert _counts(db) == before
+
+
+def test_a_replay_that_differs_from_the_run_is_said(probed):
+    """The check compares the replay with the run's stored rows: a row that differs (here the
+    run's loss at step 5, changed in the store) is named with both values."""
+    url, db, run_id, _, _ = probed
+    with sqlite3.connect(db) as c:
+        (old,) = c.execute("SELECT value FROM metrics WHERE run_id = ? AND step = 5 AND "
+                           "key = 'loss'", (run_id,)).fetchone()
+        c.execute("UPDATE metrics SET value = ? WHERE run_id = ? AND step = 5 AND key = 'loss'",
+                  (old + 1.0, run_id))
+    try:
+        proc = twoclocks("probe", str(run_id), *PROBE, "--db", url, "--json", cwd=db.parent,
+                         env={"PYTHONPATH": str(db.parent)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        replay = json.loads(proc.stdout)["replay"]
+        assert not replay["identical"]
+        assert replay["first_difference"] == {"step": 5, "key": "loss", "run": old + 1.0,
+                                              "replay": old}
+    finally:
+        with sqlite3.connect(db) as c:
+            c.execute("UPDATE metrics SET value = ? WHERE run_id = ? AND step = 5 AND "
+                      "key = 'loss'", (old, run_id))
