@@ -32,6 +32,8 @@ class _Group(TyperGroup):
                 raise typer.Exit(2) from None
             if _from_cli_framework(err):  # Exit, Abort, help: typer/click handle them
                 raise
+            if isinstance(err, BrokenPipeError):  # `twoclocks ... | head`: click exits quietly
+                raise
             # a bug: one line here, the traceback in a log file
             from twoclocks_cli.crash import EXIT_CODE, one_line
 

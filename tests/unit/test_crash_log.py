@@ -24,6 +24,10 @@ def _app() -> typer.Typer:
         print(1 / 0)
 
     @app.command()
+    def gone() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    @app.command()
     def bad() -> None:
         raise ConfigError("first part\nsecond part")
 
@@ -79,4 +83,14 @@ def test_exits_and_usage_errors_are_not_crashes(tmp_path):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: root ranged: Invalid value for '--x'")
     assert "0.2" in lines[0] and lines[0].endswith("(see 'root ranged --help')")
+    assert list(tmp_path.iterdir()) == []
+
+
+
+def test_a_closed_pipe_is_not_a_crash(tmp_path):
+    """`twoclocks ... | head`: the reader left mid-output (a write raised BrokenPipeError), which
+    is no bug: click's own quiet exit 1, no internal error and no crash log."""
+    result = CliRunner().invoke(_app(), ["gone"], env={"TWOCLOCKS_CRASH_DIR": str(tmp_path)})
+    assert result.exit_code == 1
+    assert "internal error" not in result.output, result.output
     assert list(tmp_path.iterdir()) == []
