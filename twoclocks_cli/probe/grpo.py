@@ -116,21 +116,7 @@ def plan(store, run, at: float, batches: list[float], branch_samples: float, see
     check_needs(cfg, f"{where} config")
     at_step, at_samples = _snap(store, run, at)
     g = cfg.group_size
-    check_branches(batches, branch_samples, seeds)
-    for b in batches:
-        if b != int(b) or int(b) % g:
-            raise ConfigError(f"--batches: {b:g} samples is not a whole number of groups of "
-                              f"{g} (the group size of {where})")
-    if branch_samples != int(branch_samples):
-        raise ConfigError(f"--branch-samples {branch_samples:g}: a whole number of samples")
-    every = int(eval_every) if eval_every is not None else max(int(branch_samples) // 8, 1)
-    if not 1 <= every <= branch_samples:
-        raise ConfigError(f"--eval-every {every}: must be in 1..--branch-samples "
-                          f"({branch_samples:g})")
-    if not 1 <= window <= 99:
-        raise ConfigError(f"--window {window}: must be in 1..99")
-    if not 0 < frac <= 1:
-        raise ConfigError(f"--target-frac {frac}: must be in (0, 1]")
+    every = _check_args(batches, branch_samples, seeds, eval_every, window, frac, g, where)
     b0, lr0, alpha = scaling(run, run.sweep)
     parent_sweep = run.sweep.config if run.sweep is not None else None
     name = f"probe-{run.id}-at{at_samples}"
@@ -166,6 +152,27 @@ def plan(store, run, at: float, batches: list[float], branch_samples: float, see
     return GrpoProbe(run.id, name, folder, at_samples, at_step, g, sizes, lrs, seeds,
                      int(branch_samples), every, window, frac, (b0, lr0, alpha), replay,
                      branches, parent_sweep, notes)
+
+
+def _check_args(batches, branch_samples, seeds, eval_every, window, frac, g: int,
+                where: str) -> int:
+    """One line for each argument a grpo probe cannot take; returns the eval spacing."""
+    check_branches(batches, branch_samples, seeds)
+    for b in batches:
+        if b != int(b) or int(b) % g:
+            raise ConfigError(f"--batches: {b:g} samples is not a whole number of groups of "
+                              f"{g} (the group size of {where})")
+    if branch_samples != int(branch_samples):
+        raise ConfigError(f"--branch-samples {branch_samples:g}: a whole number of samples")
+    every = int(eval_every) if eval_every is not None else max(int(branch_samples) // 8, 1)
+    if not 1 <= every <= branch_samples:
+        raise ConfigError(f"--eval-every {every}: must be in 1..--branch-samples "
+                          f"({branch_samples:g})")
+    if not 1 <= window <= 99:
+        raise ConfigError(f"--window {window}: must be in 1..99")
+    if not 0 < frac <= 1:
+        raise ConfigError(f"--target-frac {frac}: must be in (0, 1]")
+    return every
 
 
 def _snap(store, run, at: float) -> tuple[int, int]:
@@ -261,7 +268,7 @@ class GrpoProbeResult:
     clocks: dict  # batch -> [samples from `at` to the target per replicate; None = censored]
     branch_runs: dict  # batch -> [run id per replicate]
     b_crit: Estimate
-    noise: dict  # the run's in-run noise scales at `at` (None: not logged)
+    noise: dict  # the run's in-run noise scales at `at` (None: its reason in noise["why"])
     replay: dict  # the replay's check against the run's own rows
     eval_n: int | None = None
     notes: list[str] = field(default_factory=list)
