@@ -245,7 +245,8 @@ class TrainConfig(BaseModel):
     rollout_engine: Literal["hf", "vllm"] = Field(
         "hf",
         description="hf: the training model itself samples (CPU/GPU; see hf_decoder). vllm: "
-        "the `vllm` extra, GPU only, never run in this project's CI.",
+        "the `vllm` extra, a colocated vLLM on the local rank's GPU (or CPU with vLLM's CPU "
+        "build, which CI runs: make test-vllm).",
     )
     hf_decoder: Literal["auto", "generate"] = Field(
         "auto",

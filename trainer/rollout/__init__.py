@@ -1,9 +1,9 @@
 """Rollout engines: sample completions for a batch of prompts behind one small interface.
 
-`hf` (the training model samples, default, runs anywhere) and `vllm` (the `vllm` extra, GPU
-only, never run in this project's CI). An engine returns token ids, masks and its own log-prob
-of each sampled token; the trainer recomputes the log-probs itself and compares the two
-(`trainer.sampler`), so engines never need to agree on numerics.
+`hf` (the training model samples, default, runs anywhere) and `vllm` (the `vllm` extra: a
+colocated vLLM, run in CI on CPU with vLLM's CPU build, tests/vllm/). An engine returns token
+ids, masks and its own log-prob of each sampled token; the trainer recomputes the log-probs
+itself and compares the two (`trainer.sampler`), so engines never need to agree on numerics.
 """
 
 from __future__ import annotations

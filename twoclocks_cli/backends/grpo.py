@@ -177,8 +177,8 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
 
     def engine() -> None:
         if cfg.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
-            refuse("rollout_engine", "needs the vllm extra (pip install 'twoclocks[vllm]') and "
-                   "a GPU; use rollout_engine = 'hf' here")
+            refuse("rollout_engine", "needs the vllm extra (pip install 'twoclocks[vllm]'; on "
+                   "CPU: bash scripts/setup-vllm.sh); use rollout_engine = 'hf' here")
 
     once(("extra",), extra)
     once(("model", cfg.model), model)
