@@ -80,6 +80,7 @@ def test_greedy_equals_the_hf_engine_before_and_after_an_update(fresh, tiny, tok
     prompts = _prompts(tok, 64, seed=2)
     before = _rows(fresh.generate(prompts, temperature=0.0))
     assert before == _hf_greedy(model, tok, base_cfg, prompts)
+    torch.manual_seed(0)  # the request seeds of the samples the update learns from
     updated = _update(model, fresh.generate(prompts * 2, temperature=1.0))
     fresh.sync(updated)
     after = _rows(fresh.generate(prompts, temperature=0.0))
@@ -98,6 +99,7 @@ def test_greedy_equals_the_hf_engine_before_and_after_an_update(fresh, tiny, tok
 def test_sampler_logprobs_equal_the_trainers(fresh, tiny, tok, temperature):
     """vLLM's processed log-prob of each token it sampled against the trainer's forward at the
     same temperature (fp32 both): float rounding, not a distribution gap."""
+    torch.manual_seed(0)
     roll = fresh.generate([p for p in _prompts(tok, 64, seed=5) for _ in range(2)],
                           temperature=temperature)
     gap = _logprob_gap(tiny[2], roll, temperature)
@@ -148,6 +150,7 @@ def test_every_generation_config_eos_id_stops_a_completion(fresh, tok, model_dir
     includes it, nothing follows, and such a row is not truncated."""
     gen = V.load_generation_config(model_dir)
     assert fresh.stop_ids == sorted(_stops(tok)) == sorted(gen.eos_token_id)
+    torch.manual_seed(0)
     roll = fresh.generate([p for p in _prompts(tok, 64, seed=7) for _ in range(2)])
     ended = {t: 0 for t in _stops(tok)}
     for i, row in enumerate(_rows(roll)):
