@@ -78,6 +78,19 @@ def normal_name(key: str) -> str:
     return _AT.sub(r"@\1", key)
 
 
+def splice_resumed(steps: dict, later: dict) -> str:
+    """Merge a resumed run's later part into `steps`: from the later part's first step on, its
+    rows replace the earlier part's (the resumed run redid them); the note's tail on what was
+    replaced."""
+    start = min(later)
+    dropped = [s for s in steps if s >= start]
+    for s in dropped:
+        del steps[s]
+    for step, values in later.items():
+        steps.setdefault(step, {}).update(values)
+    return (f": {len(dropped)} earlier step(s) from {start} on replaced" if dropped else "")
+
+
 def flat_config(tree: Mapping, prefix: str = "") -> dict:
     """A nested config as {dotted key: value}; '/' separators (MLflow params) become '.'."""
     out = {}

@@ -173,12 +173,9 @@ def _run(folder: Path, files: list[Path], name: str, opts: IngestOptions) -> sca
             continue
         if i and part.steps and run.steps:
             start = min(part.steps)
-            dropped = [s for s in run.steps if s >= start]
-            for s in dropped:
-                del run.steps[s]
             notes.append(f"{f.name} starts again at step {start} (a resumed run)"
-                         + (f": {len(dropped)} earlier step(s) from {start} on replaced"
-                            if dropped else ""))
+                         + scalars.splice_resumed(run.steps, part.steps))
+            continue
         for step, values in part.steps.items():
             run.steps.setdefault(step, {}).update(values)
     if float32:

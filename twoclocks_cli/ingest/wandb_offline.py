@@ -203,13 +203,9 @@ def _run(parts: list[tuple[_Part, bytes]], opts: IngestOptions,
     for i, (part, _) in enumerate(parts):
         steps = _steps(part, run, opts)
         if i and steps:
-            start = min(steps)
-            dropped = [s for s in run.steps if s >= start]
-            for s in dropped:
-                del run.steps[s]
-            notes.append(f"resumed in {part.path.parent.name} from step {start}"
-                         + (f": {len(dropped)} earlier step(s) from {start} on replaced"
-                            if dropped else ""))
+            notes.append(f"resumed in {part.path.parent.name} from step {min(steps)}"
+                         + scalars.splice_resumed(run.steps, steps))
+            continue
         for step, values in steps.items():
             run.steps.setdefault(step, {}).update(values)
         run.config.update(part.config)
