@@ -8,6 +8,12 @@
 #     TWOCLOCKS_SCAN_OUT=out/scan bash examples/tiny-arith-lr-scan.sh ...   # where it writes
 #     TWOCLOCKS_SCAN_SEED=1 bash examples/tiny-arith-lr-scan.sh 128:7e-4     # another seed
 #
+# The other settings come from the environment too (defaults in brackets): TWOCLOCKS_SCAN_BUDGET
+# samples [32768], TWOCLOCKS_SCAN_EVAL_EVERY samples [1024], TWOCLOCKS_SCAN_EVAL_SIZE problems
+# [1024], TWOCLOCKS_SCAN_MINIBATCHES updates per batch [2], TWOCLOCKS_SCAN_CLIP_LOW and
+# TWOCLOCKS_SCAN_CLIP_HIGH [0.2]. Names do not carry them: give each setting its own
+# TWOCLOCKS_SCAN_OUT.
+#
 # Then read the curves with `twoclocks runs list --db sqlite:///out/scan/scan.db` and
 # `twoclocks export --run ID --keys eval_accuracy,drift_rel,entropy --db ...`. A finished pair is
 # skipped on a rerun (its workdir holds a finished run), so the scan can be resumed.
@@ -16,6 +22,11 @@ cd "$(dirname "$0")/.."
 OUT=${TWOCLOCKS_SCAN_OUT:-out/scan}
 BUDGET=${TWOCLOCKS_SCAN_BUDGET:-32768}
 SEED=${TWOCLOCKS_SCAN_SEED:-0}
+EVAL_EVERY=${TWOCLOCKS_SCAN_EVAL_EVERY:-1024}
+EVAL_SIZE=${TWOCLOCKS_SCAN_EVAL_SIZE:-1024}
+MINIBATCHES=${TWOCLOCKS_SCAN_MINIBATCHES:-2}
+CLIP_LOW=${TWOCLOCKS_SCAN_CLIP_LOW:-0.2}
+CLIP_HIGH=${TWOCLOCKS_SCAN_CLIP_HIGH:-0.2}
 TC=${TWOCLOCKS_BIN:-.venv/bin/twoclocks}
 mkdir -p "$OUT"
 [ "$#" -gt 0 ] || { echo "usage: $0 PROMPTS:LR [PROMPTS:LR ...]" >&2; exit 2; }
@@ -34,13 +45,13 @@ group_size = 8
 prompts_per_batch = $prompts
 lr = $lr
 sample_budget = $BUDGET
-clip_eps_low = 0.2
-clip_eps_high = 0.2
-num_minibatches = 2
+clip_eps_low = $CLIP_LOW
+clip_eps_high = $CLIP_HIGH
+num_minibatches = $MINIBATCHES
 micro_batch_size = 64
 max_new_tokens = 12
-eval_every_samples = 1024
-eval_size = 1024
+eval_every_samples = $EVAL_EVERY
+eval_size = $EVAL_SIZE
 kl_init_every = 4
 checkpoint_every_steps = 50
 threads = 1
