@@ -1,0 +1,91 @@
+"""Which theory-model settings have a best constant batch above the smallest one, and how the
+in-run controller (noise-scale rule, the model's known kappa and drift threshold) does there.
+
+Why: the controller's CI test needs a setting where the smallest batch is *not* best (a real
+B_crit > batch_min); this finds candidates and prints, per setting, the median samples-to-target
+and samples-to-failure (3 seeds) of a constant grid of 4..128 samples under sqrt lr scaling, of
+the static schedule `twoclocks schedule` makes from it, and of the adaptive controller. The
+sweeps are built as tests/integration/test_adaptive_sim.py builds them (same budget, target 0.95,
+failure = drift_abs 8). About 15 s per setting on one core.
+
+    .venv/bin/python bench/adaptive_settings.py                     # the settings below
+    .venv/bin/python bench/adaptive_settings.py '{"sigma": 4}:0.02'  # SIM_JSON:LR0 ...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tests.integration.simsweep as ss  # noqa: E402
+from tests.integration.test_adaptive_sim import (  # noqa: E402
+    BUDGET,
+    CONTROL,
+    OPTS,
+    PROMPTS,
+    _adaptive_runs,
+    _medians,
+)
+from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep, make_schedule  # noqa: E402
+from twoclocks_cli.core.errors import AnalysisError  # noqa: E402
+from twoclocks_cli.store import Store  # noqa: E402
+from twoclocks_cli.theory import ModelConfig  # noqa: E402
+
+BASE = {"log_every": 4, "eval_every": 1, "checkpoint_every": 2000, "drift_threshold": 8.0}
+SETTINGS = [({"sigma": 4.0}, 0.02),
+            ({"sigma": 6.0, "optimizer": "sgd", "flat_dims": 32, "drift_threshold": 1e9}, 0.05)]
+
+
+def _fmt(x: float) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:,.0f}"
+
+
+def measure(extra: dict, lr0: float) -> None:
+    """Print the constants', the static schedule's and the controller's median clocks."""
+    root = Path(tempfile.mkdtemp())
+    store = Store.open(f"sqlite:///{root / 's.db'}")
+    sim = {**BASE, **extra}
+    ss.LR0 = lr0
+    ss.make_sweep(store, "const", PROMPTS + [32], 3, BUDGET, sim, root / "c")
+    const = analyze_sweep(store, "const", AnalysisOptions(**OPTS))
+    a = const.to_json()
+    print(f"\n## sim {json.dumps(extra)}, lr {lr0:g} at {ss.B0} samples (sqrt)")
+    print("| run | samples to 0.95 | samples to failure |\n|---|--:|--:|")
+    for b in a["batches"]:
+        print(f"| constant {b['batch_samples']} | {_fmt(b['progress']['median'])} | "
+              f"{_fmt(b['failure']['median'] or float(BUDGET))} |")
+    try:
+        phases = [dict(p) for p in make_schedule(const, budget=BUDGET)["phases"]]
+    except AnalysisError as err:
+        print(f"no schedule: {err}")
+        return
+    ss.make_sweep(store, "static", [phases[0]["prompts_per_batch"]], 3, BUDGET, sim, root / "s",
+                  phases=phases)
+    prog, fail = _medians(store, "static")
+    shown = " -> ".join(str(p["prompts_per_batch"] * ss.G) for p in phases)
+    print(f"| static schedule ({shown}) | {_fmt(prog)} | {_fmt(fail)} |")
+    cfg = ModelConfig.from_dict(sim)
+    known = {"kappa": cfg.dim / (cfg.dim + cfg.flat_dims),
+             "drift_threshold": 8.0 / (cfg.theta0 * math.sqrt(cfg.dim))}
+    _adaptive_runs(store, "known", sim, root / "k", {**CONTROL, **known}, lr0)
+    prog, fail = _medians(store, "known")
+    print(f"| adaptive (noise scale, known kappa) | {_fmt(prog)} | {_fmt(fail)} |")
+    store.close()
+
+
+def main(argv: list[str]) -> None:
+    settings = SETTINGS
+    if argv:
+        settings = [(json.loads(a.rsplit(":", 1)[0]), float(a.rsplit(":", 1)[1])) for a in argv]
+    for extra, lr0 in settings:
+        measure(extra, lr0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
