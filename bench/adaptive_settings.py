@@ -29,6 +29,8 @@ from tests.integration.test_adaptive_sim import (  # noqa: E402
     CONTROL,
     OPTS,
     PROMPTS,
+    SIM,
+    THRESHOLD,
     _adaptive_runs,
     _medians,
 )
@@ -37,7 +39,6 @@ from twoclocks_cli.core.errors import AnalysisError  # noqa: E402
 from twoclocks_cli.store import Store  # noqa: E402
 from twoclocks_cli.theory import ModelConfig  # noqa: E402
 
-BASE = {"log_every": 4, "eval_every": 1, "checkpoint_every": 2000, "drift_threshold": 8.0}
 SETTINGS = [({"sigma": 4.0}, 0.02),
             ({"sigma": 6.0, "optimizer": "sgd", "flat_dims": 32, "drift_threshold": 1e9}, 0.05)]
 
@@ -48,16 +49,22 @@ def _fmt(x: float) -> str:
 
 def measure(extra: dict, lr0: float) -> None:
     """Print the constants', the static schedule's and the controller's median clocks."""
-    root = Path(tempfile.mkdtemp())
-    store = Store.open(f"sqlite:///{root / 's.db'}")
-    sim = {**BASE, **extra}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        store = Store.open(f"sqlite:///{root / 's.db'}")
+        try:
+            _measure(store, root, {**SIM, **extra}, extra, lr0)
+        finally:
+            store.close()
+
+
+def _measure(store, root: Path, sim: dict, extra: dict, lr0: float) -> None:
     ss.LR0 = lr0
     ss.make_sweep(store, "const", PROMPTS + [32], 3, BUDGET, sim, root / "c")
     const = analyze_sweep(store, "const", AnalysisOptions(**OPTS))
-    a = const.to_json()
     print(f"\n## sim {json.dumps(extra)}, lr {lr0:g} at {ss.B0} samples (sqrt)")
     print("| run | samples to 0.95 | samples to failure |\n|---|--:|--:|")
-    for b in a["batches"]:
+    for b in const.to_json()["batches"]:
         print(f"| constant {b['batch_samples']} | {_fmt(b['progress']['median'])} | "
               f"{_fmt(b['failure']['median'] or float(BUDGET))} |")
     try:
@@ -70,19 +77,33 @@ def measure(extra: dict, lr0: float) -> None:
     prog, fail = _medians(store, "static")
     shown = " -> ".join(str(p["prompts_per_batch"] * ss.G) for p in phases)
     print(f"| static schedule ({shown}) | {_fmt(prog)} | {_fmt(fail)} |")
-    cfg = ModelConfig.from_dict(sim)
-    known = {"kappa": cfg.dim / (cfg.dim + cfg.flat_dims),
-             "drift_threshold": 8.0 / (cfg.theta0 * math.sqrt(cfg.dim))}
-    _adaptive_runs(store, "known", sim, root / "k", {**CONTROL, **known}, lr0)
+    _adaptive_runs(store, "known", sim, root / "k", {**CONTROL, **_known(sim)}, lr0)
     prog, fail = _medians(store, "known")
     print(f"| adaptive (noise scale, known kappa) | {_fmt(prog)} | {_fmt(fail)} |")
-    store.close()
+
+
+def _known(sim: dict) -> dict:
+    """The model's own kappa and drift_rel threshold (as the test's known values, for `sim`)."""
+    cfg = ModelConfig.from_dict(sim)
+    return {"kappa": cfg.dim / (cfg.dim + cfg.flat_dims),
+            "drift_threshold": THRESHOLD / (cfg.theta0 * math.sqrt(cfg.dim))}
+
+
+def _setting(arg: str) -> tuple[dict, float]:
+    """One SIM_JSON:LR0 argument; a bad one ends the script with one line."""
+    table, _, lr = arg.rpartition(":")
+    try:
+        extra, lr0 = json.loads(table), float(lr)
+    except ValueError:
+        raise SystemExit(f"error: {arg!r}: expected SIM_JSON:LR0, e.g. '{{\"sigma\": 4}}:0.02'"
+                         ) from None
+    if not isinstance(extra, dict):
+        raise SystemExit(f"error: {arg!r}: SIM_JSON must be a JSON object")
+    return extra, lr0
 
 
 def main(argv: list[str]) -> None:
-    settings = SETTINGS
-    if argv:
-        settings = [(json.loads(a.rsplit(":", 1)[0]), float(a.rsplit(":", 1)[1])) for a in argv]
+    settings = [_setting(a) for a in argv] if argv else SETTINGS
     for extra, lr0 in settings:
         measure(extra, lr0)
 
