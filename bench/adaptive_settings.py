@@ -6,7 +6,8 @@ B_crit > batch_min); this finds candidates and prints, per setting, the median s
 and samples-to-failure (3 seeds) of a constant grid of 4..128 samples under sqrt lr scaling, of
 the static schedule `twoclocks schedule` makes from it, and of the adaptive controller. The
 sweeps are built as tests/integration/test_adaptive_sim.py builds them (same budget, target 0.95,
-failure = drift_abs 8). About 15 s per setting on one core.
+failure = drift_abs 8), and per adaptive run where its failure guard fired. About 18 s
+per setting on one core.
 
     .venv/bin/python bench/adaptive_settings.py                     # the settings below
     .venv/bin/python bench/adaptive_settings.py '{"sigma": 4}:0.02'  # SIM_JSON:LR0 ...
@@ -77,9 +78,27 @@ def _measure(store, root: Path, sim: dict, extra: dict, lr0: float) -> None:
     prog, fail = _medians(store, "static")
     shown = " -> ".join(str(p["prompts_per_batch"] * ss.G) for p in phases)
     print(f"| static schedule ({shown}) | {_fmt(prog)} | {_fmt(fail)} |")
-    _adaptive_runs(store, "known", sim, root / "k", {**CONTROL, **_known(sim)}, lr0)
+    ids = _adaptive_runs(store, "known", sim, root / "k", {**CONTROL, **_known(sim)}, lr0)
     prog, fail = _medians(store, "known")
     print(f"| adaptive (noise scale, known kappa) | {_fmt(prog)} | {_fmt(fail)} |")
+    for rid in ids:
+        print(f"adaptive run {rid}: {_guard_line(store, rid)}")
+
+
+def _first(series, hit) -> str:
+    """Samples at the first logged point whose value satisfies `hit` ("never" if none)."""
+    at = [s for s, v in zip(series.samples, series.values, strict=True) if hit(v)]
+    return f"{int(at[0]):,}" if at else "never"
+
+
+def _guard_line(store, rid: int) -> str:
+    """Where the failure guard fired, where drift_abs crossed the threshold, the batches run."""
+    mode = store.load_metric([rid], "adaptive_mode")[rid]
+    drift = store.load_metric([rid], "drift_abs")[rid]
+    batch = store.load_metric([rid], "batch_samples")[rid]
+    return (f"guard fired at {_first(mode, lambda v: v == 1)} samples, drift_abs >= "
+            f"{THRESHOLD:g} at {_first(drift, lambda v: v >= THRESHOLD)}, batches "
+            f"{sorted({int(b) for b in batch.values})}")
 
 
 def _known(sim: dict) -> dict:
