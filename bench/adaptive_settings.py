@@ -40,6 +40,7 @@ from twoclocks_cli.core.errors import AnalysisError  # noqa: E402
 from twoclocks_cli.store import Store  # noqa: E402
 from twoclocks_cli.theory import ModelConfig  # noqa: E402
 
+BRANCH = {"rule": "branch"}
 SETTINGS = [({"sigma": 4.0}, 0.02),
             ({"sigma": 6.0, "optimizer": "sgd", "flat_dims": 32, "drift_threshold": 1e9}, 0.05)]
 
@@ -78,11 +79,17 @@ def _measure(store, root: Path, sim: dict, extra: dict, lr0: float) -> None:
     prog, fail = _medians(store, "static")
     shown = " -> ".join(str(p["prompts_per_batch"] * ss.G) for p in phases)
     print(f"| static schedule ({shown}) | {_fmt(prog)} | {_fmt(fail)} |")
-    ids = _adaptive_runs(store, "known", sim, root / "k", {**CONTROL, **_known(sim)}, lr0)
-    prog, fail = _medians(store, "known")
-    print(f"| adaptive (noise scale, known kappa) | {_fmt(prog)} | {_fmt(fail)} |")
-    for rid in ids:
-        print(f"adaptive run {rid}: {_guard_line(store, rid)}")
+    best = min(p for p in (b["progress"]["median"] for b in const.to_json()["batches"])
+               if p is not None)
+    for label, rule in (("noise scale, known kappa", {}),
+                        ("branch B vs 2B, known threshold", BRANCH)):
+        name = "branch" if rule else "known"
+        ids = _adaptive_runs(store, name, sim, root / name, {**CONTROL, **_known(sim), **rule},
+                             lr0)
+        prog, fail = _medians(store, name)
+        print(f"| adaptive ({label}) | {_fmt(prog)} ({prog / best:.2f}x) | {_fmt(fail)} |")
+        for rid in ids:
+            print(f"adaptive run {rid}: {_guard_line(store, rid)}")
 
 
 def _first(series, hit) -> str:

@@ -19,7 +19,28 @@ class AdaptiveConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
+    rule: Literal["noise", "branch"] = Field(
+        "noise", description="How the progress phase picks the batch. noise: overhead x kappa x "
+        "B_noise from the logged gradient-noise terms (free, but on real training B_noise sat "
+        "20x below the batch where progress per sample slows). branch: at each decision, short "
+        "branches at the current batch B and at 2B from the same state measure the progress and "
+        "the drift per sample of each; the run continues from the chosen branch and the other "
+        "branch's samples are charged to its clock. The sim backend branches; the grpo trainer "
+        "does not yet.")
     adapt_every: int = Field(2048, gt=0, le=2**62, description="Samples between two decisions.")
+    branch_samples: int = Field(
+        128, gt=0, le=2**31 - 1, description="rule branch: samples each branch spends (rounded up "
+        "to whole steps of 2B). Every one is charged: the longer, the surer the comparison and "
+        "the costlier.")
+    max_backoff: int = Field(
+        3, ge=0, le=30, description="rule branch: after k decisions in a row that kept the "
+        "batch the next comes adapt_every x 2^min(k, max_backoff) samples later (the failure "
+        "guard is checked at decisions too). Branches cost samples; the batch a run needs "
+        "changes slowly.")
+    grow_ratio: float = Field(
+        0.9, gt=0, le=2, description="rule branch: grow to 2B when its progress per sample is at "
+        "least this share of B's. Under E(B) = E_min (1 + B/B_crit) the share at B is "
+        "(1 + B/B_crit)/(1 + 2B/B_crit): 0.9 grows while B is below ~B_crit/8.")
     kappa: float | None = Field(
         None, gt=0, description="Batch = kappa x B_noise. None: 1, or from_sweep's calibration.")
     from_sweep: str | None = Field(

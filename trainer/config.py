@@ -408,6 +408,9 @@ class TrainConfig(BaseModel):
         if self.phases:
             raise ValueError("batch_schedule = \"adaptive\" and [[phases]] both set: the "
                              "controller picks the batch, remove the phases")
+        if a.rule == "branch":
+            raise ValueError("adaptive.rule = 'branch': the grpo trainer does not branch in-run "
+                             "yet (the sim backend does); use 'noise'")
         if a.noise == "sign":
             raise ValueError("adaptive.noise = 'sign': the grpo trainer logs the Euclidean "
                              "gradient terms only; use 'euclidean'")

@@ -159,10 +159,11 @@ def test_calibration_takes_the_noise_scale_of_the_smallest_batch():
     assert "drift_threshold" not in cal and "no guard" in cal["drift_why"]
 
 
-def test_a_sim_adaptive_run_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
+@pytest.mark.parametrize("rule", ["noise", "branch"])
+def test_a_sim_adaptive_run_resumes_exactly_after_a_crash(tmp_path, monkeypatch, rule):
     """The real sim backend and store: a run stopped mid-way (an exception out of the writer at
-    step 300, after the checkpoint at 250) and rerun gives every row and decision event of an
-    uninterrupted run."""
+    its first step from 300, after the checkpoint at 250) and rerun gives every row and
+    decision event of an uninterrupted run (with rule "branch", its branches too)."""
     import sqlalchemy as sa
 
     from twoclocks_cli.backends import run_cell
@@ -173,7 +174,8 @@ def test_a_sim_adaptive_run_resumes_exactly_after_a_crash(tmp_path, monkeypatch)
             "sample_budget": 3000, "batch_schedule": "adaptive",
             "sim": {"checkpoint_every": 50, "flat_dims": 32},
             "adaptive": {"batch_max": 8, "adapt_every": 200, "kappa": 0.3,
-                         "drift_threshold": 0.9, "lookahead": 200}}
+                         "drift_threshold": 0.9, "lookahead": 200, "rule": rule,
+                         "branch_samples": 32}}
     ids = []
     with store.session() as s:
         for i in range(2):
@@ -190,7 +192,7 @@ def test_a_sim_adaptive_run_resumes_exactly_after_a_crash(tmp_path, monkeypatch)
     real = MetricWriter.log
 
     def crash(self, step, samples, values):
-        if step == 300:
+        if step >= 300:  # a branch's steps are not logged: the first logged step from 300
             raise RuntimeError("crash")
         real(self, step, samples, values)
 
@@ -211,7 +213,10 @@ def test_a_sim_adaptive_run_resumes_exactly_after_a_crash(tmp_path, monkeypatch)
     ev = [[e.message for e in store.events(rid) if (e.message or "").startswith("adaptive")]
           for rid in ids]
     assert ev[0] == ev[1]
-    assert len(ev[0]) >= 3000 // 200 - 2  # one per decision
+    # one per decision; the branch rule backs off while the batch holds
+    assert len(ev[0]) >= (3000 // 200 - 2 if rule == "noise" else 5)
+    if rule == "branch":
+        assert any("branches 1 and 2 prompts" in e for e in ev[0]), ev[0]
 
 
 def test_the_tiny_adaptive_example_is_a_valid_train_config():

@@ -271,6 +271,8 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
             out["controller"] = ctl.to_dict()
         return out
 
+    every = cfg.checkpoint_every
+    next_ckpt = (step // every + 1) * every
     while True:
         samples = float(state.samples[0])
         k = _phase_at(phases, samples)
@@ -288,7 +290,9 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         step += 1
         bad = bool(info.nonfinite[0])
         decision = None
+        branches: dict = {}
         if ctl is not None:
+            brancher = _brancher(state, seed, ctl, ph, cap, norm0, budget, branches)
             decision = ctl.observe(step, float(state.samples[0]), {
                 "grad_sq_micro": float(info.grad_sq_micro[0]),
                 "grad_sq_full": float(info.grad_sq_full[0]),
@@ -296,7 +300,8 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
                 "grad_l1_micro": float(info.grad_l1_micro[0]),
                 "grad_l1_full": float(info.grad_l1_full[0]),
                 "grad_sign_dot": float(info.grad_sign_dot[0]),
-                "drift_abs": float(info.drift[0]), "drift_rel": float(info.drift[0]) / norm0})
+                "drift_abs": float(info.drift[0]), "drift_rel": float(info.drift[0]) / norm0},
+                brancher)
         if bad or step % cfg.log_every == 0 or decision is not None:
             obs = np.random.default_rng([seed, step])
             values = {
@@ -330,15 +335,69 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
             writer.log(step, int(state.samples[0]), values)
         if decision is not None:
             event(decision.reason)
+        if branches:
+            state, step = _adopt(branches, decision.prompts, state, step)
+            bad = bad or not math.isfinite(_loss(state))
         if bad:
             writer.flush()
             return RunStatus.diverged
-        if step % cfg.checkpoint_every == 0:
+        if step >= next_ckpt:
+            next_ckpt = (step // every + 1) * every
             writer.flush()  # rows first: a resume replays from the checkpoint, never skips
             state.save(path, extra_now())
     writer.flush()
     state.save(path, extra_now())
     return RunStatus.completed
+
+
+def _brancher(state: SimState, seed: int, ctl, ph: Phase, cap, norm0: float, budget: float,
+              out: dict):
+    """The branch runner of a `rule = "branch"` decision taken after this step: each batch
+    continues a copy of `state` for the same samples with the same noise draws (one seeded
+    stream per decision, so B and 2B see the same z, scaled by their batch), lr by the
+    controller's rule; its gain is an evaluation of `eval_samples` problems with the same
+    uniform draws for every branch (a held-out set scored with one sampler seed). The branches
+    land in `out` (prompts -> (state, steps)) for `_adopt`. None when the budget cannot pay for
+    them."""
+    index = ctl.decisions + 1
+
+    def run(tried: list[int], each: int):
+        from twoclocks_cli.clocks.controller import BranchResult
+
+        if float(state.samples[0]) + len(tried) * each > budget:
+            return None
+        draws = np.random.default_rng([seed, index, 1]).random(state.cfg.eval_samples)
+        acc0 = float(np.mean(draws < _progress(state, _loss(state))))
+        results = []
+        for prompts in tried:
+            b = prompts * ph.group_size
+            br = state.branch(1, int(np.random.default_rng([seed, index, 2]).integers(2**62)))
+            steps = int(each // b)
+            for _ in range(steps):
+                info = br.step(b, ctl.lr_for(prompts), cap, grad_terms=False)
+                if info.nonfinite[0]:
+                    break
+            drift = float(np.sqrt(np.sum((br.theta[0] - br.theta0[0]) ** 2)))
+            if ctl.cfg.drift_key == "drift_rel":
+                drift /= norm0
+            gain = float(np.mean(draws < _progress(br, _loss(br)))) - acc0
+            out[prompts] = (br, steps, float(each))
+            results.append(BranchResult(prompts, float(each), gain, drift))
+        return results
+
+    return run
+
+
+def _adopt(branches: dict, chosen: int, state: SimState, step: int) -> tuple[SimState, int]:
+    """Continue from the chosen batch's branch (else from `state`, as the guard's jump does),
+    charging every other branch's samples to the run's clock."""
+    spent = sum(each for _, _, each in branches.values())
+    if chosen in branches:
+        new, steps, each = branches[chosen]
+        new.samples += spent - each
+        return new, step + steps
+    state.samples += spent
+    return state, step
 
 
 def _loss(state: SimState) -> float:

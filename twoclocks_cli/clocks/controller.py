@@ -79,6 +79,20 @@ class Decision:
 
 
 @dataclass
+class BranchResult:
+    """What one branch of a `rule = "branch"` decision measured, from the decision's state.
+
+    prompts: its batch; samples: what it spent; gain: its progress over the branch (the
+    backend's evaluation, the same problems and draws for every branch of a decision); drift:
+    the `drift_key` value at its end."""
+
+    prompts: int
+    samples: float
+    gain: float
+    drift: float
+
+
+@dataclass
 class ControllerState:
     """Everything the controller carries between steps (JSON-able: saved with checkpoints)."""
 
@@ -96,6 +110,7 @@ class ControllerState:
     kappa: float = 1.0
     drift_threshold: float | None = None
     calibration: dict = field(default_factory=dict)
+    keeps: int = 0  # rule branch: decisions in a row that kept the batch (the back-off)
 
 
 class Controller:
@@ -164,11 +179,15 @@ class Controller:
 
     # -- the per-step update ---------------------------------------------------------------
 
-    def observe(self, step: int, samples: float, signals: dict) -> Decision | None:
+    def observe(self, step: int, samples: float, signals: dict,
+                brancher=None) -> Decision | None:
         """Fold one step's signals in; at a decision point set the next batch and return why.
 
         signals: the step's metrics (grad_* terms, grad_micro_size, grad_full_size, the drift
-        key); missing or non-finite terms are skipped."""
+        key); missing or non-finite terms are skipped. brancher (rule "branch"): called at a
+        decision with the batches to try (prompts) and the samples each spends, it runs them
+        from the current state and returns one BranchResult each; the backend then continues
+        from the branch of the chosen batch (`Decision.prompts`) and charges the others."""
         s = self.state
         self._fold(signals)
         d = signals.get(self.cfg.drift_key)
@@ -180,7 +199,7 @@ class Controller:
             return None
         while s.next_decision <= samples:
             s.next_decision += self.cfg.adapt_every
-        return self._decide(step, float(samples))
+        return self._decide(step, float(samples), brancher)
 
     def _fold(self, sig: dict) -> None:
         """EMA of the noise terms of this step (as clocks.stats / clocks.noise smooth them)."""
@@ -193,7 +212,7 @@ class Controller:
             a * x + (1 - a) * e for x, e in zip(terms, s.emas, strict=True)]
         s.b_noise = _scale(self.cfg.noise, s.emas)
 
-    def _decide(self, step: int, samples: float) -> Decision:
+    def _decide(self, step: int, samples: float, brancher=None) -> Decision:
         cfg, s = self.cfg, self.state
         old_p, old_lr = s.prompts, s.lr
         if s.drift is not None and s.last_drift is not None and samples > s.last_drift_samples:
@@ -217,6 +236,11 @@ class Controller:
                    f"{s.drift_rate:.3g}/sample x {cfg.lookahead}) = {projected:.4g} >= "
                    f"{cfg.safety:g} x threshold "
                    f"{s.drift_threshold:.4g}: batch_max, kept from here")
+        elif cfg.rule == "branch":
+            why = self._branch_decision(brancher, limit, warm, signals)
+            # branching costs samples: while the batch holds, branch half as often each time
+            s.keeps = s.keeps + 1 if s.prompts == old_p else 0
+            s.next_decision = samples + cfg.adapt_every * 2 ** min(s.keeps, cfg.max_backoff)
         else:
             s.prompts, why = self._progress_batch(s.prompts)
             if warm and limit is not None:
@@ -227,6 +251,77 @@ class Controller:
                   f"{old_p} -> {s.prompts} prompts ({old_p * self.group_size} -> "
                   f"{self.batch} samples), lr {old_lr:.4g} -> {s.lr:.4g}: {why}")
         return Decision(s.decisions, step, samples, s.prompts, s.lr, s.mode, signals, reason)
+
+    def branch_plan(self) -> tuple[list[int], int]:
+        """The batches (prompts) a branch decision tries and the samples each spends: the
+        current batch and twice it (within batch_max), `branch_samples` rounded up to whole
+        steps of the larger. ([], 0): at batch_max there is nothing to try."""
+        p = self.state.prompts
+        up = min(2 * p, self.cfg.batch_max)
+        if up == p:
+            return [], 0
+        big = up * self.group_size
+        return [p, up], big * max(1, math.ceil(self.cfg.branch_samples / big))
+
+    def _branch_decision(self, brancher, limit: float | None, warm: bool,
+                         signals: dict) -> str:
+        """Rule "branch": run B and 2B from here; grow for the failure clock when B's drift,
+        projected over `lookahead`, crosses safety x threshold and the larger batch drifts less
+        per sample (to the smallest batch the measured drift-vs-batch slope makes safe), else
+        for the progress clock when 2B's gain per sample is at least `grow_ratio` of B's."""
+        cfg, s = self.cfg, self.state
+        tried, each = self.branch_plan()
+        if not tried:
+            return "at batch_max: nothing to branch, batch kept"
+        if brancher is None:
+            raise ConfigError("adaptive.rule = \"branch\" needs a backend that branches (the "
+                              "sim backend); use rule = \"noise\"")
+        results = brancher(tried, each)
+        if results is None:
+            return f"no budget left for two branches of {each:,.0f} samples: batch kept"
+        lo, hi = results
+        d0 = s.drift if s.drift is not None else 0.0
+        rate_lo = max(lo.drift**2 - d0**2, 0.0) / lo.samples
+        rate_hi = max(hi.drift**2 - d0**2, 0.0) / hi.samples
+        signals.update({"branch_gain_b": lo.gain, "branch_gain_2b": hi.gain,
+                        "branch_drift_rate_b": rate_lo, "branch_drift_rate_2b": rate_hi,
+                        "branch_samples": 2.0 * each})
+        ratio = hi.gain / lo.gain if lo.gain > 0 else math.nan
+        signals["branch_gain_ratio"] = ratio
+        spent = f"branches {lo.prompts} and {hi.prompts} prompts, {each:,.0f} samples each"
+        # drift^2 per sample against the batch as a power law through the two branches
+        slope = (math.log(rate_hi / rate_lo) / math.log(hi.prompts / lo.prompts)
+                 if rate_lo > 0 and rate_hi > 0 else 0.0)
+        signals["branch_drift_slope"] = slope
+        at_b = math.sqrt(lo.drift**2 + rate_lo * cfg.lookahead)
+        signals["drift_projected"] = at_b
+        if limit is not None and not warm and at_b >= limit and slope < -0.25:
+            s.prompts = self._safe_batch(hi.drift, rate_lo, lo.prompts, slope, limit)
+            if s.prompts == cfg.batch_max:
+                s.mode = "guard"
+            return (f"{spent}: drift projected at B {at_b:.4g} >= {cfg.safety:g} x threshold "
+                    f"{s.drift_threshold:.4g} and drift^2 per sample falls with the batch "
+                    f"(slope {slope:.2f}): {s.prompts} prompts, the smallest projected below it")
+        if lo.gain > 0:
+            grow = hi.gain >= cfg.grow_ratio * lo.gain
+        else:
+            grow = hi.gain > lo.gain
+        s.prompts = hi.prompts if grow else lo.prompts
+        verdict = "grow" if grow else "keep"
+        return (f"{spent}: gain {lo.gain:.4g} at B, {hi.gain:.4g} at 2B (ratio "
+                f"{ratio:.3g}, grow at >= {cfg.grow_ratio:g}): {verdict}")
+
+    def _safe_batch(self, drift: float, rate: float, prompts: int, slope: float,
+                    limit: float) -> int:
+        """Smallest doubling of `prompts` (up to batch_max) whose drift, projected over
+        `lookahead` at rate x (batch ratio)^slope, stays under `limit`."""
+        b = prompts
+        while b < self.cfg.batch_max:
+            b = min(2 * b, self.cfg.batch_max)
+            at = rate * (b / prompts) ** slope
+            if math.sqrt(drift**2 + at * self.cfg.lookahead) < limit:
+                return b
+        return self.cfg.batch_max
 
     def _progress_batch(self, current: int) -> tuple[int, str]:
         """The progress phase's next batch (prompts) and why."""
