@@ -40,7 +40,7 @@ from twoclocks_cli.core.errors import AnalysisError  # noqa: E402
 from twoclocks_cli.store import Store  # noqa: E402
 from twoclocks_cli.theory import ModelConfig  # noqa: E402
 
-BRANCH = {"rule": "branch"}
+BRANCH = {"rule": "branch", "branch_samples": 32}
 SETTINGS = [({"sigma": 4.0}, 0.02),
             ({"sigma": 6.0, "optimizer": "sgd", "flat_dims": 32, "drift_threshold": 1e9}, 0.05)]
 

@@ -116,10 +116,11 @@ def test_the_grpo_trainer_refuses_the_branch_rule_in_one_line():
 
 
 def test_every_branch_sample_is_charged_to_the_sim_runs_clock(tmp_path):
-    """The real sim backend and store, a metric row at every step: between two logged rows the
-    samples grow by the steps' batches, except across a decision that branched, where they
-    also grow by the adopted branch's steps (the step count jumps by them) and by the other
-    branch's samples (charged); the decisions' adaptive_branch_samples say how many."""
+    """The real sim backend and store, a metric row at every step (the adopted branch's steps
+    are the run's own rows): between two rows the samples grow by the later row's batch,
+    except right after a decision that branched, where they also grow by the other branch's
+    samples (charged before the adopted branch's steps); the decision's
+    adaptive_branch_samples says how many (two branches of equal samples)."""
     from twoclocks_cli.backends import run_cell
     from twoclocks_cli.store import Run, RunStatus, Store
 
@@ -142,15 +143,12 @@ def test_every_branch_sample_is_charged_to_the_sim_runs_clock(tmp_path):
     chosen = dict(zip(nxt.steps.tolist(), nxt.values.tolist(), strict=True))
     steps, samples, b = batch.steps.tolist(), batch.samples.tolist(), batch.values.tolist()
     assert len(at) >= 2
+    assert steps == list(range(1, len(steps) + 1))  # every step is a row, none skipped
     for i in range(len(steps) - 1):
         gap = samples[i + 1] - samples[i]
+        charged = at[steps[i]] / 2 if steps[i] in at else 0.0
+        assert gap == charged + b[i + 1], (steps[i], gap, charged, b[i + 1])
         if steps[i] in at:
-            each = at[steps[i]] / 2
-            new_b = chosen[steps[i]] * G
-            adopted = each / new_b  # the adopted branch's steps, unlogged
-            assert steps[i + 1] - steps[i] == adopted + 1
-            assert gap == each + each + new_b  # adopted + charged + the next step
-        else:
-            assert steps[i + 1] - steps[i] == 1 and gap == b[i + 1]
+            assert b[i + 1] == chosen[steps[i]] * G
     # branches of 40 samples rounded up to whole steps of 2B: 8 at 4 -> 8, 16 at 8 -> 16
     assert set(at.values()) <= {2 * 40.0, 2 * 48.0}

@@ -336,7 +336,19 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         if decision is not None:
             event(decision.reason)
         if branches:
-            state, step = _adopt(branches, decision.prompts, state, step)
+            state, trace = _adopt(branches, decision.prompts, state)
+            for row in trace:  # the adopted branch's steps are the run's: logged as its rows
+                step += 1
+                obs = np.random.default_rng([seed, step])
+                values = {"reward_mean": obs.binomial(ctl.batch, row.p_before) / ctl.batch,
+                          "loss": row.loss, "drift_abs": row.drift,
+                          "drift_rel": row.drift / norm0, "nonfinite": 0.0, **ctl.metrics()}
+                if logged % cfg.eval_every == 0:
+                    values["eval_accuracy"] = (obs.binomial(cfg.eval_samples, row.p_after)
+                                               / cfg.eval_samples)
+                    values["eval_n"] = cfg.eval_samples
+                logged += 1
+                writer.log(step, int(row.samples), values)
             bad = bad or not math.isfinite(_loss(state))
         if bad:
             writer.flush()
@@ -357,8 +369,8 @@ def _brancher(state: SimState, seed: int, ctl, ph: Phase, cap, norm0: float, bud
     stream per decision, so B and 2B see the same z, scaled by their batch), lr by the
     controller's rule; its gain is an evaluation of `eval_samples` problems with the same
     uniform draws for every branch (a held-out set scored with one sampler seed). The branches
-    land in `out` (prompts -> (state, steps)) for `_adopt`. None when the budget cannot pay for
-    them."""
+    land in `out` (prompts -> (state, its steps, samples)) for `_adopt`. None when the budget
+    cannot pay for them."""
     index = ctl.decisions + 1
 
     def run(tried: list[int], each: int):
@@ -372,32 +384,52 @@ def _brancher(state: SimState, seed: int, ctl, ph: Phase, cap, norm0: float, bud
         for prompts in tried:
             b = prompts * ph.group_size
             br = state.branch(1, int(np.random.default_rng([seed, index, 2]).integers(2**62)))
-            steps = int(each // b)
-            for _ in range(steps):
+            trace = []
+            for _ in range(int(each // b)):
+                p_before = _progress(br, _loss(br))
                 info = br.step(b, ctl.lr_for(prompts), cap, grad_terms=False)
+                loss = float(info.loss[0])
+                trace.append(BranchStep(float(br.samples[0]), loss, float(info.drift[0]),
+                                        p_before, _progress(br, loss)))
                 if info.nonfinite[0]:
                     break
             drift = float(np.sqrt(np.sum((br.theta[0] - br.theta0[0]) ** 2)))
             if ctl.cfg.drift_key == "drift_rel":
                 drift /= norm0
             gain = float(np.mean(draws < _progress(br, _loss(br)))) - acc0
-            out[prompts] = (br, steps, float(each))
+            out[prompts] = (br, trace, float(each))
             results.append(BranchResult(prompts, float(each), gain, drift))
         return results
 
     return run
 
 
-def _adopt(branches: dict, chosen: int, state: SimState, step: int) -> tuple[SimState, int]:
+@dataclass
+class BranchStep:
+    """One step of a branch: samples after it (the branch's own count), loss, drift_abs, and
+    the noise-free progress before and after it."""
+
+    samples: float
+    loss: float
+    drift: float
+    p_before: float
+    p_after: float
+
+
+def _adopt(branches: dict, chosen: int, state: SimState) -> tuple[SimState, list[BranchStep]]:
     """Continue from the chosen batch's branch (else from `state`, as the guard's jump does),
-    charging every other branch's samples to the run's clock."""
+    with its steps; every other branch's samples are charged to the run's clock first, as if
+    spent before the adopted branch."""
     spent = sum(each for _, _, each in branches.values())
-    if chosen in branches:
-        new, steps, each = branches[chosen]
-        new.samples += spent - each
-        return new, step + steps
-    state.samples += spent
-    return state, step
+    if chosen not in branches:
+        state.samples += spent
+        return state, []
+    new, trace, each = branches[chosen]
+    charged = spent - each
+    new.samples += charged
+    for row in trace:
+        row.samples += charged
+    return new, trace
 
 
 def _loss(state: SimState) -> float:
