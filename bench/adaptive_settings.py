@@ -1,12 +1,13 @@
 """Which theory-model settings have a best constant batch above the smallest one, and how the
-in-run controller (noise-scale rule, the model's known kappa and drift threshold) does there.
+in-run controller does there under both rules (the noise scale with the model's known kappa;
+branching B vs 2B at 32 samples a branch), with the model's drift threshold.
 
 Why: the controller's CI test needs a setting where the smallest batch is *not* best (a real
 B_crit > batch_min); this finds candidates and prints, per setting, the median samples-to-target
 and samples-to-failure (3 seeds) of a constant grid of 4..128 samples under sqrt lr scaling, of
 the static schedule `twoclocks schedule` makes from it, and of the adaptive controller. The
 sweeps are built as tests/integration/test_adaptive_sim.py builds them (same budget, target 0.95,
-failure = drift_abs 8), and per adaptive run where its failure guard fired. About 18 s
+failure = drift_abs 8), and per adaptive run where its failure guard fired. About 10 s
 per setting on one core.
 
     .venv/bin/python bench/adaptive_settings.py                     # the settings below
@@ -42,7 +43,8 @@ from twoclocks_cli.theory import ModelConfig  # noqa: E402
 
 BRANCH = {"rule": "branch", "branch_samples": 32}
 SETTINGS = [({"sigma": 4.0}, 0.02),
-            ({"sigma": 6.0, "optimizer": "sgd", "flat_dims": 32, "drift_threshold": 1e9}, 0.05)]
+            ({"sigma": 6.0, "optimizer": "sgd", "flat_dims": 32, "drift_threshold": 1e9}, 0.05),
+            ({"sigma": 4.0, "optimizer": "sgd", "flat_dims": 32, "drift_threshold": 1e9}, 0.05)]
 
 
 def _fmt(x: float) -> str:
