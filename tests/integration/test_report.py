@@ -191,3 +191,93 @@ def test_report_names_what_was_trained_and_warns_on_a_tiny_eval_set(tmp_path, sq
     assert TrainConfig.model_fields["dataset"].default in section  # the default, filled in
     assert TrainConfig.model_fields["reward"].default in section
     assert "an eval set of 64 problems" in section and "0.062" in section  # 0.5 / sqrt(64)
+
+
+def _sim_sweep_and_adaptive_run(tmp_path, sqlite_url):
+    """A sim constant grid (4..32 samples, 2 seeds, the adaptive test's model) analysed and
+    stored, and one adaptive run of the same setting with the branch rule; returns its id."""
+    import tests.integration.simsweep as ss
+    from tests.integration.test_adaptive_sim import SIM, _adaptive_runs
+    from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep
+    from twoclocks_cli.store import Store
+
+    store = Store.open(sqlite_url)
+    sim = {**SIM, "cap": 0.05}
+    old = ss.LR0
+    ss.LR0 = 0.02
+    try:
+        ss.make_sweep(store, "const", [1, 2, 4, 8], 2, 6000, sim, tmp_path / "c")
+        opts = AnalysisOptions(target="0.9", drift_threshold=8.0, theory=False, bootstrap=100)
+        store.save_analysis("const", analyze_sweep(store, "const", opts).to_json())
+        rid = _adaptive_runs(store, "adaptive", sim, tmp_path / "a",
+                             {"batch_max": 8, "adapt_every": 512, "rule": "branch",
+                              "branch_samples": 32, "grow_ratio": 0.5}, ss.LR0)[0]
+    finally:
+        ss.LR0 = old
+    store.close()
+    return rid
+
+
+def test_report_draws_an_adaptive_run_against_the_sweeps_clocks(tmp_path, sqlite_url):
+    """`report --run`: the run's trajectory is its stored batch_samples, each decision's local
+    B_crit is B (2r - 1)/(1 - r) of its stored gain ratio r, its clocks are `compare`'s, and
+    the page shows the figure and both tables."""
+    import json
+
+    import tests.integration.simsweep as ss
+    from twoclocks_cli.store import Store
+
+    rid = _sim_sweep_and_adaptive_run(tmp_path, sqlite_url)
+    out = tmp_path / "rep"
+    r = report("const", "--out", out, "--run", rid, "--db", sqlite_url)
+    assert r.exit_code == 0, r.output
+    saved = json.loads((out / "analysis.json").read_text())
+    [c] = saved["runs_compared"]
+    cmp = CliRunner().invoke(app, ["compare", "const", "--run", str(rid), "--json",
+                                   "--db", sqlite_url])
+    assert cmp.exit_code == 0, cmp.output
+    assert c["schedule"]["progress"] == json.loads(cmp.stdout)["schedule"]["progress"]
+
+    store = Store.open(sqlite_url)
+    batch = store.load_metric([rid], "batch_samples")[rid]
+    traj = c["trajectory"]
+    assert traj["samples"] == batch.samples.tolist() and traj["batch"] == batch.values.tolist()
+    assert len(set(traj["batch"])) > 1  # it grew
+    ratio = store.load_metric([rid], "adaptive_branch_gain_ratio")[rid]
+    by_step = dict(zip(ratio.steps.tolist(), ratio.values.tolist(), strict=True))
+    decisions = traj["decisions"]
+    assert len(decisions) == len(store.load_metric([rid], "adaptive_decision")[rid].values)
+    checked = 0
+    for d in decisions:
+        r_ = by_step.get(d["step"])
+        if r_ is not None and 0.5 < r_ < 1:
+            assert d["local_b_crit"] == pytest.approx(d["batch"] * (2 * r_ - 1) / (1 - r_))
+            checked += 1
+        else:
+            assert d["local_b_crit"] is None and "no estimate" in d["how"]
+        assert d["next_batch"] is None or d["next_batch"] % ss.G == 0
+    assert checked >= 1
+    store.close()
+
+    text = (out / "index.html").read_text()
+    assert "<h2>Adaptive and scheduled runs</h2>" in text
+    assert f"<img src='run-{rid}.png'" in text and (out / f"run-{rid}.png").stat().st_size > 5000
+    assert text.count("<td class=\"l\">constant ") == 4  # one row per batch of the sweep
+
+
+@pytest.mark.parametrize("which, needle", [("missing", "no run with id 999"),
+                                           ("constant", "is a constant-batch run")])
+def test_report_run_refused_in_one_line_before_any_write(tmp_path, sqlite_url, which, needle):
+    from twoclocks_cli.store import Store
+
+    rid = _sim_sweep_and_adaptive_run(tmp_path, sqlite_url)
+    store = Store.open(sqlite_url)
+    const = [r.id for r in store.list_runs("const")][0]
+    store.close()
+    out = tmp_path / "rep"
+    r = report("const", "--out", out, "--run", rid, "--run",
+               999 if which == "missing" else const, "--db", sqlite_url)
+    assert r.exit_code != 0
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not out.exists()

@@ -214,3 +214,54 @@ def plot_side(path, curves_by_key: dict, batch_of: dict) -> bool:
     fig.supxlabel("samples (completions)", fontsize=9)
     _save(fig, path, "--out")
     return True
+
+
+def plot_trajectory(path, traj, a: Analysis, clocks: dict, title: str) -> bool:
+    """An adaptive or scheduled run's batch over samples (steps), its decisions (o progress,
+    s guard) and the local B_crit each acted on (^), against the sweep's per-batch clocks
+    (o progress, x failure, median with 90% interval, at their batch's height) and the run's
+    own clocks (vertical lines). False when the run logged no batch."""
+    if not traj.samples:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
+    ax.plot(traj.samples, traj.batch, drawstyle="steps-pre", color="#333333", lw=1.6,
+            label=f"run {traj.run_id}: batch")
+    for mode, marker, colour in (("progress", "o", "#555555"), ("guard", "s", FAILURE_COLOUR)):
+        pts = [(d.samples, d.batch) for d in traj.decisions if d.mode == mode]
+        if pts:
+            ax.scatter(*zip(*pts, strict=True), marker=marker, s=22, color=colour, zorder=3,
+                       label=f"decision ({mode})")
+    est = [(d.samples, d.local_b_crit) for d in traj.decisions if d.local_b_crit]
+    if est:
+        ax.scatter(*zip(*est, strict=True), marker="^", s=26, color=PROGRESS_COLOUR, zorder=3,
+                   label="local B_crit at the decision")
+    for clock, marker, colour in (("progress", "o", PROGRESS_COLOUR),
+                                  ("failure", "x", FAILURE_COLOUR)):
+        for b in a.batches:
+            g = getattr(b, clock)
+            if g.median is None:
+                continue
+            lo = g.low if g.low is not None else g.median
+            hi = g.high if g.high is not None else g.median
+            ax.errorbar([g.median], [b.batch_samples], xerr=[[g.median - lo], [hi - g.median]],
+                        fmt=marker, color=colour, alpha=0.6, capsize=3)
+        mine = (clocks.get(clock) or {}).get("samples")
+        if mine is not None:
+            ax.axvline(mine, color=colour, ls="-" if clock == "progress" else ":",
+                       label=f"run's {clock} clock ({mine:,.0f})")
+    ax.errorbar([], [], fmt="o", color=PROGRESS_COLOUR, alpha=0.6,
+                label="sweep: progress clock per batch")
+    ax.errorbar([], [], fmt="x", color=FAILURE_COLOUR, alpha=0.6,
+                label="sweep: failure clock per batch")
+    ax.set(xlabel="samples (completions)", ylabel="batch (samples)", title=title)
+    ax.set_yscale("log", base=2)
+    from matplotlib.ticker import NullFormatter
+
+    ticks = sorted(set(traj.batch) | {b.batch_samples for b in a.batches})
+    ax.set_yticks(ticks, [f"{b:g}" for b in ticks])
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="best")
+    _save(fig, path, "--out")
+    return True

@@ -29,6 +29,10 @@ def report(
         "--safety", help="Schedule: switch at this fraction of the failure clock.")] = 0.8,
     budget: Annotated[float | None, typer.Option(
         "--budget", help="Schedule: total samples (default: the longest run's).")] = None,
+    run: Annotated[list[int] | None, typer.Option(
+        "--run", help="An adaptive or scheduled run (id) to draw against the sweep's clocks: "
+        "its batch over samples, its decisions and the local B_crit each acted on. "
+        "Repeatable.")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -43,7 +47,8 @@ def report(
     analysis = {k: v for k, v in given.items() if v is not None}
     if not analysis and not reanalyze:
         analysis = None  # reuse the stored analysis while it is current
-    opts = ReportOptions(sweep=sweep, out=out, safety=safety, budget=budget, analysis=analysis)
+    opts = ReportOptions(sweep=sweep, out=out, safety=safety, budget=budget, analysis=analysis,
+                         runs=tuple(run or ()))
     page = write_report(Store.open(db), opts)
     pngs = sorted(p.name for p in page.parent.glob("*.png"))
     if as_json:

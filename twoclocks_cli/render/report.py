@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,6 +51,8 @@ class ReportOptions:
     # AnalysisOptions fields for a fresh analysis ({} = defaults); None reuses the sweep's latest
     # stored analysis while it is current (see clocks.saved.analysis_for)
     analysis: dict | None = None
+    # adaptive or scheduled runs (ids) to draw against the sweep's per-batch clocks
+    runs: tuple[int, ...] = ()
 
 
 @dataclass
@@ -67,6 +69,9 @@ class ReportData:
     metric: str | None
     curves: dict  # key -> {run_id: Series}
     options: dict
+    compared: list = field(default_factory=list)  # clocks.compare dicts, one per --run
+    trajectories: dict = field(default_factory=dict)  # run id -> clocks.trajectory.Trajectory
+    compared_error: str | None = None
 
 
 def _e(v) -> str:
@@ -116,8 +121,40 @@ def gather(store, opts: ReportOptions) -> ReportData:
                "analysis": used_options,
                "analysis_source": {"id": analysis.analysis_id if analysis else None,
                                    "how": source}}
-    return ReportData(opts.sweep, runs, analysis, a_err, schedule, s_err, toml, metric, curves,
+    data = ReportData(opts.sweep, runs, analysis, a_err, schedule, s_err, toml, metric, curves,
                       options)
+    _compare_runs(store, opts, data)
+    return data
+
+
+def _compare_runs(store, opts: ReportOptions, data: ReportData) -> None:
+    """Each --run's clocks beside the sweep's (as `compare` measures them) and its trajectory."""
+    if not opts.runs:
+        return
+    if data.analysis is None:
+        data.compared_error = (f"no analysis of the sweep ({data.analysis_error}): nothing to "
+                               "set the runs against")
+        return
+    from twoclocks_cli.clocks.compare import compare_schedule
+    from twoclocks_cli.clocks.trajectory import trajectory
+
+    name = store.get_sweep(opts.sweep).name
+    for rid in opts.runs:
+        result = compare_schedule(store, name, rid, data.analysis)
+        traj = trajectory(store, rid)
+        result["trajectory"] = traj.to_json()
+        data.compared.append(result)
+        data.trajectories[rid] = traj
+
+
+def check_runs(store, opts: ReportOptions) -> None:
+    """Refuse a --run that does not exist or is not an adaptive or scheduled run of the sweep's
+    setting (one line, before anything is written)."""
+    from twoclocks_cli.clocks.compare import check_schedule_run
+
+    name = store.get_sweep(opts.sweep).name
+    for rid in opts.runs:
+        check_schedule_run(store, name, store.get_run(rid))
 
 
 # -- the page ------------------------------------------------------------------------------
@@ -272,6 +309,8 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
     titles = {"curves": "Progress metric by run", "clocks": "Both clocks by batch size",
               "side": "Other logged metrics"}
     for name, file in images.items():
+        if name not in titles:
+            continue  # a run's trajectory: in its own section
         out.append(f"<h3>{titles[name]}</h3><img src='{html.escape(file)}' "
                    f"alt='{html.escape(titles[name])}'>")
     if not images:
@@ -291,10 +330,56 @@ def render_html(data: ReportData, images: dict[str, str]) -> str:
               c.progress_median, c.failure_median] for c in a.clipping]))
     out.append("<h2>Schedule</h2>")
     out.append(_schedule_html(data))
+    if data.compared or data.compared_error:
+        out.append("<h2>Adaptive and scheduled runs</h2>")
+        out += _compared_html(data, images)
     out.append("<h2>Options used</h2>")
     out.append(f"<pre>{html.escape(json.dumps(data.options, indent=2))}</pre>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _compared_html(data: ReportData, images: dict[str, str]) -> list[str]:
+    """Per --run: the verdict, its clocks beside the constants', its decisions, its figure."""
+    if data.compared_error:
+        return [f"<p class='warn'>{html.escape(data.compared_error)}</p>"]
+    out = []
+    for c in data.compared:
+        run = c["schedule"]
+        rid = run["run_id"]
+        out.append(f"<h3>Run {rid} ({_e(run['name'])})</h3>")
+        out += [f"<p>{html.escape(line)}</p>" for line in c["verdict"]]
+        rows = [[f"constant {k['batch_samples']}", _clock_text_json(k["progress"]),
+                 _clock_text_json(k["failure"])] for k in c["constant"]]
+        rows.append([f"run {rid}", _one_clock(run["progress"]), _one_clock(run["failure"])])
+        out.append(_table(["", "progress clock", "failure clock"], rows, left=1))
+        traj = data.trajectories[rid]
+        if traj.decisions:
+            out.append(_table(
+                ["decision", "samples", "batch", "next batch", "mode", "local B_crit", "read from"],
+                [[i + 1, d.samples, d.batch, d.next_batch, d.mode, d.local_b_crit, d.how]
+                 for i, d in enumerate(traj.decisions)], left=2))
+        file = images.get(f"run-{rid}")
+        if file:
+            out.append(f"<img src='{html.escape(file)}' alt='run {rid}: batch over samples'>")
+    return out
+
+
+def _clock_text_json(agg: dict) -> str:
+    """A per-batch clock of compare's JSON as the clock table writes it."""
+    from dataclasses import fields
+
+    from twoclocks_cli.clocks.stats import Aggregate
+
+    return _clock_text(Aggregate(**{f.name: agg.get(f.name) for f in fields(Aggregate)}))
+
+
+def _one_clock(clock: dict) -> str:
+    """One run's clock of compare's JSON: samples, or censored at."""
+    if clock.get("samples") is not None:
+        return num(clock["samples"])
+    at = clock.get("censored_at")
+    return f"≥ {num(at)} (censored)" if at is not None else "unknown"
 
 
 def _clock_tables(data: ReportData) -> list[str]:
@@ -337,6 +422,14 @@ def _draw_all(data: ReportData, out: Path) -> dict[str, str]:
             f, data.analysis, f"{data.sweep}: progress and failure clocks by batch size"),
         "side": lambda f: plot.plot_side(f, side, batch_of),
     }
+    for rid, traj in data.trajectories.items():
+        clocks = next(c["schedule"] for c in data.compared if c["schedule"]["run_id"] == rid)
+        draws[f"run-{rid}"] = (lambda f, t=traj, c=clocks: plot.plot_trajectory(
+            f, t, data.analysis, c, f"run {t.run_id}: batch over samples against "
+            f"{data.sweep}'s clocks"))
+    for stale in out.glob("run-*.png"):
+        if stale.stem not in draws:
+            stale.unlink()
     images = {}
     for name, draw in draws.items():
         file = out / f"{name}.png"
@@ -350,6 +443,7 @@ def _draw_all(data: ReportData, out: Path) -> dict[str, str]:
 def write_report(store, opts: ReportOptions) -> Path:
     """Gather, draw and write `index.html`, the PNGs and `analysis.json` into `opts.out`."""
     out = Path(opts.out)
+    check_runs(store, opts)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -362,6 +456,7 @@ def write_report(store, opts: ReportOptions) -> Path:
         {"analysis": data.analysis.to_json() if data.analysis else None,
          "analysis_error": data.analysis_error,
          "schedule": data.schedule, "schedule_error": data.schedule_error,
+         "runs_compared": data.compared, "runs_compared_error": data.compared_error,
          "options": data.options}, indent=2, default=str))
     page = out / "index.html"
     page.write_text(render_html(data, images), encoding="utf-8")
