@@ -23,6 +23,12 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
   (fast, then saturating), which the random-walk projection would carry forward as if it went on.
 - lr follows the scaling rule from the reference (batch, lr): lr = lr_ref (B / B_ref)^alpha.
 
+With `rule = "branch"` the progress phase measures instead of trusting B_noise: at each decision
+the backend runs two short branches (B and 2B) from the run's state (`observe`'s `brancher`);
+the batch grows for the failure clock when B's measured drift would cross the threshold and a
+larger batch drifts less, else for the progress clock when 2B keeps `grow_ratio` of B's progress
+per sample. The run continues from the chosen branch and the other's samples are charged.
+
 The options are `trainer.adaptive_config.AdaptiveConfig` (a training option: the trainer
 reads them without this package). The controller is pure python/numpy (no torch), its
 state a JSON-able dict (exact resume); `start` builds one for a run, calibrated from the
@@ -40,6 +46,10 @@ from twoclocks_cli.core.errors import ConfigError
 SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
 DRIFT_KEYS = ("drift_rel", "drift_abs", "kl_init")
 MODES = {"progress": 0, "guard": 1}
+# the branch rule grows for the failure clock only where drift^2 per sample falls at least this
+# steeply with the batch (a power-law slope): where it is flat (Adam under sqrt scaling without a
+# cap) a larger batch does not delay failure, and a noisy slope near 0 must not move the batch
+DRIFT_SLOPE = -0.25
 
 
 def schedule_of(cell: dict, where: str = "cell", table: str = "adaptive") -> AdaptiveConfig | None:
@@ -295,7 +305,7 @@ class Controller:
         signals["branch_drift_slope"] = slope
         at_b = math.sqrt(lo.drift**2 + rate_lo * cfg.lookahead)
         signals["drift_projected"] = at_b
-        if limit is not None and not warm and at_b >= limit and slope < -0.25:
+        if limit is not None and not warm and at_b >= limit and slope < DRIFT_SLOPE:
             s.prompts = self._safe_batch(hi.drift, rate_lo, lo.prompts, slope, limit)
             if s.prompts == cfg.batch_max:
                 s.mode = "guard"
