@@ -11,8 +11,9 @@
 # The other settings come from the environment too (defaults in brackets): TWOCLOCKS_SCAN_BUDGET
 # samples [32768], TWOCLOCKS_SCAN_EVAL_EVERY samples [1024], TWOCLOCKS_SCAN_EVAL_SIZE problems
 # [1024], TWOCLOCKS_SCAN_MINIBATCHES updates per batch [2], TWOCLOCKS_SCAN_CLIP_LOW and
-# TWOCLOCKS_SCAN_CLIP_HIGH [0.2]. Names do not carry them: give each setting its own
-# TWOCLOCKS_SCAN_OUT.
+# TWOCLOCKS_SCAN_CLIP_HIGH [0.2], and the task: TWOCLOCKS_SCAN_MAX_VALUE largest operand [99],
+# TWOCLOCKS_SCAN_OPS operators, comma-separated [+,-]. Names do not carry them: give each
+# setting its own TWOCLOCKS_SCAN_OUT.
 #
 # Then read the curves with `twoclocks runs list --db sqlite:///out/scan/scan.db` and
 # `twoclocks export --run ID --keys eval_accuracy,drift_rel,entropy --db ...`. A finished pair is
@@ -27,6 +28,13 @@ EVAL_SIZE=${TWOCLOCKS_SCAN_EVAL_SIZE:-1024}
 MINIBATCHES=${TWOCLOCKS_SCAN_MINIBATCHES:-2}
 CLIP_LOW=${TWOCLOCKS_SCAN_CLIP_LOW:-0.2}
 CLIP_HIGH=${TWOCLOCKS_SCAN_CLIP_HIGH:-0.2}
+MAX_VALUE=${TWOCLOCKS_SCAN_MAX_VALUE:-99}
+OPS=${TWOCLOCKS_SCAN_OPS:-+,-}
+if ! [[ "$OPS" =~ ^[-+*](,[-+*])*$ ]]; then
+  echo "error: TWOCLOCKS_SCAN_OPS='$OPS': expected operators from + - * separated by commas" >&2
+  exit 2
+fi
+OPS_TOML="\"${OPS//,/\", \"}\""
 TC=${TWOCLOCKS_BIN:-.venv/bin/twoclocks}
 mkdir -p "$OUT"
 [ "$#" -gt 0 ] || { echo "usage: $0 PROMPTS:LR [PROMPTS:LR ...]" >&2; exit 2; }
@@ -41,6 +49,8 @@ for pair in "$@"; do
   cat > "$config" <<TOML
 model = "builtin:tiny-arith"
 dataset = "builtin:arithmetic"
+arith_max_value = $MAX_VALUE
+arith_ops = [$OPS_TOML]
 group_size = 8
 prompts_per_batch = $prompts
 lr = $lr
