@@ -62,3 +62,28 @@ def test_a_bad_adaptive_key_is_one_line_at_plan_time(tmp_path):
     cfg.write_text(cfg.read_text().replace("max_change = 2.0", "max_chnge = 2.0"))
     proc = twoclocks("plan", str(cfg), env={"TWOCLOCKS_DB": f"sqlite:///{tmp_path / 's.db'}"})
     assert_one_line_error(proc, "sim.adaptive.max_chnge")
+
+
+def test_the_branch_rule_runs_from_a_sweep_config_and_the_report_draws_it(tmp_path):
+    """The example with `rule = "branch"`: planned, run and reported through the CLI; every
+    decision event is a decision of the report's trajectory, and every branch decision says
+    what it measured."""
+    env = {"TWOCLOCKS_DB": f"sqlite:///{tmp_path / 's.db'}"}
+    demo, adaptive = _config(tmp_path, "sim-sweep.toml"), _config(tmp_path, "sim-adaptive.toml")
+    adaptive.write_text(adaptive.read_text().replace('rule = "noise"', 'rule = "branch"'))
+    for args in (("sweep", str(demo), "--wait"), ("analyze", "sim-demo", "--save"),
+                 ("sweep", str(adaptive), "--wait")):
+        proc = twoclocks(*args, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
+    rid = json.loads(twoclocks("runs", "list", "--sweep", "sim-adaptive-demo", "--json",
+                               env=env).stdout)[0]["id"]
+    out = tmp_path / "report"
+    proc = twoclocks("report", "sim-demo", "--out", str(out), "--run", str(rid), env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / f"run-{rid}.png").exists()
+    traj = json.loads((out / "analysis.json").read_text())["runs_compared"][0]["trajectory"]
+    events = json.loads(twoclocks("runs", "show", str(rid), "--json", env=env).stdout)["events"]
+    decided = [e["message"] for e in events
+               if (e["message"] or "").startswith("adaptive decision")]
+    assert len(decided) == len(traj["decisions"]) >= 2
+    assert all("branches 2 and 4 prompts" in d for d in decided[:1]), decided[:1]

@@ -115,6 +115,9 @@ def test_state_round_trip_gives_the_same_decisions():
     ({"batch_max": 4, "batch_min": 8}, "batch_min (8) > batch_max (4)"),
     ({"batch_max": 8, "noise": "l2"}, "adaptive.noise = 'l2'"),
     ({"batch_max": 8, "guard_warmup": -1}, "adaptive.guard_warmup = -1"),
+    ({"batch_max": 8, "rule": "probe"}, "adaptive.rule = 'probe'"),
+    ({"batch_max": 8, "rule": "branch", "grow_ratio": 0}, "adaptive.grow_ratio = 0"),
+    ({"batch_max": 8, "rule": "branch", "branch_samples": 0}, "adaptive.branch_samples = 0"),
     ({}, "adaptive.batch_max"),
 ])
 def test_config_errors_are_one_line(table, needle):
