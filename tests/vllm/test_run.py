@@ -15,13 +15,13 @@ import time
 
 import pytest
 
-from tests.vllm.conftest import FIGURES
+from tests.vllm.conftest import CPU_SHARE, FIGURES
 
 TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}
 STEPS = 10
 CELL = dict(
     rollout_engine="vllm",
-    vllm_gpu_memory_utilization=0.05,
+    vllm_gpu_memory_utilization=CPU_SHARE,
     prompts_per_batch=8,
     group_size=8,
     lr=1e-4,
