@@ -16,6 +16,8 @@ import shutil
 
 import pytest
 
+from twoclocks_cli.core.process import node_memory_bytes
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 collect_ignore_glob = [] if HAVE_VLLM else ["test_*.py"]
 
@@ -23,19 +25,6 @@ SECOND_EOS = "7"  # a digit: some completions hold one, some do not
 WIDTH = 11  # max_new_tokens: "\boxed{NN}" + eos fits, a 3-digit answer is cut before its eos
 FIGURES: dict[str, str] = {}
 ENGINE_GIB = 1.5  # what the engine's CPU worker may hold: the test process (~0.8 GiB) + KV cache
-
-
-def node_memory_bytes(node: int = 0) -> int:
-    """Total memory of NUMA node `node`, as vLLM's CPU worker reads it (the machine's total
-    where the kernel has no node files)."""
-    try:
-        with open(f"/sys/devices/system/node/node{node}/meminfo") as fh:
-            for line in fh:
-                if "MemTotal:" in line:
-                    return int(line.split()[-2]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 # On vLLM's CPU platform gpu_memory_utilization is a share of the node's memory, and the worker

@@ -63,6 +63,12 @@ class VLLMEngine:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.platform = current_platform.device_type
         V.check_sleep_mode(cfg, self.platform)
+        if self.platform == "cpu":
+            from twoclocks_cli.core.process import cpu_share_problem, node_memory_bytes
+
+            share = cfg.vllm_gpu_memory_utilization
+            if problem := cpu_share_problem(share, node_memory_bytes()):
+                raise ConfigError(f"vllm_gpu_memory_utilization = {share:g}: {problem}")
         self.place = V.placement_from_env(os.environ)
         self.device = V.check_device(self.place, self.platform, torch.cuda.device_count())
         self.stop_ids = V.stop_token_ids(tokenizer, V.load_generation_config(model_path))

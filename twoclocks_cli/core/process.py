@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -19,3 +20,33 @@ def pid_alive(pid: int) -> bool:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def node_memory_bytes(node: int = 0) -> int:
+    """Total memory of NUMA node `node` as the kernel reports it (what vLLM's CPU worker takes
+    its share of); the machine's total where there are no node files."""
+    try:
+        with open(f"/sys/devices/system/node/node{node}/meminfo") as fh:
+            for line in fh:
+                if "MemTotal:" in line:
+                    return int(line.split()[-2]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# vLLM's CPU worker refuses to start when its share of the node is below its own process's
+# memory: the trainer, the model and vLLM share that process (the tiny model's took ~0.8 GiB)
+CPU_ENGINE_MIN_BYTES = 2**30
+
+
+def cpu_share_problem(share: float, node_bytes: int) -> str | None:
+    """Why `vllm_gpu_memory_utilization` = `share` is too small on vLLM's CPU platform, where it
+    is a share of the NUMA node's memory (None when it gives the worker at least 1 GiB)."""
+    if share * node_bytes >= CPU_ENGINE_MIN_BYTES:
+        return None
+    need = math.ceil(min(1.0, CPU_ENGINE_MIN_BYTES / node_bytes) * 100) / 100
+    return (f"on vLLM's CPU build it is a share of this machine's memory node "
+            f"({node_bytes / 2**30:.1f} GiB): {share * node_bytes / 2**30:.2f} GiB here, under "
+            f"the 1 GiB its worker needs for its own process and the KV cache; use at least "
+            f"{need:g}")
