@@ -393,7 +393,7 @@ def _brancher(state: SimState, seed: int, ctl, ph: Phase, cap, norm0: float, bud
                                         p_before, _progress(br, loss)))
                 if info.nonfinite[0]:
                     break
-            drift = float(np.sqrt(np.sum((br.theta[0] - br.theta0[0]) ** 2)))
+            drift = trace[-1].drift  # drift_abs after the branch's last step
             if ctl.cfg.drift_key == "drift_rel":
                 drift /= norm0
             gain = float(np.mean(draws < _progress(br, _loss(br)))) - acc0
