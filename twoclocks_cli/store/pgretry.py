@@ -22,9 +22,11 @@ import time
 RETRY_ENV = "TWOCLOCKS_DB_RETRY_S"
 DEFAULT_RETRY_S = 600.0
 # server is there but cannot take this connection now: retried from the first attempt
+# ("not yet accepting connections": PostgreSQL 16+ while it replays WAL after a restart)
 _BUSY = ("too many clients", "remaining connection slots", "the database system is starting up",
          "the database system is shutting down", "the database system is in recovery mode",
-         "cannot connect now")
+         "the database system is not yet accepting connections",
+         "the database system is not accepting connections", "cannot connect now")
 # the server went away: retried once this process has reached it before (a restart)
 _GONE = ("connection refused", "server closed the connection", "terminating connection",
          "connection not open", "consuming input failed", "connection is closed",
