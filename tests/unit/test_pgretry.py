@@ -20,7 +20,8 @@ REPLAYING = ('connection failed: connection to server at "127.0.0.1", port 49229
     "FATAL:  the database system is shutting down",
     "FATAL:  sorry, too many clients already",
     "FATAL:  remaining connection slots are reserved for roles with the SUPERUSER attribute",
-    "FATAL:  the database system is not accepting connections\nDETAIL:  Hot standby mode is disabled.",
+    "FATAL:  the database system is not accepting connections\n"
+    "DETAIL:  Hot standby mode is disabled.",
 ])
 def test_a_busy_or_restarting_server_is_waited_for_even_before_it_was_reached(text):
     assert transient(Exception(text), reached_before=False)
