@@ -25,8 +25,9 @@ class AdaptiveConfig(BaseModel):
         "20x below the batch where progress per sample slows). branch: at each decision, short "
         "branches at the current batch B and at 2B from the same state measure the progress and "
         "the drift per sample of each; the run continues from the chosen branch and the other "
-        "branch's samples are charged to its clock. The sim backend branches; the grpo trainer "
-        "does not yet.")
+        "branch's samples are charged to its clock. Both the sim backend and the grpo trainer "
+        "branch (the grpo trainer in one process, holding three copies of the training state "
+        "at a decision).")
     adapt_every: int = Field(2048, gt=0, le=2**62, description="Samples between two decisions.")
     branch_samples: int = Field(
         128, gt=0, le=2**31 - 1, description="rule branch: samples each branch spends (rounded up "

@@ -408,14 +408,11 @@ class TrainConfig(BaseModel):
         if self.phases:
             raise ValueError("batch_schedule = \"adaptive\" and [[phases]] both set: the "
                              "controller picks the batch, remove the phases")
-        if a.rule == "branch":
-            raise ValueError("adaptive.rule = 'branch': the grpo trainer does not branch in-run "
-                             "yet (the sim backend does); use 'noise'")
         if a.noise == "sign":
             raise ValueError("adaptive.noise = 'sign': the grpo trainer logs the Euclidean "
                              "gradient terms only; use 'euclidean'")
-        if self.noise_every == 0:
-            raise ValueError("batch_schedule = \"adaptive\" needs the gradient-noise terms: "
+        if self.noise_every == 0 and a.rule == "noise":
+            raise ValueError("adaptive.rule = 'noise' needs the gradient-noise terms: "
                              "noise_every must be at least 1")
         if a.drift_key == "kl_init" and self.kl_init_every != 1:
             raise ValueError("adaptive.drift_key = 'kl_init' needs kl_init_every = 1 (the guard "

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer import checkpoint, grpo, sampler, sharding
+from trainer import checkpoint, grpo, sampler, sharding, snapshot
 from trainer import metrics as M
 from trainer.branch import Branch, stream_seeds
 from trainer.config import TrainConfig
@@ -553,15 +553,119 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
     return values
 
 
-def _adapt(run: Run, values: dict):
-    """Feed the step to the adaptive controller (its decision's metrics join `values`)."""
+def _train_step(run: Run, phase, phase_index: int) -> tuple[dict, Batch]:
+    """One GRPO step at `phase`'s batch and lr: sample, reward, advantages, update; returns
+    the step's metrics (before evaluation) and its batch. Advances the run's counters."""
+    cfg, dist = run.cfg, run.dist
+    t0 = time.perf_counter()
+    run.step += 1
+
+    # --- 1. sample, 2. reward, 3. advantages -------------------------------------------------
+    expanded, roll = _sample(run, phase)
+    t_gen = time.perf_counter() - t0
+    batch = Batch(roll, torch.tensor(run.reward_fn(roll.texts, expanded), dtype=torch.float32))
+    t_reward = time.perf_counter() - t0 - t_gen
+    _advantages(run, batch)
+
+    # --- 4. update (with the log-probs it and the metrics need) --------------------------------
+    batch.kl_due = cfg.kl_init_every > 0 and run.step % cfg.kl_init_every == 0
+    t1 = time.perf_counter()
+    rest = _logprobs_before_update(run, batch)
+    noise = cfg.noise_every > 0 and run.step % cfg.noise_every == 0
+    st = update(run.net, run.opt, roll, batch.adv, batch.old_logp, batch.ref_logp, cfg,
+                phase, dist, noise)
+    _logprobs_after_update(batch, st, rest)
+    _sync_engine(run)
+    batch.times = {"time_gen_s": t_gen, "time_reward_s": t_reward,
+                   "time_update_s": time.perf_counter() - t1}
+    run.samples += phase.prompts_per_batch // dist.world * cfg.group_size * dist.world
+
+    # --- 5. metrics ----------------------------------------------------------------------------
+    return step_metrics(run, batch, st, phase, phase_index, t0), batch
+
+
+def _adapt(run: Run, values: dict, branches: dict):
+    """Feed the step to the adaptive controller (its decision's metrics join `values`). A
+    branch-rule decision runs its branches here (`_brancher`); they land in `branches`, and the
+    run is left as it was, for this step's evaluation and row, until `_adopt`."""
     if run.ctl is None:
         return None
     values.update(run.ctl.mode_metrics())
-    decision = run.ctl.observe(run.step, run.samples, values)
+    brancher = _brancher(run, branches) if run.ctl.cfg.rule == "branch" else None
+    decision = run.ctl.observe(run.step, run.samples, values, brancher)
     if decision is not None:
         values.update(decision.metrics())
     return decision
+
+
+@dataclass
+class _Branch:
+    """One in-run branch: its end state, its steps' rows (step, samples, values) and what it
+    spent."""
+
+    end: snapshot.Snapshot
+    rows: list
+    samples: int
+
+
+def _brancher(run: Run, out: dict):
+    """The branch runner of a rule-"branch" decision after this step: each batch continues a
+    copy of the run's state for the same samples, from the same data position and random
+    streams, at the controller's lr for that batch. Its gain is the held-out accuracy after it
+    minus before, both sampled with one seed (this step's evaluation seed), so the branches
+    are compared on the same draws. None when the budget cannot pay for every branch."""
+    from twoclocks_cli.clocks.controller import BranchResult
+
+    def run_branches(tried: list[int], each: int):
+        cfg = run.cfg
+        if run.samples + len(tried) * each > cfg.sample_budget:
+            return None
+        seed_step = run.step
+        acc0 = evaluate(run.engine, run.reward_fn, run.held, cfg, run.tok, seed_step)
+        start = snapshot.take(run)
+        results = []
+        for prompts in tried:
+            snapshot.put(run, start)
+            _sync_engine(run)
+            phase = cfg.phase_at(run.samples)[1].model_copy(update={
+                "prompts_per_batch": prompts, "lr": run.ctl.lr_for(prompts),
+                "until_samples": None})
+            for group in run.opt.param_groups:
+                group["lr"] = phase.lr
+            rows = []
+            while run.samples - start.samples < each:
+                values, _ = _train_step(run, phase, run.ctl.decisions + 1)
+                rows.append((run.step, run.samples, values))
+            acc = evaluate(run.engine, run.reward_fn, run.held, cfg, run.tok, seed_step)
+            rows[-1][2].update(eval_accuracy=acc, eval_n=len(run.held))
+            out[prompts] = _Branch(snapshot.take(run), rows, run.samples - start.samples)
+            results.append(BranchResult(prompts, float(each), acc - acc0,
+                                        float(rows[-1][2][run.ctl.cfg.drift_key])))
+        snapshot.put(run, start)
+        _sync_engine(run)
+        return results
+
+    return run_branches
+
+
+def _adopt(run: Run, branches: dict, chosen: int) -> None:
+    """Continue from the chosen batch's branch, logging its steps as the run's rows; every
+    other branch's samples are charged to the run's clock first, as if spent before it. A
+    decision that chose a batch no branch ran (the failure guard's jump) continues from the
+    decision's state with every branch's samples charged."""
+    spent = sum(b.samples for b in branches.values())
+    kept = branches.get(chosen)
+    if kept is None:
+        run.samples += spent
+        return
+    charged = spent - kept.samples
+    snapshot.put(run, kept.end)
+    _sync_engine(run)
+    run.samples += charged
+    for step, samples, values in kept.rows:
+        values.update(run.ctl.mode_metrics())
+        run.log(step, samples + charged, values)
+    run.flush()
 
 
 def _eval_due(cfg: TrainConfig, samples: int, n_all: int) -> bool:
@@ -622,33 +726,9 @@ def train(
                                                      run.tok, 0), "eval_n": len(run.held)})
         while run.samples < cfg.sample_budget:
             phase_index, phase = _phase(run)
-            t0 = time.perf_counter()
-            run.step += 1
-
-            # --- 1. sample, 2. reward, 3. advantages ---------------------------------------
-            expanded, roll = _sample(run, phase)
-            t_gen = time.perf_counter() - t0
-            batch = Batch(roll, torch.tensor(run.reward_fn(roll.texts, expanded),
-                                             dtype=torch.float32))
-            t_reward = time.perf_counter() - t0 - t_gen
-            _advantages(run, batch)
-
-            # --- 4. update (with the log-probs it and the metrics need) -----------------------
-            batch.kl_due = cfg.kl_init_every > 0 and run.step % cfg.kl_init_every == 0
-            t1 = time.perf_counter()
-            rest = _logprobs_before_update(run, batch)
-            noise = cfg.noise_every > 0 and run.step % cfg.noise_every == 0
-            st = update(run.net, run.opt, roll, batch.adv, batch.old_logp, batch.ref_logp, cfg,
-                        phase, dist, noise)
-            _logprobs_after_update(batch, st, rest)
-            _sync_engine(run)
-            batch.times = {"time_gen_s": t_gen, "time_reward_s": t_reward,
-                           "time_update_s": time.perf_counter() - t1}
-            run.samples += phase.prompts_per_batch // dist.world * cfg.group_size * dist.world
-
-            # --- 5. metrics, 6. eval --------------------------------------------------------
-            values = step_metrics(run, batch, st, phase, phase_index, t0)
-            decision = _adapt(run, values)
+            values, batch = _train_step(run, phase, phase_index)
+            branches: dict = {}
+            decision = _adapt(run, values, branches)
             eval_acc = None
             if _eval_due(cfg, run.samples, batch.n_all) and dist.rank == 0:
                 eval_acc = values["eval_accuracy"] = evaluate(
@@ -663,9 +743,11 @@ def train(
             if on_step is not None and dist.rank == 0:
                 on_step(Progress(run.step, run.samples, cfg.sample_budget, batch.r_mean,
                                  values["accuracy"], eval_acc))
+            if branches:
+                _adopt(run, branches, decision.prompts)
 
             # --- 7. checkpoint ----------------------------------------------------------------
-            if _checkpoint_due(cfg, run.step, run.samples):
+            if _checkpoint_due(cfg, run.step, run.samples) or branches:
                 _save(run)
         return "completed"
     except Diverged:
