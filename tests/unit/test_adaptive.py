@@ -237,7 +237,7 @@ def test_the_tiny_adaptive_example_is_a_valid_train_config():
                                "adaptive": {**cfg.adaptive.model_dump(), "noise": "sign"}})
 
 
-def test_the_adaptive_controller_refuses_a_run_without_noise_terms():
+def test_the_noise_rule_refuses_a_run_without_noise_terms():
     from pathlib import Path
 
     from trainer.config import TrainConfig, load_config
@@ -248,3 +248,6 @@ def test_the_adaptive_controller_refuses_a_run_without_noise_terms():
         TrainConfig.from_dict({**cfg, "noise_every": 0})
     assert "\n" not in str(info.value)
     assert TrainConfig.from_dict({**cfg, "noise_every": 3}).noise_every == 3  # sparser is fine
+    # the branch rule reads no noise terms: a run with it may skip them
+    branch = {**cfg, "noise_every": 0, "adaptive": {**cfg["adaptive"], "rule": "branch"}}
+    assert TrainConfig.from_dict(branch).adaptive.rule == "branch"
