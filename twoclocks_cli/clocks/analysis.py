@@ -45,6 +45,8 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         raise AnalysisError(f"sweep {sweep!r} has no runs yet: nothing to analyse")
     ids = [r.id for r in runs]
     metric = _pick_metric(store, sweep, ids, opts.metric, runs)
+    if opts.drop_metric is not None:
+        _check_logged(store, sweep, ids, opts.drop_metric, "--drop-metric")
     signals = load_signals(store, ids, metric, opts)
     warnings: list[str] = []
     curves = {rid: prepare(sig.metric) for rid, sig in signals.items()}
@@ -104,6 +106,15 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         clipping=_clipping_table([r for r in run_rows if r.analysed]),
         warnings=warnings,
     ))
+
+
+def _check_logged(store, sweep, ids, key: str, option: str) -> None:
+    """A metric an option names must be logged by some run of the sweep (NotFoundError)."""
+    keys = store.metric_keys(ids)
+    if key not in keys:
+        known = ", ".join(keys) if keys else "none"
+        raise NotFoundError(f"{option} {key!r}: not logged by any run of {sweep!r}; metrics: "
+                            f"{known}")
 
 
 def _pick_metric(store, sweep, ids, wanted, runs) -> str:

@@ -23,6 +23,10 @@ class AnalysisOptions:
     drop_rho: float = 0.3  # drop: fraction of the gain made so far that may be lost
     drop_delta: float = 0.05  # drop: minimum fall in metric units
     drop_k: int = 3  # drop: consecutive logged points below the floor
+    # held-out drop: the drop rule (same rho, delta, k, smoothing) on a second metric, for a
+    # failure that shows where progress does not (held-out accuracy falling while the training
+    # reward, the progress metric, rises: memorisation). None: off
+    drop_metric: str | None = None
     drift_key: str = "drift_abs"  # drift rule's metric (drift_abs, drift_rel, kl_init)
     drift_threshold: float | None = None  # drift rule fires at >= this (None: rule off)
     entropy_key: str = "entropy"  # entropy rule's metric

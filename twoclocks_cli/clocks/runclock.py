@@ -73,6 +73,7 @@ class RunSignals:
     entropy: object | None = None
     length: object | None = None
     truncated: object | None = None
+    drop_metric: object | None = None  # the held-out drop rule's metric (opts.drop_metric)
     grads: dict = field(default_factory=dict)
     sign: dict = field(default_factory=dict)
     times: list = field(default_factory=list)
@@ -97,6 +98,7 @@ def load_signals(store, run_ids: list[int], metric: str, opts: AnalysisOptions) 
     length = load("resp_len_mean", opts.length_max is not None)
     trunc = load("truncated_frac", opts.truncated_max is not None)
     nonf = load("nonfinite")
+    second = load(opts.drop_metric, opts.drop_metric is not None)
     grads = {k: load(k) for k in GRAD_KEYS}
     sign = {k: load(k) for k in SIGN_KEYS}
     times = [load(k) for k in TIME_KEYS]
@@ -109,6 +111,7 @@ def load_signals(store, run_ids: list[int], metric: str, opts: AnalysisOptions) 
             entropy=ent.get(rid),
             length=length.get(rid),
             truncated=trunc.get(rid),
+            drop_metric=second.get(rid),
             grads={k: v.get(rid) for k, v in grads.items()},
             sign={k: v.get(rid) for k, v in sign.items()},
             times=[t[rid] for t in times if rid in t],
@@ -151,6 +154,8 @@ def _fired(curve: Curve, sm: np.ndarray, sig: RunSignals, opts: AnalysisOptions)
         fired["drop"] = collapse.drop_rule(
             curve.samples, sm, float(sm[0]), opts.drop_rho, opts.drop_delta, opts.drop_k
         )
+    if opts.drop_metric is not None:
+        fired["heldout_drop"] = _heldout_drop(sig.drop_metric, opts)
     if opts.drift_threshold is not None:
         s = sig.drift
         fired["drift"] = (
@@ -170,6 +175,16 @@ def _fired(curve: Curve, sm: np.ndarray, sig: RunSignals, opts: AnalysisOptions)
                 hits.append(collapse.above_rule(s.samples, s.values, bound))
         fired["length"] = min([h for h in hits if h is not None], default=None)
     return fired
+
+
+def _heldout_drop(series, opts: AnalysisOptions) -> float | None:
+    """The drop rule on the second metric's own smoothed curve, from its own first value."""
+    curve = prepare(series)
+    if curve is None:
+        return None
+    sm = smooth_curve(curve, opts)
+    return collapse.drop_rule(curve.samples, sm, float(sm[0]), opts.drop_rho, opts.drop_delta,
+                              opts.drop_k)
 
 
 def _noise_at(series: dict, keys, fn, at, opts) -> float | None:

@@ -187,6 +187,10 @@ def analyze(
     ] = 0.3,
     drop_delta: Annotated[float, typer.Option(help="drop: minimum fall, metric units.")] = 0.05,
     drop_k: Annotated[int, typer.Option(help="drop: consecutive points below the floor.")] = 3,
+    drop_metric: Annotated[str | None, typer.Option(help=(
+        "held-out drop rule: the drop rule also on this metric (e.g. eval_accuracy while "
+        "--metric is the training reward): a failure where the progress metric still rises. "
+        "Default: off."))] = None,
     drift_key: Annotated[str, typer.Option(help="drift rule metric.")] = "drift_abs",
     drift_threshold: Annotated[
         float | None, typer.Option(help="drift rule threshold D (default: rule off).")
@@ -240,6 +244,7 @@ def analyze(
         drop_rho=drop_rho,
         drop_delta=drop_delta,
         drop_k=drop_k,
+        drop_metric=drop_metric,
         drift_key=drift_key,
         drift_threshold=drift_threshold,
         entropy_low=entropy_low,
