@@ -76,7 +76,7 @@ def train(out: Path, name: str, text: str, db: str) -> int:
     if record.is_file():
         run_id = json.loads(record.read_text())["run_id"]
         shown = json.loads(sh(TC, "runs", "show", str(run_id), "--db", db, "--json"))
-        if shown.get("status", shown.get("run", {}).get("status")) == "completed":
+        if shown["run"]["status"] == "completed":
             return run_id
     sh(TC, "train", str(cfg), "--db", db, "--name", name, "--workdir", str(workdir))
     return json.loads(record.read_text())["run_id"]
@@ -92,6 +92,13 @@ def fmt(x: float | None, censored_at: float | None = None) -> str:
     if x is None:
         return f">= {censored_at:,.0f}" if censored_at else "never"
     return f"{x:,.0f}"
+
+
+def interval(est: dict) -> str:
+    """A per-batch estimate of the analysis: median [low, high], or its lower bound."""
+    if est["median"] is None:
+        return f">= {est['lower_bound']:,.0f}" if est.get("lower_bound") else "never"
+    return f"{est['median']:,.0f} [{est['low']:,.0f}, {est['high']:,.0f}]"
 
 
 def main() -> None:
@@ -125,19 +132,17 @@ def main() -> None:
             for key, rid in sorted(ids.items())}
     first = next(iter(docs.values()))
     consts = first["constant"]
-    reached = [c["progress"].get("samples") for c in consts
-               if c["progress"].get("samples") is not None]
+    reached = [c["progress"]["median"] for c in consts if c["progress"]["median"] is not None]
     best = min(reached) if reached else None
-    print(f"\nmetric {first['metric']}, target {first['target'].get('value')}; samples to "
-          "target / to failure (rule)")
+    print(f"\nmetric {first['metric']}, target {first['target']['value']:.4g}; samples to "
+          "target / to failure (rule); constants: median [interval] over seeds")
     print("| run | seed | batch | to target | x best constant | to failure |")
     print("|---|---|---|---|---|---|")
     for c in consts:
         p, f = c["progress"], c["failure"]
-        ratio = f"{p['samples'] / best:.2f}x" if best and p.get("samples") else "-"
+        ratio = f"{p['median'] / best:.2f}x" if best and p["median"] else "-"
         print(f"| constant (median of {c['n_runs']}) | - | {c['batch_samples']:.0f} | "
-              f"{fmt(p.get('samples'), p.get('censored_at'))} | {ratio} | "
-              f"{fmt(f.get('samples'), f.get('censored_at'))} |")
+              f"{interval(p)} | {ratio} | {interval(f)} ({', '.join(c['failure_rules'])}) |")
     for (kind, seed), doc in docs.items():
         s = doc["schedule"]
         to_t, to_f, rule = clocks(s)
