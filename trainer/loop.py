@@ -6,7 +6,8 @@ One function, `train(cfg, sink, workdir)`, serves `twoclocks train`, a sweep job
 slice of the global prompt batch, accelerate's DDP sums the gradients across ranks
 (`trainer.dist`), rank 0 writes metrics and checkpoints). What it writes to, the adaptive
 controller and the checkpoints' owner are handed in (`trainer.ports`): the trainer knows no
-store and no CLI.
+store and no CLI. A branch-rule decision of the controller runs short branches of the same step
+from an in-memory copy of the state (`trainer.snapshot`) and continues from the kept one.
 """
 
 from __future__ import annotations
