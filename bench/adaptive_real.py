@@ -36,9 +36,8 @@ TC = str(ROOT / ".venv" / "bin" / "twoclocks")
 SWEEP = "tiny-arith"
 ADAPTIVE = ROOT / "examples" / "tiny-arith-adaptive.toml"
 GROUP = 8  # the demo's group size: samples per prompt
-# the branch rule's settings for the tiny task: a branch must move held-out accuracy (1,024
-# problems, sd ~0.01 per evaluation) by more than its noise, about 1,024 samples at 32-64
-# samples a step
+# the branch rule's settings for the tiny task (the example's own): a branch must move held-out
+# accuracy (1,024 problems, sd ~0.01 per evaluation) by more than its noise
 BRANCH = {"rule": "branch", "branch_samples": 1024, "max_backoff": 2}
 
 

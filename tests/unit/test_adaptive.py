@@ -244,6 +244,7 @@ def test_the_noise_rule_refuses_a_run_without_noise_terms():
 
     path = Path(__file__).resolve().parents[2] / "examples" / "tiny-arith-adaptive.toml"
     cfg = load_config(path).model_dump(mode="json")
+    cfg["adaptive"]["rule"] = "noise"
     with pytest.raises(ConfigError, match="noise_every must be at least 1") as info:
         TrainConfig.from_dict({**cfg, "noise_every": 0})
     assert "\n" not in str(info.value)
