@@ -60,11 +60,19 @@ def _rows(url, run_id):
             if k[1] not in TIMING and not k[1].startswith(OWN)}
 
 
-def test_the_kept_branch_is_the_run_it_would_have_been_and_the_other_is_charged(
-        tiny_model, tmp_path):
-    url = f"sqlite:///{tmp_path / 's.db'}"
+@pytest.fixture(scope="module")
+def branched(tiny_model, tmp_path_factory):
+    """(store url, id) of one uninterrupted branching run, shared by the tests below."""
+    folder = tmp_path_factory.mktemp("branched")
+    url = f"sqlite:///{folder / 's.db'}"
     run_id = _store_run(url, {**BASE, "batch_schedule": "adaptive", "adaptive": ADAPTIVE})
-    _finish(_run_cell(url, run_id, tmp_path / "adaptive"))
+    _finish(_run_cell(url, run_id, folder / "adaptive"))
+    return url, run_id
+
+
+def test_the_kept_branch_is_the_run_it_would_have_been_and_the_other_is_charged(
+        branched, tmp_path):
+    url, run_id = branched
     rows = _metrics(url, run_id)
     events = _events(url, run_id)
     assert "branches 2 and 4 prompts, 64 samples each" in events[0]
@@ -105,11 +113,9 @@ def test_the_kept_branch_is_the_run_it_would_have_been_and_the_other_is_charged(
     assert acc - acc0 == pytest.approx(gain_b if chosen == 2 else gain_2b, abs=1e-12)
 
 
-def test_a_branching_run_killed_and_resumed_equals_an_uninterrupted_one(tiny_model, tmp_path):
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    cell = {**BASE, "batch_schedule": "adaptive", "adaptive": ADAPTIVE}
-    ref_id, killed_id = _store_run(url, cell), _store_run(url, cell)
-    ref = _run_cell(url, ref_id, tmp_path / "ref")
+def test_a_branching_run_killed_and_resumed_equals_an_uninterrupted_one(branched, tmp_path):
+    url, ref_id = branched
+    killed_id = _store_run(url, {**BASE, "batch_schedule": "adaptive", "adaptive": ADAPTIVE})
     victim = _run_cell(url, killed_id, tmp_path / "killed")
     from twoclocks_cli.store import Store
 
@@ -123,7 +129,6 @@ def test_a_branching_run_killed_and_resumed_equals_an_uninterrupted_one(tiny_mod
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
     _finish(_run_cell(url, killed_id, tmp_path / "killed"))
-    _finish(ref)
     a, b = _metrics(url, ref_id), _metrics(url, killed_id)
     assert set(a) == set(b)
     diff = [(k, a[k], b[k]) for k in a if k[1] not in TIMING and a[k] != b[k]]
