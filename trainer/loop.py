@@ -34,7 +34,7 @@ from trainer.data import (
 )
 from trainer.dist import Dist, setup_dist
 from trainer.ownership import CheckpointOwner
-from trainer.ports import Controller, ControllerFactory, MetricSink, Owner
+from trainer.ports import BranchResult, Controller, ControllerFactory, MetricSink, Owner
 from trainer.rng import private_torch_rng
 from trainer.scorer import make_scorer
 from trainer.update import (
@@ -615,8 +615,6 @@ def _brancher(run: Run, out: dict):
     streams, at the controller's lr for that batch. Its gain is the held-out accuracy after it
     minus before, both sampled with one seed (this step's evaluation seed), so the branches
     are compared on the same draws. None when the budget cannot pay for every branch."""
-    from twoclocks_cli.clocks.controller import BranchResult
-
     def run_branches(tried: list[int], each: int):
         cfg = run.cfg
         if run.samples + len(tried) * each > cfg.sample_budget:

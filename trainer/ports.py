@@ -10,6 +10,7 @@ checkpoints' owner); `trainer.ownership.CheckpointOwner` is the owner of a train
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +27,20 @@ class MetricSink(Protocol):
     def event(self, message: str) -> None:
         """Record a one-line event of the run (an adaptive decision's reason); called only
         when a controller decides."""
+
+
+@dataclass
+class BranchResult:
+    """What one branch of a `rule = "branch"` decision measured, from the decision's state.
+
+    prompts: its batch; samples: what it spent; gain: its progress over the branch (the
+    backend's evaluation, the same problems and draws for every branch of a decision); drift:
+    the `drift_key` value at its end."""
+
+    prompts: int
+    samples: float
+    gain: float
+    drift: float
 
 
 class Decision(Protocol):

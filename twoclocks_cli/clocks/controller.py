@@ -41,6 +41,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from trainer.adaptive_config import AdaptiveConfig
+from trainer.ports import BranchResult  # noqa: F401  (the branch runners build it)
 from twoclocks_cli.core.errors import ConfigError
 
 SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
@@ -86,20 +87,6 @@ class Decision:
     def metrics(self) -> dict:
         """The decision as step metrics (`decision_metrics`)."""
         return decision_metrics(self)
-
-
-@dataclass
-class BranchResult:
-    """What one branch of a `rule = "branch"` decision measured, from the decision's state.
-
-    prompts: its batch; samples: what it spent; gain: its progress over the branch (the
-    backend's evaluation, the same problems and draws for every branch of a decision); drift:
-    the `drift_key` value at its end."""
-
-    prompts: int
-    samples: float
-    gain: float
-    drift: float
 
 
 @dataclass
