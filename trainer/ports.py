@@ -73,9 +73,19 @@ class Controller(Protocol):
     def mode_metrics(self) -> dict[str, float]:
         """The mode the next step runs in, as step metrics."""
 
-    def observe(self, step: int, samples: float, signals: dict) -> Decision | None:
+    @property
+    def cfg(self):
+        """Its `[adaptive]` options (`trainer.adaptive_config.AdaptiveConfig`): the trainer
+        reads `rule` (whether decisions branch) and `drift_key` (the drift a branch reports)."""
+
+    def lr_for(self, prompts: int) -> float:
+        """The learning rate the controller gives a batch of `prompts` (a branch's lr)."""
+
+    def observe(self, step: int, samples: float, signals: dict,
+                brancher: Callable | None = None) -> Decision | None:
         """Fold in one step's metrics; at a decision point set the next batch and lr and return
-        the decision (None between decisions)."""
+        the decision (None between decisions). `brancher(batches, samples)` runs branches
+        from the current state and returns one BranchResult each (None: no budget)."""
 
     def to_dict(self) -> dict:
         """Its whole state, JSON-able: saved with each checkpoint, handed back on resume."""

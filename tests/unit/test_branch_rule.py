@@ -8,7 +8,8 @@ import math
 import pytest
 
 from trainer.adaptive_config import AdaptiveConfig
-from twoclocks_cli.clocks.controller import BranchResult, Controller
+from trainer.ports import BranchResult
+from twoclocks_cli.clocks.controller import Controller
 from twoclocks_cli.core.errors import ConfigError
 
 G = 4

@@ -374,7 +374,7 @@ def _brancher(state: SimState, seed: int, ctl, ph: Phase, cap, norm0: float, bud
     index = ctl.decisions + 1
 
     def run(tried: list[int], each: int):
-        from twoclocks_cli.clocks.controller import BranchResult
+        from trainer.ports import BranchResult
 
         if float(state.samples[0]) + len(tried) * each > budget:
             return None

@@ -41,7 +41,6 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from trainer.adaptive_config import AdaptiveConfig
-from trainer.ports import BranchResult  # noqa: F401  (the branch runners build it)
 from twoclocks_cli.core.errors import ConfigError
 
 SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
