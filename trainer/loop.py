@@ -601,10 +601,10 @@ def _adapt(run: Run, values: dict, branches: dict):
 
 @dataclass
 class _Branch:
-    """One in-run branch: its end state, its steps' rows (step, samples, values) and what it
-    spent."""
+    """One in-run branch: its end state (None: it diverged), its steps' rows (step, samples,
+    values) and what it spent."""
 
-    end: snapshot.Snapshot
+    end: snapshot.Snapshot | None
     rows: list
     samples: int
 
@@ -632,9 +632,15 @@ def _brancher(run: Run, out: dict):
             for group in run.opt.param_groups:
                 group["lr"] = phase.lr
             rows = []
-            while run.samples - start.samples < each:
-                values, _ = _train_step(run, phase, run.ctl.decisions + 1)
-                rows.append((run.step, run.samples, values))
+            try:
+                while run.samples - start.samples < each:
+                    values, _ = _train_step(run, phase, run.ctl.decisions + 1)
+                    rows.append((run.step, run.samples, values))
+            except Diverged:
+                # a diverged branch loses the decision and is charged its whole allowance
+                out[prompts] = _Branch(None, [], each)
+                results.append(BranchResult(prompts, float(each), math.nan, math.nan))
+                continue
             acc = evaluate(run.engine, run.reward_fn, run.held, cfg, run.tok, seed_step)
             rows[-1][2].update(eval_accuracy=acc, eval_n=len(run.held))
             out[prompts] = _Branch(snapshot.take(run), rows, run.samples - start.samples)
@@ -642,6 +648,8 @@ def _brancher(run: Run, out: dict):
                                         float(rows[-1][2][run.ctl.cfg.drift_key])))
         snapshot.put(run, start)
         _sync_engine(run)
+        if all(b.end is None for b in out.values()):
+            raise Diverged(f"every branch diverged ({', '.join(map(str, tried))} prompts)")
         return results
 
     return run_branches
@@ -654,7 +662,7 @@ def _adopt(run: Run, branches: dict, chosen: int) -> None:
     decision's state with every branch's samples charged."""
     spent = sum(b.samples for b in branches.values())
     kept = branches.get(chosen)
-    if kept is None:
+    if kept is None or kept.end is None:
         run.samples += spent
         return
     charged = spent - kept.samples

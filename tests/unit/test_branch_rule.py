@@ -51,6 +51,19 @@ def test_no_gain_at_b_grows_only_when_2b_gains_more():
     assert _decide(_ctl(), 100, _brancher({1: -0.01, 2: -0.02}, {1: 0, 2: 0}, calls)).prompts == 1
 
 
+@pytest.mark.parametrize("gains, kept", [({1: 0.1, 2: math.nan}, 1), ({1: math.nan, 2: -0.3}, 2)])
+def test_a_diverged_branch_loses_whatever_the_other_gained(gains, kept):
+    """A diverged branch reports a NaN gain and drift; the other batch is kept, and the failure
+    guard does not read the NaN drift as a reason to jump."""
+    calls = []
+    drifts = {p: (math.nan if math.isnan(g) else 0.5) for p, g in gains.items()}
+    ctl = _ctl(drift_threshold=0.01, guard_warmup=0)
+    d = _decide(ctl, 100, _brancher(gains, drifts, calls), drift=0.001)
+    assert d.prompts == kept and ctl.state.mode == "progress"
+    bad = 2 if kept == 1 else 1
+    assert d.reason.endswith(f"the branch at {bad} prompts diverged: {kept} kept")
+
+
 def test_the_batch_holds_and_the_decisions_back_off():
     calls = []
     ctl = _ctl(max_backoff=2)

@@ -41,6 +41,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from trainer.adaptive_config import AdaptiveConfig
+from trainer.ports import BranchResult
 from twoclocks_cli.core.errors import ConfigError
 
 SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
@@ -276,6 +277,9 @@ class Controller:
         if results is None:
             return f"no budget left for two branches of {each:,.0f} samples: batch kept"
         lo, hi = results
+        spent = f"branches {lo.prompts} and {hi.prompts} prompts, {each:,.0f} samples each"
+        if not (math.isfinite(lo.gain) and math.isfinite(hi.gain)):
+            return self._diverged_branch(lo, hi, spent, signals)
         d0 = s.drift if s.drift is not None else 0.0
         rate_lo = max(lo.drift**2 - d0**2, 0.0) / lo.samples
         rate_hi = max(hi.drift**2 - d0**2, 0.0) / hi.samples
@@ -284,7 +288,6 @@ class Controller:
                         "branch_samples": 2.0 * each})
         ratio = hi.gain / lo.gain if lo.gain > 0 else math.nan
         signals["branch_gain_ratio"] = ratio
-        spent = f"branches {lo.prompts} and {hi.prompts} prompts, {each:,.0f} samples each"
         # drift^2 per sample against the batch as a power law through the two branches
         slope = (math.log(rate_hi / rate_lo) / math.log(hi.prompts / lo.prompts)
                  if rate_lo > 0 and rate_hi > 0 else 0.0)
@@ -306,6 +309,18 @@ class Controller:
         verdict = "grow" if grow else "keep"
         return (f"{spent}: gain {lo.gain:.4g} at B, {hi.gain:.4g} at 2B (ratio "
                 f"{ratio:.3g}, grow at >= {cfg.grow_ratio:g}): {verdict}")
+
+    def _diverged_branch(self, lo: BranchResult, hi: BranchResult, spent: str,
+                         signals: dict) -> str:
+        """A branch diverged (its gain is not finite): the other one is kept, whatever its
+        gain; neither the gain ratio nor the drift slope means anything then. (Both diverged:
+        the backend ends the run as diverged before asking.)"""
+        ok = lo if math.isfinite(lo.gain) else hi
+        bad = hi if ok is lo else lo
+        self.state.prompts = ok.prompts
+        signals.update({"branch_gain_b": lo.gain, "branch_gain_2b": hi.gain,
+                        "branch_samples": lo.samples + hi.samples})
+        return f"{spent}: the branch at {bad.prompts} prompts diverged: {ok.prompts} kept"
 
     def _safe_batch(self, drift: float, rate: float, prompts: int, slope: float,
                     limit: float) -> int:
