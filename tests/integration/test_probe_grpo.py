@@ -175,7 +175,7 @@ def _median(values) -> float:
     return float(np.median([math.inf if v is None else v for v in values]))
 
 
-def _hand(db, out) -> dict:
+def _hand(db, out, frac: float = 0.5, window: int = WINDOW) -> dict:
     """Target, clocks and local B_crit from the stored curves, by the rules in the docs."""
     with sqlite3.connect(db) as c:
         (replay,) = c.execute("SELECT r.id FROM runs r JOIN sweeps s ON s.id = r.sweep_id "
@@ -188,14 +188,14 @@ def _hand(db, out) -> dict:
         for r, rid in enumerate(out["branch_runs"][str(b)]):
             x, y = _series(db, rid, "eval_accuracy")
             curves[(b, r)] = (np.r_[AT, x[x > AT]], np.r_[p0, y[x > AT]])
-    best = max(np.median([_ma(curves[(b, r)][1], WINDOW)[-1] for r in range(SEEDS)])
+    best = max(np.median([_ma(curves[(b, r)][1], window)[-1] for r in range(SEEDS)])
                for b in BATCHES)
-    target = p0 + 0.5 * (best - p0)
-    clocks = {b: [_clock(*curves[(b, r)], target, WINDOW) for r in range(SEEDS)]
+    target = p0 + frac * (best - p0)
+    clocks = {b: [_clock(*curves[(b, r)], target, window) for r in range(SEEDS)]
               for b in BATCHES}
     e1, e2 = (_median(clocks[b]) for b in BATCHES)
     b1, b2 = BATCHES
-    if any(all(v is None for v in clocks[b]) for b in BATCHES):  # left out: one batch left
+    if all(math.isinf(e) for e in (e1, e2)):
         est = {"b_crit": None, "bound": None}
     elif math.isinf(e1):  # only the larger batch reached it: E_min is its own clock
         est = {"b_crit": b2, "bound": "lower"}
@@ -273,6 +273,27 @@ def test_printed_numbers_are_the_hand_computation_from_the_stored_curves(probed)
         in flat, flat
     assert "B_sign not logged" in flat
     assert f"replay: identical to run {run_id} at every one of its {AT // 8} steps" in flat
+
+
+def test_a_batch_no_branch_of_which_reached_the_target_bounds_the_estimate(probed):
+    """Rerun on the finished branches with wider smoothing and higher targets: a batch whose
+    every branch is censored stays in the estimate (a lower bound below the batches that
+    reached it, the wall above them), by the same hand computation."""
+    url, db, run_id, _, _ = probed
+    whole = []
+    for window, frac in ((3, 1.0), (5, 0.9), (5, 1.0)):
+        proc = twoclocks("probe", str(run_id), *PROBE, "--window", str(window),
+                         "--target-frac", str(frac), "--db", url, "--json", cwd=db.parent,
+                         env={"PYTHONPATH": str(db.parent)})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        hand = _hand(db, out, frac, window)
+        assert out["target"] == pytest.approx(hand["target"], abs=1e-12)
+        est, want = out["b_crit"], hand["est"]
+        assert (est["bound"], est["b_crit"]) == (want["bound"], pytest.approx(want["b_crit"])), \
+            (frac, est, want)
+        whole += [b for b in BATCHES if all(v is None for v in hand["clocks"][b])]
+    assert whole, "no target censored a whole batch: the case is not exercised"
 
 
 def _counts(db) -> tuple[int, int, int]:

@@ -329,7 +329,10 @@ def result(store, probe: GrpoProbe, runs: dict[str, int], bootstrap: int = 400,
     clocks = {b: [None if (b, r) not in curves else
                   branch_clock(*curves[(b, r)], probe.at_samples, target, probe.window)
                   for r in range(probe.seeds)] for b in probe.batches}
-    per_batch = {float(b): v for b, v in clocks.items() if any(x is not None for x in v)}
+    # a batch none of whose branches reached the target stays in, censored, as `analyze`
+    # keeps it: below the batches that reached it E(B) falls (a lower bound), above them it
+    # is the wall
+    per_batch = {float(b): v for b, v in clocks.items()}
     est = critical.empirical(per_batch, np.random.default_rng(seed), bootstrap)
     eval_n = store.load_metric([next(iter(ids.values()))], "eval_n")
     n = next((int(s.values[-1]) for s in eval_n.values()), None)
@@ -341,8 +344,9 @@ def result(store, probe: GrpoProbe, runs: dict[str, int], bootstrap: int = 400,
     missed = [b for b, v in clocks.items() if all(x is None for x in v)]
     if missed:
         notes.append(f"B={', '.join(map(str, missed))}: no branch reached the target within "
-                     f"{probe.branch_samples:,} samples, so not in the estimate (a longer "
-                     "--branch-samples says whether they are slower or only behind by noise)")
+                     f"{probe.branch_samples:,} samples, in the estimate as slower than that "
+                     "(a longer --branch-samples says whether they are slower or only behind "
+                     "by noise)")
     if n:
         se = math.sqrt(max(p0 * (1 - p0), 1e-12) / n)
         notes.append(f"each evaluation: {n} problems (binomial SE {se:.3g} at {p0:.3g})")
