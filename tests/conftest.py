@@ -44,6 +44,8 @@ _ROOT = Path(__file__).resolve().parents[1]
 # root): when one is selected, the model is built before any test runs. A module missing here
 # still works: its first test builds the model (or waits for it) where it stands.
 NEEDS_TINY_MODEL = {
+    "tests/integration/test_adaptive_branch_diverged.py",
+    "tests/integration/test_adaptive_branch_tiny.py",
     "tests/integration/test_adaptive_tiny.py",
     "tests/integration/test_checkpoint_owner.py",
     "tests/integration/test_ddp.py",
@@ -115,6 +117,14 @@ def pytest_collection_finish(session):
         cwd=_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, check=False,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """The built `builtin:tiny-arith` model's folder (built here when no test built it yet)."""
+    from trainer.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(0)
 
 
 @pytest.fixture(scope="session")

@@ -19,13 +19,6 @@ from tests.integration.test_train import TIMING, _metrics, _run_cell, _store_run
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from trainer.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(0)
-
-
 BASE = dict(
     prompts_per_batch=2,  # the reference batch of the lr rule
     group_size=8,

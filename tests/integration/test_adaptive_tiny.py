@@ -16,13 +16,6 @@ from tests.integration.test_train import TIMING, _metrics, _run_cell, _store_run
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from trainer.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(0)
-
-
 CELL = dict(
     prompts_per_batch=4,  # the reference batch of the lr rule
     group_size=8,

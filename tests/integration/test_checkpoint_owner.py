@@ -19,13 +19,6 @@ BASE = {"prompts_per_batch": 4, "group_size": 4, "sample_budget": 64, "lr": 1e-4
         "eval_every_samples": 0, "checkpoint_every_steps": 2, "max_new_tokens": 6, "threads": 1}
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from trainer.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(0)
-
-
 def _toml(path: Path, **changes) -> str:
     cfg = {**BASE, **changes}
     path.write_text("".join(f"{k} = {v!r}\n" for k, v in cfg.items()))

@@ -33,13 +33,6 @@ TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}
 
 
 @pytest.fixture(scope="module")
-def tiny_model():
-    from trainer.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(0)
-
-
-@pytest.fixture(scope="module")
 def one_process(tiny_model, tmp_path_factory):
     """The single-process reference run per ppo_epochs, run once per module (and worker)."""
     runs: dict[int, dict] = {}

@@ -24,13 +24,6 @@ pytestmark = pytest.mark.slow
 TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from trainer.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(0)
-
-
 def _store_run(url: str, cell: dict) -> int:
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.models import Run

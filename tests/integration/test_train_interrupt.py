@@ -19,12 +19,6 @@ from tests.support.cli import sigint_deliverable
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from trainer.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(0)
-
 CONFIG = """model = "builtin:tiny-arith"
 dataset = "builtin:arithmetic"
 group_size = 8

@@ -108,13 +108,6 @@ def test_a_model_folder_that_fails_only_while_loading_exits_promptly(tmp_path):
     assert run[1] == "failed" and "cannot load" in run[2]
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from trainer.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(0)
-
-
 def test_a_bug_inside_training_goes_to_the_crash_log(tmp_path, tiny_model):
     """A user reward that raises AttributeError: not a project error, so a bug (exit 1, one
     line naming the log with the traceback), and its run is failed with the error."""
