@@ -33,7 +33,7 @@ def _select_runs(store, sweep: str | None, run_refs: list[str] | None) -> tuple[
     if (sweep is None) == (not run_refs):
         raise ConfigError("name a SWEEP or one or more --run RUN (not both)")
     if sweep is not None:
-        return store.sweep_runs(sweep), f"sweep {sweep}"
+        return store.list_runs(sweep), f"sweep {sweep}"
     runs = list({r.id: r for r in (store.find_run(ref) for ref in run_refs)}.values())
     return runs, "run " + ", ".join(str(r.id) for r in runs)
 

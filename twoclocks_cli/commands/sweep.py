@@ -104,7 +104,7 @@ def cancel(
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
-    before = {r.id: r.status for r in store.sweep_runs(sweep_name)} if as_json else {}
+    before = {r.id: r.status for r in store.list_runs(sweep_name)} if as_json else {}
     n, problems = sweeps.cancel(store, sweep_name)
     if as_json:
         print_json(cancel_record(store, sweep_name, n, before, problems))
@@ -120,5 +120,5 @@ def cancel_record(store, sweep: str, n: int, before: dict[int, str], problems: l
     """The --json document of `cancel`: how many cells were cancelled, and per run of the
     sweep its status before and after."""
     runs = [{"run_id": r.id, "cell_id": r.cell_id, "before": before.get(r.id),
-             "status": r.status} for r in store.sweep_runs(sweep)]
+             "status": r.status} for r in store.list_runs(sweep)]
     return {"sweep": sweep, "cancelled": n, "problems": problems, "runs": runs}

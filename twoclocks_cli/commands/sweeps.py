@@ -58,7 +58,7 @@ def delete(
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
-    runs = store.sweep_runs(name)
+    runs = store.list_runs(name)
     busy = deletion.prepare(store, runs, force, alone=False)
     metrics = store.count_metrics_of([r.id for r in runs])
     what = f"sweep {name}"

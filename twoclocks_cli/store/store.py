@@ -98,7 +98,8 @@ class Store(RegistryQueries, LifecycleQueries, AnalysisQueries):
             return sweep
 
     def list_runs(self, sweep: str | None = None) -> list[Run]:
-        """Runs, optionally of one sweep, in id order."""
+        """Runs with their sweep loaded, optionally of one sweep (NotFoundError when there is
+        no such sweep), in id order."""
         with self.session() as s:
             query = select(Run).options(selectinload(Run.sweep)).order_by(Run.id)
             if sweep is not None:
@@ -195,13 +196,6 @@ class Store(RegistryQueries, LifecycleQueries, AnalysisQueries):
             raise NotFoundError(f"no run with id or name {ref!r}")
         ids = ", ".join(str(r.id) for r in runs[:10])
         raise NotFoundError(f"{len(runs)} runs are named {ref!r} (ids {ids}); name one by id")
-
-    def sweep_runs(self, name: str) -> list[Run]:
-        """The runs of sweep `name` with their sweep loaded, in id order (NotFoundError)."""
-        sweep = self.get_sweep(name)
-        with self.session() as s:
-            q = select(Run).options(selectinload(Run.sweep)).where(Run.sweep_id == sweep.id)
-            return list(s.scalars(q.order_by(Run.id)))
 
     def metric_summary(self, run_id: int, keys: list[str] | None = None) -> dict[str, dict]:
         """Per key of one run: n points (n_nan of them NaN), first/last step and samples, and
