@@ -35,7 +35,7 @@ class BranchResult:
 
     prompts: its batch; samples: what it spent; gain: its progress over the branch (the
     backend's evaluation, the same problems and draws for every branch of a decision); drift:
-    the `drift_key` value at its end."""
+    the `drift_key` value at its end. A branch that diverged has NaN gain and drift."""
 
     prompts: int
     samples: float
