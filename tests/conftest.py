@@ -67,6 +67,7 @@ NEEDS_TINY_MODEL = {
 # Modules kept whole on one worker: an expensive module-scoped fixture (a simulated sweep, a
 # training) would otherwise be set up once on each worker.
 ONE_WORKER_MODULES = {
+    "tests/integration/test_adaptive_branch_tiny.py",
     "tests/integration/test_adaptive_sim.py",
     "tests/integration/test_analysis_result.py",
     "tests/integration/test_analyze_cli.py",
