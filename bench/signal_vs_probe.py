@@ -27,29 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from adaptive_real import ROOT, SWEEP, TC, sh  # bench/ is this script's own folder on sys.path
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TC = str(ROOT / ".venv" / "bin" / "twoclocks")
-SWEEP = "tiny-arith"
 SHORT = (1024, 2048)  # the branch rule's branch lengths read off the probe's branches
 LAST = 16  # measuring steps in the unsmoothed B_simple median
-
-
-def sh(*args: str, env: dict | None = None) -> str:
-    """Run a command from the repository root; its stdout (stderr shown on failure)."""
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(args)}: rc {done.returncode}\n{done.stderr[-3000:]}")
-    return done.stdout
 
 
 def main_job(out: Path, from_db: Path | None) -> str:
@@ -83,18 +70,18 @@ def probe(url: str, rid: int, at: int, args) -> dict:
     return json.loads(text)
 
 
-def b_simple_signals(store, rid: int, step: int) -> dict:
-    """B_simple at `step` under two EMA weights, and the median of the last unsmoothed steps."""
+def b_simple_signals(store, rid: int, step: int, probed: dict) -> dict:
+    """B_simple at `step`: the probe's own reading (EMA 0.05, `probed` = its `noise`), under EMA
+    0.3, and the median of the last unsmoothed steps."""
     from twoclocks_cli.clocks.runclock import GRAD_KEYS
     from twoclocks_cli.clocks.stats import noise_scale
 
     s = [store.load_metric([rid], k)[rid] for k in GRAD_KEYS]
     upto = int(np.searchsorted(s[0].steps, step, side="right"))
     terms = [x.values[:upto] for x in s]
-    out = {}
-    for alpha in (0.05, 0.3):
-        v = noise_scale(*terms, ema_alpha=alpha)[-1]
-        out[f"ema{alpha:g}"] = float(v) if np.isfinite(v) and v > 0 else None
+    v = noise_scale(*terms, ema_alpha=0.3)[-1]
+    out = {"ema0.05": probed["b_simple"],
+           "ema0.3": float(v) if np.isfinite(v) and v > 0 else None}
     raw = noise_scale(*(t[-LAST:] for t in terms), ema_alpha=1.0)
     raw = raw[np.isfinite(raw)]
     out["raw_median"] = float(np.median(raw)) if raw.size else None
@@ -156,7 +143,7 @@ def main() -> None:
         if res.get("state") != "done":
             sys.exit(f"probe at {at}: {res}")
         bc = res["b_crit"]
-        sig = b_simple_signals(store, rid, res["at_step"])
+        sig = b_simple_signals(store, rid, res["at_step"], res["noise"])
         short = {h: short_reading(store, res, h) for h in SHORT}
         rows.append({"at": at, "progress_at": res["progress_at"], "b_crit": bc,
                      "clocks": res["clocks"], "b_simple": sig,
