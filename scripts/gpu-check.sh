@@ -8,10 +8,14 @@
 #
 # 1. The tiny model end to end in bf16 with the HF engine: `twoclocks train` (rollouts, a few
 #    updates, evaluation, a checkpoint, metrics in a SQLite store), printing samples/s.
-# 2. With 2 or more CUDA devices: the same HF run sharded by FSDP2 over 2 of them
+# 2. The branch snapshots on the GPU: tests/unit/test_snapshot.py's CUDA cases (a snapshot is a
+#    host copy; putting it back repeats the next steps exactly), then an adaptive run with the
+#    branch rule on the tiny model (every decision trains two branches from a snapshot and
+#    continues from the kept one), its branch gains read back from the store.
+# 3. With 2 or more CUDA devices: the same HF run sharded by FSDP2 over 2 of them
 #    (`accelerate launch --use_fsdp --fsdp_version 2`, trainer/sharding.py; nccl, bf16),
 #    printing samples/s (tested on CPU with gloo in fp32 only).
-# 3. When `vllm` imports: the same run with rollout_engine = "vllm", printing samples/s; then
+# 4. When `vllm` imports: the same run with rollout_engine = "vllm", printing samples/s; then
 #    the engine alone: sampler vs trainer log-probs on the same weights (must agree), after the
 #    trainer's weights moved (must disagree) and after `sync` (must agree again), and rollout
 #    samples/s of the engine by itself.
@@ -29,6 +33,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/twoclocks-gpu-check.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 DB="sqlite:///$WORK/gpu-check.db"
 
+EXTRA=""  # TOML appended to the next config written
+
 write_config() {  # $1 engine, $2 file
   cat >"$2" <<EOF
 model = "builtin:tiny-arith"
@@ -45,6 +51,7 @@ eval_every_samples = 1024
 eval_size = 256
 checkpoint_every_steps = 0
 seed = 0
+$EXTRA
 EOF
 }
 
@@ -72,6 +79,33 @@ EOF
 }
 
 train hf hf
+
+"$PY" -m pytest -q -n 0 -p no:cacheprovider tests/unit/test_snapshot.py -k cuda -rs \
+  | tee "$WORK/snapshot.log"
+grep -q "2 passed" "$WORK/snapshot.log" || { echo "gpu-check: the CUDA snapshot tests did not run"; exit 1; }
+
+EXTRA='batch_schedule = "adaptive"
+[adaptive]
+rule = "branch"
+branch_samples = 256
+batch_min = 4
+batch_max = 32
+adapt_every = 512
+scaling = "sqrt"'
+train hf adaptive
+EXTRA=""
+"$TC" runs show gpu-check-adaptive --db "$DB" --json >"$WORK/adaptive-show.json"
+"$PY" - "$WORK/adaptive-show.json" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))["metrics"]
+gain_b, gain_2b = m["adaptive_branch_gain_b"], m["adaptive_branch_gain_2b"]
+assert gain_b["n"] >= 2 and gain_b["n_nan"] == 0 and gain_2b["n_nan"] == 0, (gain_b, gain_2b)
+assert m["adaptive_branch_samples"]["max"] == 512, m["adaptive_branch_samples"]  # both branches
+batches = m["batch_samples"]
+print(f"gpu-check [adaptive]: {gain_b['n']} branch decisions on the GPU, gains B "
+      f"{gain_b['min']:.3f}..{gain_b['max']:.3f} and 2B {gain_2b['min']:.3f}..{gain_2b['max']:.3f}; "
+      f"batch {batches['min']:.0f}..{batches['max']:.0f} samples")
+EOF
 
 if [ "$("$PY" -c "import torch; print(torch.cuda.device_count())")" -ge 2 ]; then
   train hf hf-fsdp "$VENV/bin/accelerate" launch --use_fsdp --fsdp_version 2 --num_processes 2 \

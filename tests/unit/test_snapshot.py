@@ -1,14 +1,19 @@
 """trainer.snapshot: a snapshot is a host copy that shares nothing with the live state, and
-putting it back makes the next steps repeat exactly."""
+putting it back makes the next steps repeat exactly. The CUDA cases run only where torch sees a
+GPU (scripts/gpu-check.sh runs them there); CI has none."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from trainer import snapshot
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: scripts/gpu-check.sh runs these"))]
 
 
 class _Source:
@@ -24,17 +29,18 @@ class _Source:
         self.pos = state["pos"]
 
 
-def _run():
+def _run(device: str):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     return SimpleNamespace(model=model, opt=opt, step=0, samples=0, source=_Source(),
-                           data_rng=np.random.default_rng(0))
+                           data_rng=np.random.default_rng(0), device=device)
 
 
 def _step(run) -> float:
     """One noisy step that reads every stream the snapshot restores."""
-    x = torch.randn(16, 6) + float(run.data_rng.normal())
+    x = (torch.randn(16, 6) + float(run.data_rng.normal())).to(run.device)
     loss = run.model(x).pow(2).mean()
     run.opt.zero_grad()
     loss.backward()
@@ -45,8 +51,9 @@ def _step(run) -> float:
     return float(loss)
 
 
-def test_a_snapshot_is_a_host_copy_sharing_no_storage():
-    run = _run()
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_snapshot_is_a_host_copy_sharing_no_storage(device):
+    run = _run(device)
     _step(run)
     snap = snapshot.take(run)
     live = dict(run.model.state_dict())
@@ -59,8 +66,9 @@ def test_a_snapshot_is_a_host_copy_sharing_no_storage():
     assert isinstance(snap.optimizer["param_groups"], list)
 
 
-def test_putting_a_snapshot_back_repeats_the_next_steps_exactly():
-    run = _run()
+@pytest.mark.parametrize("device", DEVICES)
+def test_putting_a_snapshot_back_repeats_the_next_steps_exactly(device):
+    run = _run(device)
     for _ in range(3):
         _step(run)
     snap = snapshot.take(run)
@@ -71,7 +79,9 @@ def test_putting_a_snapshot_back_repeats_the_next_steps_exactly():
     again = [_step(run) for _ in range(4)]
     assert again == first
     for key, t in run.model.state_dict().items():
+        assert t.device.type == device  # put back on the parameters' device
         assert torch.equal(t, weights[key])
+    assert run.opt.state_dict()["state"][0]["exp_avg"].device.type == device
     # the snapshot survives a put: a second replay is the same again
     snapshot.put(run, snap)
     assert [_step(run) for _ in range(4)] == first
