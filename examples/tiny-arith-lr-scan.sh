@@ -11,9 +11,9 @@
 # The other settings come from the environment too (defaults in brackets): TWOCLOCKS_SCAN_BUDGET
 # samples [32768], TWOCLOCKS_SCAN_EVAL_EVERY samples [1024], TWOCLOCKS_SCAN_EVAL_SIZE problems
 # [1024], TWOCLOCKS_SCAN_MINIBATCHES updates per batch [2], TWOCLOCKS_SCAN_CLIP_LOW and
-# TWOCLOCKS_SCAN_CLIP_HIGH [0.2], and the task: TWOCLOCKS_SCAN_MAX_VALUE largest operand [99],
-# TWOCLOCKS_SCAN_OPS operators, comma-separated [+,-]. Names do not carry them: give each
-# setting its own TWOCLOCKS_SCAN_OUT.
+# TWOCLOCKS_SCAN_CLIP_HIGH [0.2], TWOCLOCKS_SCAN_WARMUP lr warm-up samples [0], and the task:
+# TWOCLOCKS_SCAN_MAX_VALUE largest operand [99], TWOCLOCKS_SCAN_OPS operators, comma-separated
+# [+,-]. Names do not carry them: give each setting its own TWOCLOCKS_SCAN_OUT.
 #
 # Then read the curves with `twoclocks runs list --db sqlite:///out/scan/scan.db` and
 # `twoclocks export --run ID --keys eval_accuracy,drift_rel,entropy --db ...`. A finished pair is
@@ -28,6 +28,7 @@ EVAL_SIZE=${TWOCLOCKS_SCAN_EVAL_SIZE:-1024}
 MINIBATCHES=${TWOCLOCKS_SCAN_MINIBATCHES:-2}
 CLIP_LOW=${TWOCLOCKS_SCAN_CLIP_LOW:-0.2}
 CLIP_HIGH=${TWOCLOCKS_SCAN_CLIP_HIGH:-0.2}
+WARMUP=${TWOCLOCKS_SCAN_WARMUP:-0}
 MAX_VALUE=${TWOCLOCKS_SCAN_MAX_VALUE:-99}
 OPS=${TWOCLOCKS_SCAN_OPS:-+,-}
 if ! [[ "$OPS" =~ ^[-+*](,[-+*])*$ ]]; then
@@ -54,6 +55,7 @@ arith_ops = [$OPS_TOML]
 group_size = 8
 prompts_per_batch = $prompts
 lr = $lr
+lr_warmup_samples = $WARMUP
 sample_budget = $BUDGET
 clip_eps_low = $CLIP_LOW
 clip_eps_high = $CLIP_HIGH

@@ -173,8 +173,16 @@ class TrainConfig(BaseModel):
     lr: float = Field(
         1e-4,
         gt=0,
-        description="AdamW learning rate, constant (no warm-up or "
-        "decay, so the clocks see the batch size's effect alone).",
+        description="AdamW learning rate, constant after the warm-up (no decay, so the clocks "
+        "see the batch size's effect alone).",
+    )
+    lr_warmup_samples: int = Field(
+        0,
+        ge=0,
+        le=INT64_MAX,
+        description="Raise the lr linearly from lr x B/N to its value over the first N samples "
+        "(0: none). Counted in samples, so every batch of a sweep warms up over the same data; "
+        "it keeps a large lr from breaking the policy in its first steps.",
     )
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
@@ -456,6 +464,12 @@ class TrainConfig(BaseModel):
         low = self.clip_eps_low if ph.clip_eps_low is None else ph.clip_eps_low
         high = self.clip_eps_high if ph.clip_eps_high is None else ph.clip_eps_high
         return index, ph.model_copy(update={"clip_eps_low": low, "clip_eps_high": high})
+
+    def warm_lr(self, lr: float, samples: int, batch_samples: int) -> float:
+        """`lr` for a step of `batch_samples` that starts after `samples`: its share of the
+        warm-up reached by the step's end (the whole lr from the warm-up's end on)."""
+        n = self.lr_warmup_samples
+        return lr if n <= 0 else lr * min(1.0, (samples + batch_samples) / n)
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config",

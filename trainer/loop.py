@@ -402,9 +402,16 @@ def _phase(run: Run):
         phase_index = run.ctl.decisions
         phase = phase.model_copy(update={"prompts_per_batch": run.ctl.prompts,
                                          "lr": run.ctl.lr, "until_samples": None})
+    phase = _warmed(run, phase)
     for group in run.opt.param_groups:
         group["lr"] = phase.lr
     return phase_index, phase
+
+
+def _warmed(run: Run, phase):
+    """`phase` with the lr of the config's warm-up at the run's sample count (the lr logged)."""
+    lr = run.cfg.warm_lr(phase.lr, run.samples, phase.prompts_per_batch * run.cfg.group_size)
+    return phase if lr == phase.lr else phase.model_copy(update={"lr": lr})
 
 
 def _sample(run: Run, phase) -> tuple[list[Problem], object]:
@@ -629,6 +636,7 @@ def _brancher(run: Run, out: dict):
             phase = cfg.phase_at(run.samples)[1].model_copy(update={
                 "prompts_per_batch": prompts, "lr": run.ctl.lr_for(prompts),
                 "until_samples": None})
+            phase = _warmed(run, phase)
             for group in run.opt.param_groups:
                 group["lr"] = phase.lr
             rows = []

@@ -234,14 +234,17 @@ def test_two_process_accelerate_run(tiny_model, tmp_path):
 
 
 def test_phases_switch_batch_and_lr(tiny_model, tmp_path):
-    """A schedule (as `twoclocks schedule` writes it): each step records its phase's values."""
+    """A schedule (as `twoclocks schedule` writes it): each step records its phase's values,
+    the lr scaled by the warm-up's share reached at the step's end (32/128, 64/128, 96/128,
+    then whole)."""
     url = f"sqlite:///{tmp_path / 's.db'}"
     phases = [
         {"until_samples": 96, "prompts_per_batch": 4, "lr": 5e-5},
         {"prompts_per_batch": 8, "lr": 2e-4, "clip_eps_high": 0.28},
     ]
     cell = dict(
-        group_size=8, sample_budget=352, seed=0, eval_every_samples=0, threads=1, phases=phases
+        group_size=8, sample_budget=352, seed=0, eval_every_samples=0, threads=1, phases=phases,
+        lr_warmup_samples=128,
     )
     run_id = _store_run(url, cell)
     out, err = _run_cell(url, run_id, tmp_path / "w").communicate(timeout=600)
@@ -252,9 +255,9 @@ def test_phases_switch_batch_and_lr(tiny_model, tmp_path):
         for s in range(1, 7)
     ]
     assert got == [
-        (0, 4, 5e-5, 32),
-        (0, 4, 5e-5, 64),
-        (0, 4, 5e-5, 96),
+        (0, 4, pytest.approx(1.25e-5, rel=1e-12), 32),
+        (0, 4, pytest.approx(2.5e-5, rel=1e-12), 64),
+        (0, 4, pytest.approx(3.75e-5, rel=1e-12), 96),
         (1, 8, 2e-4, 160),
         (1, 8, 2e-4, 224),
         (1, 8, 2e-4, 288),

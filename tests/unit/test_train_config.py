@@ -115,6 +115,8 @@ STRICT_REJECTIONS = [
     ('hf_decoder = "fast"\n', ["key 'hf_decoder' = 'fast'", "'auto'", "'generate'"]),
     ('scorer = "own"\n', ["key 'scorer' = 'own'", "'auto'", "'hf'"]),
     ("noise_every = -1\n", ["key 'noise_every' = -1", "greater than or equal to 0"]),
+    ("lr_warmup_samples = -8\n", ["key 'lr_warmup_samples' = -8", "greater than or equal to 0"]),
+    ("lr_warmup_samples = 0.5\n", ["key 'lr_warmup_samples' = 0.5", "integer"]),
     ("x = " + "[" * 5000 + "]" * 5000 + "\n", ["nested too deeply"]),
 ]
 
@@ -144,3 +146,12 @@ def test_ints_stay_valid_for_floats_and_sweep_cells_validate():
     cfg = TrainConfig.from_dict({"lr": 1, "temperature": 2, "clip_eps_high": 0})
     assert (cfg.lr, cfg.temperature, cfg.clip_eps_high) == (1.0, 2.0, 0.0)
     assert isinstance(cfg.lr, float)
+
+
+def test_the_warm_up_scales_the_lr_by_the_share_reached_at_the_steps_end():
+    cfg = TrainConfig(lr_warmup_samples=1000)
+    assert cfg.warm_lr(2e-4, 0, 100) == pytest.approx(2e-5, rel=1e-12)  # 100 / 1000
+    assert cfg.warm_lr(2e-4, 650, 100) == pytest.approx(1.5e-4, rel=1e-12)  # 750 / 1000
+    assert cfg.warm_lr(2e-4, 900, 100) == 2e-4  # the step ending at 1000 has the whole lr
+    assert cfg.warm_lr(2e-4, 5000, 100) == 2e-4
+    assert TrainConfig().warm_lr(2e-4, 0, 100) == 2e-4  # none by default
