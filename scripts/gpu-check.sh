@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU check of the trainer. NEVER RUN IN CI, AND NOT YET RUN AT ALL:
-# no machine this project has been developed or tested on had a CUDA GPU, so this script was
-# written without being executed. Run it on a CUDA machine with the `train` extra installed
-# (and the `vllm` extra for the vLLM half):
+# GPU check of the trainer. NEVER RUN IN CI, AND NOT YET RUN ON A GPU: the one GPU lent to
+# this project so far was lost to a set-up error before the script ran. Its HF and snapshot
+# parts have run on CPU only (bf16, with the CUDA check below removed and the snapshot tests'
+# CPU cases selected). Run it on a CUDA machine with the `train` extra installed (and the `vllm`
+# extra for the vLLM half):
 #
 #     bash scripts/gpu-check.sh            # uses .venv, or $TWOCLOCKS_VENV
 #
