@@ -114,6 +114,7 @@ def test_analyze_json_csv_plot_and_stored(sim_db, tmp_path):
     assert data["critical_batch"]["noise_scale"]["b_simple"] > 0
     run = data["runs"][0]
     assert run["failure"]["rule"] == "drift" and run["progress"]["censored"] is False
+    assert run["failure"]["drift"] >= 6.5  # the first drift logged past the threshold
     assert png.stat().st_size > 10_000
     rows = list(csv.DictReader(open(out_csv)))
     assert len(rows) == 6 and rows[0]["failure_rule"] == "drift"
@@ -378,3 +379,51 @@ def test_each_collapse_rule_fires_and_the_earliest_wins(tmp_path):
     run = analyze_sweep(store, "rules", AnalysisOptions(**base, length_max=100)).to_json()
     assert run["runs"][0]["failure"]["rule"] == "length"
     assert run["options"]["length_max"] == 100
+
+
+def test_drift_at_failure_per_run_and_per_batch_against_a_hand_computation(tmp_path):
+    """Each failed run reports the drift last logged at or before its failure (drift logged at
+    even steps only, so 'at or before' is exercised); each batch the median of its two seeds
+    and, for two seeds, the interval [min, max] (bootstrap medians of two values)."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = Store.open(url)
+
+    def rise_then_fall(x, b, seed):
+        step = x / b
+        return np.where(step <= 20, step / 20, 1 - (step - 20) * 0.05)
+
+    ids = _synthetic(store, "drifty", [64, 256], seeds=2, fn=rise_then_fall)
+    with store.session() as s:
+        cells = {r.id: (r.batch_samples, r.seed) for r in s.query(Run).filter(Run.id.in_(ids))}
+    for rid, (b, seed) in cells.items():
+        with store.metric_writer(rid) as w:
+            for step in range(2, 61, 2):
+                w.log(step, step * b, {"drift_abs": step * b * 1e-4 * (1 + seed)})
+    store.close()
+    out_csv = tmp_path / "a.csv"
+    proc = twoclocks("analyze", "drifty", "--db", url, "--target", "0.5", "--json",
+                     "--csv", str(out_csv))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    expected: dict[int, list[float]] = {}
+    odd = 0
+    for run in data["runs"]:
+        b, seed, fail = run["batch_samples"], run["seed"], run["failure"]["samples"]
+        assert run["failure"]["rule"] == "drop" and fail is not None
+        odd += int(fail // b) % 2  # a failure between two drift points
+        last_even = int(fail // b) // 2 * 2
+        want = last_even * b * 1e-4 * (1 + seed)
+        assert run["failure"]["drift"] == pytest.approx(want, rel=1e-12)
+        expected.setdefault(b, []).append(want)
+    assert odd > 0
+    for batch in data["batches"]:
+        got = batch["failure"]["drift_at_failure"]
+        pair = sorted(expected[batch["batch_samples"]])
+        assert got["n"] == 2
+        assert got["median"] == pytest.approx(sum(pair) / 2, rel=1e-12)
+        assert (got["low"], got["high"]) == (pytest.approx(pair[0]), pytest.approx(pair[1]))
+    rows = list(csv.DictReader(open(out_csv)))
+    assert sorted(float(r["failure_drift"]) for r in rows) == pytest.approx(
+        sorted(v for vs in expected.values() for v in vs))
+    table = twoclocks("analyze", "drifty", "--db", url, "--target", "0.5")
+    assert table.returncode == 0 and "drift_abs at failure" in table.stdout

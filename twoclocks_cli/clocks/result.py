@@ -143,18 +143,23 @@ class BatchRow:
     progress: Aggregate = field(default_factory=lambda: _aggregate(None))
     failure: Aggregate = field(default_factory=lambda: _aggregate(None))
     n_failed: int | None = None  # seeds whose failure clock fired (None: stored before it was)
+    # the drift logged at each failed seed's failure: median and interval over those seeds
+    # (equal across batches if a drift threshold sets the failure clock)
+    drift_at_failure: Aggregate = field(default_factory=lambda: _aggregate(None))
 
     @classmethod
     def from_json(cls, d: dict) -> BatchRow:
         fail = d.get("failure") or {}
         return _take(cls, d, progress=_aggregate(d.get("progress")), failure=_aggregate(fail),
-                     n_failed=fail.get("n_failed"))
+                     n_failed=fail.get("n_failed"),
+                     drift_at_failure=_aggregate(fail.get("drift_at_failure")))
 
     def to_json(self) -> dict:
         return {"batch_samples": self.batch_samples, "batch_prompts": list(self.batch_prompts),
                 "lr": list(self.lr), "n_runs": self.n_runs, "partial": self.partial,
                 "progress": self.progress.to_json(),
-                "failure": {**self.failure.to_json(), "n_failed": self.n_failed}}
+                "failure": {**self.failure.to_json(), "n_failed": self.n_failed,
+                            "drift_at_failure": self.drift_at_failure.to_json()}}
 
 
 @dataclass

@@ -37,6 +37,7 @@ class Clock:
     rules: dict = field(default_factory=dict)  # failure clock: every rule's firing time
     at_eval_resolution: bool = False  # failure at the first or second logged point
     collapsed: bool = False  # progress clock: censored by a collapse before the target
+    drift: float | None = None  # failure clock: the drift (opts.drift_key) logged at the failure
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -93,7 +94,7 @@ def load_signals(store, run_ids: list[int], metric: str, opts: AnalysisOptions) 
         return cache[key]
 
     m = load(metric)
-    drift = load(opts.drift_key, opts.drift_threshold is not None)
+    drift = load(opts.drift_key)  # the drift rule's signal, and the drift at every failure
     ent = load(opts.entropy_key, opts.entropy_low is not None or opts.entropy_high is not None)
     length = load("resp_len_mean", opts.length_max is not None)
     trunc = load("truncated_frac", opts.truncated_max is not None)
@@ -187,6 +188,14 @@ def _heldout_drop(series, opts: AnalysisOptions) -> float | None:
                               opts.drop_k)
 
 
+def _value_at(series, at: float | None) -> float | None:
+    """The series' last finite value logged at or before `at` samples (None: none yet)."""
+    if series is None or at is None:
+        return None
+    ok = np.isfinite(series.values) & (series.samples <= at)
+    return float(series.values[ok][-1]) if ok.any() else None
+
+
 def _noise_at(series: dict, keys, fn, at, opts) -> float | None:
     g = [series.get(k) for k in keys]
     if not all(s is not None for s in g) or len({s.values.size for s in g}) != 1:
@@ -253,6 +262,7 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
         rule=rule,
         rules=fired,
         at_eval_resolution=early,
+        drift=_value_at(sig.drift, n_fail),
     )
     at = n_prog if n_prog is not None else last
     return RunClocks(

@@ -22,6 +22,15 @@ def _clock(agg) -> str:
     return f"{count(agg.median)} [{count(agg.low)}-{high}]"
 
 
+def _drift(agg) -> str:
+    """The drift at failure at one batch: median [interval] over the seeds that failed."""
+    if agg.median is None:
+        return "-"
+    if agg.low is None:
+        return num(agg.median, 3)
+    return f"{num(agg.median, 3)} [{num(agg.low, 3)}-{num(agg.high, 3)}]"
+
+
 def render(a) -> None:
     """Rich tables of an analysis (a clocks.result.Analysis)."""
     from rich.table import Table
@@ -31,13 +40,14 @@ def render(a) -> None:
         title=f"sweep {a.sweep}: {a.metric} target {num(a.target.value)} "
         f"({a.target.spec}); clocks in samples, median [90% bootstrap]"
     )
-    for col in ("batch", "lr", "runs", "progress clock", "failure clock", "note"):
+    for col in ("batch", "lr", "runs", "progress clock", "failure clock",
+                f"{a.options.drift_key} at failure", "note"):
         table.add_column(col)
     for b in a.batches:
         lr = ", ".join(f"{x:.3g}" for x in b.lr) or "-"
         note = b.progress.note + (" (partial)" if b.partial else "")
         table.add_row(num(b.batch_samples), lr, str(b.n_runs), _clock(b.progress),
-                      _clock(b.failure), note)
+                      _clock(b.failure), _drift(b.drift_at_failure), note)
     con.print(table)
     render_critical(con, a.critical)
     inv = a.invariance
@@ -141,7 +151,8 @@ def write_csv(a, path: str) -> None:
 
     cols = ["run_id", "name", "batch_samples", "batch_prompts", "lr", "clip_low", "clip_high",
             "seed", "status", "partial", "progress_samples", "progress_censored",
-            "failure_samples", "failure_rule", "failure_censored", "noise_scale"]
+            "failure_samples", "failure_rule", "failure_censored", "failure_drift",
+            "noise_scale"]
     try:
         with open(path, "w", newline="") as fh:
             w = csv.writer(fh)
@@ -150,7 +161,8 @@ def write_csv(a, path: str) -> None:
                 w.writerow([r.run_id, r.name, r.batch_samples, r.batch_prompts, r.lr,
                             r.clip_low, r.clip_high, r.seed, r.status, r.partial,
                             r.progress.samples, r.progress.censored, r.failure.samples,
-                            r.failure.rule, r.failure.censored, r.noise_scale])
+                            r.failure.rule, r.failure.censored, r.failure.drift,
+                            r.noise_scale])
     except OSError as exc:
         raise ConfigError(f"--csv {path}: {exc.strerror}") from None
 
