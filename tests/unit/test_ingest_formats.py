@@ -144,3 +144,15 @@ def test_crlf_csv_and_unicode_line_separator_in_jsonl(tmp_path):
                  '{"step": 2, "reward_mean": x}\n')
     log = parse_file(g, _opts("jsonl", skip_bad=True))
     assert log.steps == {1: {"reward_mean": 0.5}} and log.bad_lines[0][0] == 2
+
+
+def test_jsonl_config_object_with_slash_and_nested_keys(tmp_path):
+    """A config line in a JSONL log states the run's params whether its keys are nested or
+    '/'-separated (as W&B and MLflow write them); step lines are read as usual."""
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"actor/optim/lr": 3e-6, "rollout": {"n": 8}, "seed": 2}\n'
+                 '{"step": 1, "reward": 0.25}\n{"step": 2, "reward": 0.5}\n')
+    log = parse_file(f, _opts("jsonl"))
+    assert log.params == {"lr": 3e-6, "group_size": 8, "seed": 2}
+    assert log.params_from["lr"] == "log line 1 (actor.optim.lr)"
+    assert sorted(log.steps) == [1, 2]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,3 +169,15 @@ def require_clean(log: ParsedLog, skip_bad: bool) -> None:
         raise ConfigError(
             f"{log.path}:{line}: {why}{extra}; nothing was written (--skip-bad imports the rest)"
         )
+
+
+def flat_config(tree: Mapping, prefix: str = "") -> dict:
+    """A nested config as {dotted key: value}; '/' separators (MLflow params) become '.'."""
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{str(k).replace('/', '.')}"
+        if isinstance(v, Mapping):
+            out.update(flat_config(v, key + "."))
+        else:
+            out[key] = v
+    return out

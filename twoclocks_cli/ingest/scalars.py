@@ -21,7 +21,13 @@ from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import mapping, tabular, trl, verl
-from twoclocks_cli.ingest.base import IngestOptions, NoStepsError, ParsedLog, to_number
+from twoclocks_cli.ingest.base import (
+    IngestOptions,
+    NoStepsError,
+    ParsedLog,
+    flat_config,
+    to_number,
+)
 
 # run column -> (the verl config path, then the flat names a config may use)
 _PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -89,18 +95,6 @@ def splice_resumed(steps: dict, later: dict) -> str:
     for step, values in later.items():
         steps.setdefault(step, {}).update(values)
     return (f": {len(dropped)} earlier step(s) from {start} on replaced" if dropped else "")
-
-
-def flat_config(tree: Mapping, prefix: str = "") -> dict:
-    """A nested config as {dotted key: value}; '/' separators (MLflow params) become '.'."""
-    out = {}
-    for k, v in tree.items():
-        key = f"{prefix}{str(k).replace('/', '.')}"
-        if isinstance(v, Mapping):
-            out.update(flat_config(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def config_params(config: Mapping) -> tuple[dict, dict[str, str]]:

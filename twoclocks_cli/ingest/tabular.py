@@ -20,6 +20,7 @@ from twoclocks_cli.ingest.base import (
     IngestOptions,
     ParsedLog,
     decode_text,
+    flat_config,
     new_log,
     read_bytes,
     to_number,
@@ -71,21 +72,10 @@ _CONFIG_NAMES = {
 }
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _config_params(record: dict) -> dict[str, tuple[float, str]]:
     """{run column: (value, source key)} stated by a config-like object (numbers only)."""
     out = {}
-    for key, v in _flatten(record).items():
+    for key, v in flat_config(record).items():
         if isinstance(v, bool) or not isinstance(v, int | float):
             continue
         for name, column in _CONFIG_NAMES.items():
