@@ -6,9 +6,9 @@
 # Rerunnable: `twoclocks sweep` skips finished cells, and the schedule run is reused when the
 # same schedule config already finished (its workdir is named by the config's hash).
 # Overrides: TWOCLOCKS_DEMO_CONFIG (sweep TOML), TWOCLOCKS_DEMO_OUT (output folder),
-# TWOCLOCKS_DEMO_ANALYZE (analysis options). The tiny task seldom collapses outright within the
-# demo's budget, so its failure rules are the drop rule and the drift rule: relative parameter
-# drift ||θ-θ0||/||θ0|| reaching 10% (the drift-threshold hypothesis of the two-clocks model).
+# TWOCLOCKS_DEMO_ANALYZE (analysis options). Its failures are collapses by the drop rule on
+# held-out accuracy; the relative parameter drift ||θ-θ0||/||θ0|| at each failure is reported
+# beside them, so the drift-threshold hypothesis of the two-clocks model is tested, not assumed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +40,7 @@ stop_early() {  # the sweep's data cannot support the next step: say so, still w
 }
 
 step "3/7 both clocks"
-read -r -a ANALYZE <<< "${TWOCLOCKS_DEMO_ANALYZE:---drift-key drift_rel --drift-threshold 0.1}"
+read -r -a ANALYZE <<< "${TWOCLOCKS_DEMO_ANALYZE:---drift-key drift_rel}"
 "$TC" analyze "$SWEEP" --db "$DB" --save "${ANALYZE[@]}" --plot "$OUT/clocks.png" --csv "$OUT/clocks.csv" \
   || stop_early "the clocks could not be measured on this sweep"
 
