@@ -229,7 +229,7 @@ def test_the_tiny_adaptive_example_is_a_valid_train_config():
 
     path = Path(__file__).resolve().parents[2] / "examples" / "tiny-arith-adaptive.toml"
     cfg = load_config(path)
-    assert cfg.batch_schedule == "adaptive" and cfg.adaptive.batch_max == 64
+    assert cfg.batch_schedule == "adaptive" and cfg.adaptive.batch_max == 256
     with pytest.raises(ConfigError, match="noise = 'sign'"):
         from trainer.config import TrainConfig
 
