@@ -193,7 +193,8 @@ def test_train_config_toml_round_trips():
 
 
 def test_phase_summary_reads_the_recorded_phases(sqlite_url):
-    """Phases come back from the per-step metrics: boundaries, prompts, lr, step counts."""
+    """Phases come back from the per-step metrics: boundaries, prompts, lr (as at the phase's
+    last step: phase 0 is still warming up, 0.25e-4 .. 0.75e-4), step counts."""
     from twoclocks_cli.clocks.compare import phase_summary
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.models import Run
@@ -206,14 +207,15 @@ def test_phase_summary_reads_the_recorded_phases(sqlite_url):
         rid = run.id
     samples = 0
     with store.metric_writer(rid) as w:
-        for step, (phase, prompts, lr) in enumerate([(0, 4, 1e-4)] * 3 + [(1, 16, 2e-4)] * 2):
+        warm = [(0, 4, 0.25e-4), (0, 4, 0.5e-4), (0, 4, 0.75e-4)]
+        for step, (phase, prompts, lr) in enumerate(warm + [(1, 16, 2e-4)] * 2):
             samples += prompts * 8
             w.log(step, samples, {"phase": phase, "prompts": prompts, "lr": lr,
                                   "batch_samples": prompts * 8})
     got = phase_summary(store, rid)
     assert got == [
         {"phase": 0, "from_samples": 0.0, "to_samples": 96.0, "steps": 3,
-         "prompts_per_batch": 4, "lr": 1e-4},
+         "prompts_per_batch": 4, "lr": 0.75e-4},
         {"phase": 1, "from_samples": 96.0, "to_samples": 352.0, "steps": 2,
          "prompts_per_batch": 16, "lr": 2e-4},
     ]

@@ -98,7 +98,8 @@ def _run_clocks(store, run_id: int, metric: str, tau: float, opts: AnalysisOptio
 
 
 def phase_summary(store, run_id: int) -> list[dict]:
-    """The phases a run actually trained, from its per-step `phase`, `prompts`, `lr` metrics."""
+    """The phases a run actually trained, from its per-step `phase`, `prompts`, `lr` metrics
+    (each phase's lr as at its last step: under an lr warm-up its first steps log less)."""
     cols = {k: store.load_metric([run_id], k).get(run_id)
             for k in ("phase", "prompts", "lr", "batch_samples")}
     ph = cols["phase"]
@@ -116,6 +117,7 @@ def phase_summary(store, run_id: int) -> list[dict]:
                         "lr": _at(cols["lr"], ph.steps[i])})
         out[-1]["steps"] += 1
         out[-1]["to_samples"] = float(ph.samples[i])
+        out[-1]["lr"] = _at(cols["lr"], ph.steps[i])
     return out
 
 
