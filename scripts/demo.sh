@@ -6,7 +6,9 @@
 # Rerunnable: `twoclocks sweep` skips finished cells, and the schedule run is reused when the
 # same schedule config already finished (its workdir is named by the config's hash).
 # Overrides: TWOCLOCKS_DEMO_CONFIG (sweep TOML), TWOCLOCKS_DEMO_OUT (output folder),
-# TWOCLOCKS_DEMO_ANALYZE (analysis options). Its failures are collapses by the drop rule on
+# TWOCLOCKS_DEMO_ANALYZE (analysis options), TWOCLOCKS_DEMO_SCHEDULE (schedule options; default
+# --large-lr hold: on this task the large batch's sqrt-scaled lr breaks the trained policy at the
+# switch, the small phase's lr does not). Its failures are collapses by the drop rule on
 # held-out accuracy; the relative parameter drift ||θ-θ0||/||θ0|| at each failure is reported
 # beside them, so the drift-threshold hypothesis of the two-clocks model is tested, not assumed.
 set -euo pipefail
@@ -45,7 +47,8 @@ read -r -a ANALYZE <<< "${TWOCLOCKS_DEMO_ANALYZE:---drift-key drift_rel}"
   || stop_early "the clocks could not be measured on this sweep"
 
 step "4/7 the recommended schedule"
-"$TC" schedule "$SWEEP" --db "$DB" --out "$OUT/schedule.toml" \
+read -r -a SCHEDULE <<< "${TWOCLOCKS_DEMO_SCHEDULE:---large-lr hold}"
+"$TC" schedule "$SWEEP" --db "$DB" --out "$OUT/schedule.toml" "${SCHEDULE[@]}" \
   || stop_early "no schedule could be recommended from this sweep"
 
 step "5/7 train the schedule as one more run"

@@ -156,6 +156,11 @@ def test_schedule_reuses_stored_analysis_and_writes_toml(sim_db, tmp_path):
         }
     text = twoclocks("schedule", "sim", "--db", url)
     assert text.returncode == 0 and "rationale" in text.stdout and "B_crit" in text.stdout
+    bad = tmp_path / "bad.toml"
+    assert_one_line_error(
+        twoclocks("schedule", "sim", "--db", url, "--out", str(bad), "--large-lr", "keep"),
+        "--large-lr 'keep'", "sweep, hold")
+    assert not bad.exists()
 
 
 def test_theory_command_with_simulation():

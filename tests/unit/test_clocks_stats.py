@@ -111,6 +111,26 @@ def test_schedule_switches_only_to_a_larger_batch_that_fails_later():
     assert len(plan["phases"]) == 1 and plan["stop_before_samples"] is None
 
 
+def test_schedule_holds_the_small_phases_lr_when_asked():
+    from twoclocks_cli.clocks import make_schedule
+    from twoclocks_cli.core.errors import AnalysisError
+
+    a = _analysis([16, 32, 64, 128], [1000, 1100, 1500, 2500], [20e3, 21e3, 26e3, 30e3], 40)
+    swept, held = make_schedule(a), make_schedule(a, large_lr="hold")
+    # lr = 0.01 x B in the sweep: the large phase's own 1.28, or the small phase's 0.32
+    assert [p["lr"] for p in swept["phases"]] == [pytest.approx(0.32), pytest.approx(1.28)]
+    assert [p["lr"] for p in held["phases"]] == [pytest.approx(0.32), pytest.approx(0.32)]
+    assert held["large_lr"] == "hold" and swept["large_lr"] == "sweep"
+    # the same switch and batches; only the lr and the failure prediction differ
+    for key in ("until_samples", "prompts_per_batch"):
+        assert [p[key] for p in held["phases"]] == [p[key] for p in swept["phases"]]
+    assert swept["predicted"]["failure_samples"] is not None
+    assert held["predicted"]["failure_samples"] is None
+    assert "did not measure" in held["predicted"]["failure_why"]
+    with pytest.raises(AnalysisError, match="--large-lr 'keep': must be one of sweep, hold"):
+        make_schedule(a, large_lr="keep")
+
+
 def test_mccandlish_reports_residuals_and_extrapolation():
     rng = np.random.default_rng(0)
     concave = {b: [1000 * np.sqrt(1 + b / 8)] * 2 for b in (8, 16, 32, 64, 128)}

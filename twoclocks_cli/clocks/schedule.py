@@ -8,6 +8,10 @@
   failed; with one failed seed the switch rests on that seed and the stricter s^2 applies.
 - B_large: the larger batch with uncensored progress whose failure clock is latest, and later
   than B_small's; none: one phase (stop before N_switch when B_small fails).
+- The large phase's lr: B_large's own lr in the sweep (`large_lr = "sweep"`, the scaling rule),
+  or B_small's (`"hold"`). On the tiny main job a policy trained at B_small broke at once under
+  B_large's sqrt-scaled lr and did not under B_small's (docs/benchmarks.md); with "hold" the
+  large phase runs at a setting the sweep did not measure, so its failure is not predicted.
 Every predicted number is a number or "unknown" with the reason.
 """
 
@@ -47,6 +51,7 @@ class Schedule:
     stop_before_samples: float | None
     safety: float
     budget: float
+    large_lr: str
     phases: list[dict]
     predicted: dict
     rationale: list[str] = field(default_factory=list)
@@ -109,10 +114,16 @@ def _grid(a: Analysis) -> tuple[dict[float, BatchRow], list[float], list[float]]
     return by, grid, reached
 
 
-def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8) -> dict:
+LARGE_LR = ("sweep", "hold")
+
+
+def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
+                  large_lr: str = "sweep") -> dict:
     """The recommended phases of an analysed sweep (a JSON-ready dict; see `Schedule`)."""
     if not 0 < safety <= 1:
         raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
+    if large_lr not in LARGE_LR:
+        raise AnalysisError(f"--large-lr {large_lr!r}: must be one of {', '.join(LARGE_LR)}")
     by, grid, reached = _grid(a)
     # an analysis stored before B_crit was recommended: scheduled as if no estimate exists
     rec = a.critical.recommended or Recommended(source=None, b_crit=None)
@@ -168,9 +179,19 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8)
                 + ") among the larger batches that reached the target"
             )
             phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
-            phases.append({"until_samples": budget, **_phase_keys(_setting(a, b_large))})
+            large = _phase_keys(_setting(a, b_large))
+            if large_lr == "hold":
+                rationale.append(
+                    f"large phase lr = B_small's {small['lr']:.4g} (--large-lr hold; B={b_large:g} "
+                    f"ran at {large['lr']:.4g} in the sweep): a setting the sweep did not measure"
+                )
+                large["lr"] = small["lr"]
+            phases.append({"until_samples": budget, **large})
     prog = _predicted_progress(by, b_small, n_switch if len(phases) > 1 else None)
     fail = _predicted_failure(by, b_small, b_large, n_switch, len(phases) > 1)
+    if len(phases) > 1 and large_lr == "hold":
+        fail = Predicted(None, f"the large phase runs B={b_large:g} at B_small's lr, which the "
+                         "sweep did not measure")
     return Schedule(
         sweep=a.sweep,
         b_crit=rec.b_crit,
@@ -182,6 +203,7 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8)
         stop_before_samples=n_switch if len(phases) == 1 else None,
         safety=s,
         budget=budget,
+        large_lr=large_lr,
         phases=phases,
         predicted={
             "progress_samples": prog.samples,

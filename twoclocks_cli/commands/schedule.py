@@ -12,7 +12,8 @@ from twoclocks_cli.render.jsonout import print_json
 
 
 def schedule_sweep(
-    store, sweep: str, safety: float = 0.8, budget: float | None = None, reanalyze: bool = False
+    store, sweep: str, safety: float = 0.8, budget: float | None = None, reanalyze: bool = False,
+    large_lr: str = "sweep",
 ) -> dict:
     """The schedule of `sweep` from its latest stored analysis while that is current (else
     analysed again with its options; with defaults when never analysed or `reanalyze`)."""
@@ -20,7 +21,7 @@ def schedule_sweep(
     from twoclocks_cli.clocks.saved import analysis_for
 
     analysis, how = analysis_for(store, sweep, {} if reanalyze else None)
-    out = make_schedule(analysis, budget=budget, safety=safety)
+    out = make_schedule(analysis, budget=budget, safety=safety, large_lr=large_lr)
     out["analysis_id"] = analysis.analysis_id
     out["analysis_source"] = how
     out["analysis_options"] = analysis.options.to_json()
@@ -44,6 +45,14 @@ def schedule(
             "of reusing the latest stored analysis."
         ),
     ] = False,
+    large_lr: Annotated[
+        str,
+        typer.Option(
+            "--large-lr",
+            help="The large phase's lr: sweep (the large batch's own, by the scaling rule) or "
+            "hold (the small phase's: the large batch's sqrt lr can break a trained policy).",
+        ),
+    ] = "sweep",
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -54,7 +63,8 @@ def schedule(
 
     store = Store.open(db)
     name = store.sweep_named(sweep)
-    result = schedule_sweep(store, name, safety=safety, budget=budget, reanalyze=reanalyze)
+    result = schedule_sweep(store, name, safety=safety, budget=budget, reanalyze=reanalyze,
+                            large_lr=large_lr)
     if out:
         try:
             with open(out, "w") as fh:
