@@ -155,3 +155,11 @@ def test_the_warm_up_scales_the_lr_by_the_share_reached_at_the_steps_end():
     assert cfg.warm_lr(2e-4, 900, 100) == 2e-4  # the step ending at 1000 has the whole lr
     assert cfg.warm_lr(2e-4, 5000, 100) == 2e-4
     assert TrainConfig().warm_lr(2e-4, 0, 100) == 2e-4  # none by default
+
+
+def test_the_eta_is_never_negative_when_the_last_step_passes_the_budget():
+    from twoclocks_cli.commands.train import eta_text
+
+    assert eta_text(3600 * 100, 100.0) == "01:00:00"
+    assert eta_text(-1536, 369.0) == "00:00:00"  # 34,304 of 32,768 samples
+    assert eta_text(100, 0.0) == "-"

@@ -323,6 +323,16 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
         return train(cfg, writer, workdir, on_step=on_step, extend=extend)
 
 
+def eta_text(left: float, rate: float) -> str:
+    """H:M:S until `left` more samples at `rate` per second ('-' with no rate yet). A last step
+    may pass the budget (whole batches): nothing is left then, never a negative time."""
+    import time
+
+    if not rate > 0:
+        return "-"
+    return time.strftime("%H:%M:%S", time.gmtime(max(left, 0) / rate))
+
+
 def _plain_progress(run_id: int, start_samples: int, to_stderr: bool = False):
     """An on_step callback printing one plain line (on stdout, or stderr) every
     $TWOCLOCKS_PROGRESS_S seconds (and at the last step): samples, reward, accuracy, eval,
@@ -346,8 +356,7 @@ def _plain_progress(run_id: int, start_samples: int, to_stderr: bool = False):
             return
         state["last"] = now
         rate = (p.samples - start_samples) / max(now - t0, 1e-9)
-        eta = (p.budget - p.samples) / rate if rate > 0 else float("nan")
-        eta_txt = "-" if eta != eta else time.strftime("%H:%M:%S", time.gmtime(eta))
+        eta_txt = eta_text(p.budget - p.samples, rate)
         typer.echo(f"run {run_id}: {p.samples:,}/{p.budget:,} samples  step {p.step}  reward "
                    f"{p.reward:.3f}  acc {p.accuracy:.3f}  eval {state['eval']}  "
                    f"{rate:,.0f} samples/s  ETA {eta_txt}", nl=True, err=to_stderr)
