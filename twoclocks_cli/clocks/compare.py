@@ -106,6 +106,7 @@ def phase_summary(store, run_id: int) -> list[dict]:
     if ph is None or ph.values.size == 0:
         return []
     out: list[dict] = []
+    last_steps = []
     for i, value in enumerate(ph.values):
         index = int(value)
         if not out or out[-1]["phase"] != index:
@@ -113,11 +114,13 @@ def phase_summary(store, run_id: int) -> list[dict]:
             if cols["batch_samples"] is not None:
                 start -= float(_at(cols["batch_samples"], ph.steps[i]) or 0)
             out.append({"phase": index, "from_samples": start, "steps": 0,
-                        "prompts_per_batch": _int(_at(cols["prompts"], ph.steps[i])),
-                        "lr": _at(cols["lr"], ph.steps[i])})
+                        "prompts_per_batch": _int(_at(cols["prompts"], ph.steps[i]))})
+            last_steps.append(None)
         out[-1]["steps"] += 1
         out[-1]["to_samples"] = float(ph.samples[i])
-        out[-1]["lr"] = _at(cols["lr"], ph.steps[i])
+        last_steps[-1] = ph.steps[i]
+    for phase, step in zip(out, last_steps, strict=True):
+        phase["lr"] = _at(cols["lr"], step)
     return out
 
 

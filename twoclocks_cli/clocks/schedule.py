@@ -188,10 +188,11 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
                 large["lr"] = small["lr"]
             phases.append({"until_samples": budget, **large})
     prog = _predicted_progress(by, b_small, n_switch if len(phases) > 1 else None)
-    fail = _predicted_failure(by, b_small, b_large, n_switch, len(phases) > 1)
     if len(phases) > 1 and large_lr == "hold":
         fail = Predicted(None, f"the large phase runs B={b_large:g} at B_small's lr, which the "
                          "sweep did not measure")
+    else:
+        fail = _predicted_failure(by, b_small, b_large, n_switch, len(phases) > 1)
     return Schedule(
         sweep=a.sweep,
         b_crit=rec.b_crit,
