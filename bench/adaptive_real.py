@@ -1,6 +1,6 @@
 """The in-run controller on real GRPO (the main job): adaptive runs against every constant batch
 of the demo sweep and against the static schedule, 2 seeds each, on one target and one set of
-collapse rules (`twoclocks compare`).
+collapse rules (`twoclocks compare --large-lr hold`, the demo's schedule).
 
 Why: on the theory model the controller is judged in CI; on real training only a run can judge
 it. The target is the issue's: at most 1.2x the best constant's samples to the target (every
@@ -8,16 +8,16 @@ branch sample counted) and failing no earlier than the static schedule.
 
 What it runs, all through the CLI into one SQLite store under $OUT (default
 out/bench-adaptive-real), reusing whatever already finished there:
-  1. the main job (`scripts/demo.sh`: the sweep of 32/128/512 samples x 2 seeds, its analysis,
-     the static schedule trained at seed 0);
+  1. the main job (`scripts/demo.sh`: the sweep of 128/512/2,048 samples x 4 seeds, its
+     analysis, the static schedule trained at seed 0);
   2. the static schedule again at seed 1;
-  3. `examples/tiny-arith-adaptive.toml` under each rule asked for (default: branch), seeds
-     0 and 1, two runs at a time;
-then prints one table. About 15 minutes for step 1 on 2 idle cores from a warm model cache, 3
-for step 2 and 5-10 per pair of adaptive runs (branches add their samples).
+  3. `examples/tiny-arith-adaptive.toml` under each rule asked for (default: guard, the
+     example's own, and branch), seeds 0 and 1, two runs at a time;
+then prints one table. About 15 minutes for step 1 on 2 idle cores from a warm model cache,
+and 2-3 minutes a run after it (two at a time).
 
-    .venv/bin/python bench/adaptive_real.py                  # rule branch
-    .venv/bin/python bench/adaptive_real.py --rules branch,noise
+    .venv/bin/python bench/adaptive_real.py                  # rules guard and branch
+    .venv/bin/python bench/adaptive_real.py --rules guard,branch,noise
 """
 
 from __future__ import annotations
@@ -36,9 +36,14 @@ TC = str(ROOT / ".venv" / "bin" / "twoclocks")
 SWEEP = "tiny-arith"
 ADAPTIVE = ROOT / "examples" / "tiny-arith-adaptive.toml"
 GROUP = 8  # the demo's group size: samples per prompt
-# the branch rule's settings for the tiny task (the example's own): a branch must move held-out
-# accuracy (1,024 problems, sd ~0.01 per evaluation) by more than its noise
-BRANCH = {"rule": "branch", "branch_samples": 1024, "max_backoff": 2}
+# the example's own settings are rule guard's; the other rules start at batch_min and take each
+# batch's sqrt lr, as they were designed (1,024-sample branches, at most 4x back-off)
+RULES = {
+    "guard": {},
+    "branch": {"rule": "branch", "start": "batch_min", "grow_lr": "scaled",
+               "branch_samples": 1024, "max_backoff": 2},
+    "noise": {"rule": "noise", "start": "batch_min", "grow_lr": "scaled", "kappa": 0.5},
+}
 
 
 def sh(*args: str, env: dict | None = None) -> str:
@@ -102,7 +107,8 @@ def interval(est: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rules", default="branch", help="adaptive rules, comma-separated")
+    ap.add_argument("--rules", default="guard,branch",
+                    help=f"adaptive rules, comma-separated ({', '.join(RULES)})")
     ap.add_argument("--out", default=os.environ.get("OUT", "out/bench-adaptive-real"))
     args = ap.parse_args()
     out = (ROOT / args.out).resolve()
@@ -115,8 +121,11 @@ def main() -> None:
 
     jobs = {("static schedule", 1): with_keys((out / "schedule-train.toml").read_text(),
                                               {"seed": 1})}
-    for rule in args.rules.split(","):
-        extra = BRANCH if rule == "branch" else {"rule": rule}
+    rules = args.rules.split(",")
+    if unknown := [r for r in rules if r not in RULES]:
+        sys.exit(f"--rules: {', '.join(unknown)}: not one of {', '.join(RULES)}")
+    for rule in rules:
+        extra = RULES[rule]
         for seed in (0, 1):
             jobs[(f"adaptive {rule}", seed)] = with_keys(ADAPTIVE.read_text(), {"seed": seed},
                                                          extra)
@@ -127,7 +136,8 @@ def main() -> None:
         ids = {key: f.result() for key, f in futures.items()}
     ids[("static schedule", 0)] = sched0
 
-    docs = {key: json.loads(sh(TC, "compare", SWEEP, "--run", str(rid), "--db", db, "--json"))
+    docs = {key: json.loads(sh(TC, "compare", SWEEP, "--run", str(rid), "--db", db, "--json",
+                               "--large-lr", "hold"))
             for key, rid in sorted(ids.items())}
     first = next(iter(docs.values()))
     consts = first["constant"]

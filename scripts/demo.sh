@@ -78,8 +78,13 @@ fi
 RUN_ID=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["run_id"])' "$WORKDIR/run.json")
 
 step "6/7 the schedule against the constant batches (same metric, target and collapse rules)"
-"$TC" compare "$SWEEP" --run "$RUN_ID" --db "$DB"
-"$TC" compare "$SWEEP" --run "$RUN_ID" --db "$DB" --json > "$OUT/compare.json"
+# compare's static-schedule row with the same large-phase lr as the schedule trained above
+LARGE=()
+for i in "${!SCHEDULE[@]}"; do
+  if [ "${SCHEDULE[$i]}" = --large-lr ]; then LARGE=(--large-lr "${SCHEDULE[$((i + 1))]}"); fi
+done
+"$TC" compare "$SWEEP" --run "$RUN_ID" --db "$DB" "${LARGE[@]}"
+"$TC" compare "$SWEEP" --run "$RUN_ID" --db "$DB" "${LARGE[@]}" --json > "$OUT/compare.json"
 
 step "7/7 the report"
 "$TC" report "$SWEEP" --db "$DB" --out "$OUT/report"

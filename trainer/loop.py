@@ -634,7 +634,7 @@ def _brancher(run: Run, out: dict):
             snapshot.put(run, start)
             _sync_engine(run)
             phase = cfg.phase_at(run.samples)[1].model_copy(update={
-                "prompts_per_batch": prompts, "lr": run.ctl.lr_for(prompts),
+                "prompts_per_batch": prompts, "lr": run.ctl.lr_at(prompts),
                 "until_samples": None})
             phase = _warmed(run, phase)
             for group in run.opt.param_groups:

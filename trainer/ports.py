@@ -78,7 +78,7 @@ class Controller(Protocol):
         """Its `[adaptive]` options (`trainer.adaptive_config.AdaptiveConfig`): the trainer
         reads `rule` (whether decisions branch) and `drift_key` (the drift a branch reports)."""
 
-    def lr_for(self, prompts: int) -> float:
+    def lr_at(self, prompts: int) -> float:
         """The learning rate the controller gives a batch of `prompts` (a branch's lr)."""
 
     def observe(self, step: int, samples: float, signals: dict,

@@ -39,6 +39,13 @@ def test_adaptive_sim_example_runs_and_compares(tmp_path):
     plan = json.loads(twoclocks("schedule", "sim-demo", "--json", env=env).stdout)
     assert cmp["static_schedule"]["phases"] == plan["phases"]
     assert cmp["static_schedule"]["predicted"] == plan["predicted"]
+    held = json.loads(twoclocks("compare", "sim-demo", "--run", str(rid), "--json",
+                                "--large-lr", "hold", env=env).stdout)["static_schedule"]
+    hold = json.loads(twoclocks("schedule", "sim-demo", "--json", "--large-lr", "hold",
+                                env=env).stdout)
+    assert held["phases"] == hold["phases"] and held["predicted"] == hold["predicted"]
+    assert_one_line_error(twoclocks("compare", "sim-demo", "--run", str(rid), "--large-lr",
+                                    "keep", env=env), "--large-lr 'keep'", "sweep, hold")
     # the run's own clocks, as analyze reads them from its sweep
     own = json.loads(twoclocks("analyze", "sim-adaptive-demo", "--json",
                                f"--target={cmp['target']['value']}", env=env).stdout)

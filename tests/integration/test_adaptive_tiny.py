@@ -29,10 +29,11 @@ CELL = dict(
     max_new_tokens=12,
     threads=2,
     batch_schedule="adaptive",
-    # decisions every 64 samples; kappa large enough that the noise scale moves the batch; no
-    # guard warm-up, so the guard (threshold far below any drift) fires at the first decision
-    adaptive={"batch_min": 2, "batch_max": 8, "adapt_every": 64, "kappa": 0.5,
-              "noise_ema": 0.3, "drift_threshold": 1e-3, "lookahead": 64, "safety": 1.0,
+    # decisions every 64 samples; no guard warm-up, so the guard (threshold far below any
+    # drift) fires at the first decision; rule guard holds batch_min until then, and the lr
+    # stays batch_min's after the jump (grow_lr hold)
+    adaptive={"rule": "guard", "grow_lr": "hold", "batch_min": 2, "batch_max": 8,
+              "adapt_every": 64, "drift_threshold": 1e-3, "lookahead": 64, "safety": 1.0,
               "guard_warmup": 0},
 )
 
@@ -91,6 +92,8 @@ def test_adaptive_run_stores_its_decisions_and_resumes_exactly(tiny_model, tmp_p
     mode = store.load_metric([ref_id], "adaptive_mode")[ref_id]
     assert mode.values[0] == 0 and set(np.unique(mode.values)) == {0.0, 1.0}
     assert prompts[max(prompts)] == CELL["adaptive"]["batch_max"]
+    lr = store.load_metric([ref_id], "lr")[ref_id].values
+    assert np.allclose(lr, CELL["lr"] * (2 / 4) ** 0.5, rtol=1e-6)  # batch_min's, held
     ev_a, ev_b = _events(url, ref_id), _events(url, killed_id)
     assert ev_a == ev_b and len(ev_a) == len(decided.values)  # replayed decisions: not repeated
     assert "failure guard" in ev_a[0] and "drift_rel" in ev_a[0]

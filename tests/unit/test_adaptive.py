@@ -91,6 +91,43 @@ def test_the_guard_does_not_fire_during_its_warm_up(warmup):
     assert out[warmup].prompts == 64
 
 
+def test_rule_guard_holds_the_start_below_b_crit_and_the_guard_keeps_its_lr():
+    """start b_crit: 4 x 2^k prompts x G=4 samples at most B_crit 70 -> 16 prompts (64 samples;
+    32 prompts would be 128). The batch holds until the guard (same drift as the guard test:
+    fires at the second decision), which jumps to batch_max at the starting batch's lr."""
+    cfg = AdaptiveConfig(batch_min=4, batch_max=64, adapt_every=100, rule="guard",
+                         start="b_crit", grow_lr="hold", from_sweep="s", drift_threshold=1.0,
+                         safety=0.8, lookahead=100)
+    ctl = Controller(cfg, G, run_prompts=4, run_lr=0.01, calibration={"b_crit": 70.0})
+    lr16 = 0.01 * math.sqrt(16 / 4)
+    assert ctl.prompts == 16 and ctl.lr == pytest.approx(lr16)
+    out, samples = [], 0
+    for step in range(1, 100):
+        samples += ctl.batch
+        d = ctl.observe(step, samples, _signals(4.0, math.sqrt(0.0025 * samples), ctl.batch))
+        if d is not None:
+            out.append(d)
+        if len(out) == 3:
+            break
+    assert out[0].prompts == 16 and "rule guard: the batch holds" in out[0].reason
+    assert [d.prompts for d in out[1:]] == [64, 64] and out[1].mode == "guard"
+    assert [d.lr for d in out] == pytest.approx([lr16] * 3)
+    # under the scaling rule the same jump takes lr(64) = 0.01 x sqrt(64 / 4)
+    scaled = Controller(cfg.model_copy(update={"grow_lr": "scaled"}), G, 4, 0.01,
+                        calibration={"b_crit": 70.0})
+    assert scaled.lr_at(64) == pytest.approx(0.04) and ctl.lr_at(64) == pytest.approx(lr16)
+    assert ctl.lr_at(8) == pytest.approx(0.01 * math.sqrt(8 / 4))  # below the start: the rule
+
+
+@pytest.mark.parametrize("b_crit, prompts", [(None, 4), (10.0, 4), (16.0, 4), (32.0, 8),
+                                              (1e9, 64)])
+def test_start_b_crit_is_the_largest_doubling_at_or_below_it(b_crit, prompts):
+    from twoclocks_cli.clocks.controller import start_batch
+
+    cfg = AdaptiveConfig(batch_min=4, batch_max=64, start="b_crit", from_sweep="s")
+    assert start_batch(cfg, G, b_crit) == prompts
+
+
 def test_state_round_trip_gives_the_same_decisions():
     rng = np.random.default_rng(0)
     stream = [(float(rng.uniform(10, 500)), float(i) * 1e-3) for i in range(400)]
@@ -118,6 +155,8 @@ def test_state_round_trip_gives_the_same_decisions():
     ({"batch_max": 8, "rule": "probe"}, "adaptive.rule = 'probe'"),
     ({"batch_max": 8, "rule": "branch", "grow_ratio": 0}, "adaptive.grow_ratio = 0"),
     ({"batch_max": 8, "rule": "branch", "branch_samples": 0}, "adaptive.branch_samples = 0"),
+    ({"batch_max": 8, "start": "b_crit"}, "start = \"b_crit\" needs from_sweep"),
+    ({"batch_max": 8, "grow_lr": "sqrt"}, "adaptive.grow_lr = 'sqrt'"),
     ({}, "adaptive.batch_max"),
 ])
 def test_config_errors_are_one_line(table, needle):

@@ -387,7 +387,7 @@ def _brancher(state: SimState, seed: int, ctl, ph: Phase, cap, norm0: float, bud
             trace = []
             for _ in range(int(each // b)):
                 p_before = _progress(br, _loss(br))
-                info = br.step(b, ctl.lr_for(prompts), cap, grad_terms=False)
+                info = br.step(b, ctl.lr_at(prompts), cap, grad_terms=False)
                 loss = float(info.loss[0])
                 trace.append(BranchStep(float(br.samples[0]), loss, float(info.drift[0]),
                                         p_before, _progress(br, loss)))

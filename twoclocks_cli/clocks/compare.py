@@ -274,9 +274,10 @@ def compare_schedule(store, sweep: str, run_id: int, a: Analysis) -> dict:
     }
 
 
-def compare_run(store, sweep: str, run_id: int) -> dict:
+def compare_run(store, sweep: str, run_id: int, large_lr: str = "sweep") -> dict:
     """`twoclocks compare`: run `run_id` (a schedule or adaptive run) beside the constant batches
-    of `sweep` under the sweep's stored analysis, with the static schedule it recommends."""
+    of `sweep` under the sweep's stored analysis, with the static schedule it recommends (its
+    large phase's lr by `large_lr`, as `twoclocks schedule --large-lr`)."""
     from twoclocks_cli.clocks.saved import latest_analysis
 
     name = store.get_sweep(sweep).name
@@ -287,17 +288,17 @@ def compare_run(store, sweep: str, run_id: int) -> dict:
     result = compare_schedule(store, name, run_id, analysis)
     result["kind"] = "adaptive" if (store.get_run(run_id).config or {}).get(
         "batch_schedule") == "adaptive" else "schedule"
-    result["static_schedule"] = static_schedule(analysis)
+    result["static_schedule"] = static_schedule(analysis, large_lr)
     return result
 
 
-def static_schedule(analysis) -> dict:
+def static_schedule(analysis, large_lr: str = "sweep") -> dict:
     """The static schedule `twoclocks schedule` recommends from the analysis: its phases and
     predicted clocks (None with the reason where it cannot schedule)."""
     from twoclocks_cli.clocks.schedule import make_schedule
 
     try:
-        plan = make_schedule(analysis)
+        plan = make_schedule(analysis, large_lr=large_lr)
     except AnalysisError as err:
         return {"phases": [], "predicted": None, "why": str(err)}
     return {"phases": plan["phases"], "predicted": plan["predicted"], "why": None}

@@ -21,7 +21,13 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
   not wait for the change bound: failing is worse than a jolt to Adam's moments. It does not
   fire at the first `guard_warmup` decisions: early drift is the descent from the initial point
   (fast, then saturating), which the random-walk projection would carry forward as if it went on.
-- lr follows the scaling rule from the reference (batch, lr): lr = lr_ref (B / B_ref)^alpha.
+- lr follows the scaling rule from the reference (batch, lr): lr = lr_ref (B / B_ref)^alpha;
+  under `grow_lr = "hold"` a batch above the starting one keeps the starting batch's lr.
+
+With `rule = "guard"` the progress phase holds the starting batch (`start = "b_crit"`: the
+largest doubling of batch_min at or below the sweep's B_crit) and only the guard moves it: the
+two-clock schedule with the switch timed by the run's own drift instead of the sweep's
+failure clock.
 
 With `rule = "branch"` the progress phase measures instead of trusting B_noise: at each decision
 the backend runs two short branches (B and 2B) from the run's state (`observe`'s `brancher`);
@@ -108,6 +114,7 @@ class ControllerState:
     drift_threshold: float | None = None
     calibration: dict = field(default_factory=dict)
     keeps: int = 0  # rule branch: decisions in a row that kept the batch (the back-off)
+    start_prompts: int | None = None  # the first steps' batch (grow_lr hold's lr cap)
 
 
 class Controller:
@@ -126,11 +133,12 @@ class Controller:
         kappa = cfg.kappa if cfg.kappa is not None else cal.get("kappa", 1.0)
         thr = cfg.drift_threshold if cfg.drift_threshold is not None else cal.get(
             "drift_threshold")
-        start = cfg.start_prompts or cfg.batch_min
+        start = cfg.start_prompts or start_batch(cfg, self.group_size, cal.get("b_crit"))
         self.state = ControllerState(prompts=start, lr=self.lr_for(start),
                                      next_decision=float(cfg.adapt_every), kappa=float(kappa),
                                      drift_threshold=None if thr is None else float(thr),
-                                     calibration=dict(cal), last_drift_samples=0.0)
+                                     calibration=dict(cal), last_drift_samples=0.0,
+                                     start_prompts=start)
 
     # -- what the loop reads ---------------------------------------------------------------
 
@@ -158,6 +166,12 @@ class Controller:
     def lr_for(self, prompts: int) -> float:
         """lr at `prompts` by the scaling rule from the reference (batch, lr)."""
         return self.ref_lr * (prompts / self.ref_prompts) ** SCALING[self.cfg.scaling]
+
+    def lr_at(self, prompts: int) -> float:
+        """The lr a batch of `prompts` runs at (a branch's too): the scaling rule's, capped
+        under grow_lr "hold" at the starting batch's."""
+        cap = self.state.start_prompts if self.cfg.grow_lr == "hold" else None
+        return self.lr_for(prompts if cap is None else min(prompts, cap))
 
     def to_dict(self) -> dict:
         """The state for a checkpoint (restore with Controller(..., state=this))."""
@@ -233,6 +247,10 @@ class Controller:
                    f"{s.drift_rate:.3g}/sample x {cfg.lookahead}) = {projected:.4g} >= "
                    f"{cfg.safety:g} x threshold "
                    f"{s.drift_threshold:.4g}: batch_max, kept from here")
+        elif cfg.rule == "guard":
+            why = "rule guard: the batch holds until the failure guard moves it"
+            if limit is None:
+                why += " (no drift_threshold: it never will)"
         elif cfg.rule == "branch":
             why = self._branch_decision(brancher, limit, warm, signals)
             # branching costs samples: while the batch holds, branch half as often each time
@@ -242,7 +260,7 @@ class Controller:
             s.prompts, why = self._progress_batch(s.prompts)
             if warm and limit is not None:
                 why += f" (guard warm-up: decision {s.decisions + 1} of {cfg.guard_warmup})"
-        s.lr = self.lr_for(s.prompts)
+        s.lr = self.lr_at(s.prompts)
         s.decisions += 1
         reason = (f"adaptive decision {s.decisions} at {samples:,.0f} samples (step {step}): "
                   f"{old_p} -> {s.prompts} prompts ({old_p * self.group_size} -> "
@@ -351,6 +369,18 @@ class Controller:
         return new, (f"overhead {cfg.overhead:g} x kappa {s.kappa:.3g} x B_noise "
                      f"{s.b_noise:.4g} = {want:.4g} samples = "
                      f"{goal:.3g} prompts{bound}")
+
+
+def start_batch(cfg: AdaptiveConfig, group_size: int, b_crit: float | None) -> int:
+    """The first steps' batch (prompts) by `cfg.start`: batch_min, or the largest
+    batch_min x 2^k within batch_max whose samples are at most `b_crit` (batch_min without
+    one, or when even batch_min is above it)."""
+    p = cfg.batch_min
+    if cfg.start != "b_crit" or not b_crit or not math.isfinite(b_crit):
+        return p
+    while 2 * p <= cfg.batch_max and 2 * p * group_size <= b_crit:
+        p *= 2
+    return p
 
 
 def decision_metrics(d: Decision) -> dict:

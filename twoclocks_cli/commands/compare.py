@@ -57,15 +57,22 @@ def compare(
     sweep: Annotated[str, typer.Argument(help="The sweep of constant-batch runs.")],
     run: Annotated[int, typer.Option("--run", help="Id of the schedule or adaptive run (see "
                                                    "`twoclocks runs list`).")],
+    large_lr: Annotated[str, typer.Option(
+        "--large-lr", help="The static schedule's large-phase lr, as `twoclocks schedule "
+        "--large-lr`: sweep or hold.")] = "sweep",
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Both clocks of a schedule or adaptive run beside the sweep's constant-batch clocks and the
     static schedule it recommends (same options)."""
     from twoclocks_cli.clocks.compare import compare_run
+    from twoclocks_cli.clocks.schedule import LARGE_LR
+    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
-    result = compare_run(Store.open(db), sweep, run)
+    if large_lr not in LARGE_LR:
+        raise ConfigError(f"--large-lr {large_lr!r}: must be one of {', '.join(LARGE_LR)}")
+    result = compare_run(Store.open(db), sweep, run, large_lr=large_lr)
     if as_json:
         from twoclocks_cli.render.jsonout import print_json
 
@@ -75,13 +82,15 @@ def compare(
 
 
 def merged_phases(phases: list[dict]) -> list[dict]:
-    """Consecutive phases with the same batch and lr as one (an adaptive run's decisions that
-    kept the batch)."""
+    """Consecutive phases with the same batch as one (an adaptive run's decisions that kept
+    the batch), its lr the last one's: the controller's lr follows the batch, so within one
+    batch only an lr warm-up moves it, and the lr it reached is the one to show."""
     out: list[dict] = []
     for p in phases:
         last = out[-1] if out else None
-        if last and (last["prompts_per_batch"], last["lr"]) == (p["prompts_per_batch"], p["lr"]):
+        if last and last["prompts_per_batch"] == p["prompts_per_batch"]:
             last["to_samples"], last["steps"] = p["to_samples"], last["steps"] + p["steps"]
+            last["lr"] = p["lr"]
         else:
             out.append(dict(p))
     return out
