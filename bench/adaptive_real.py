@@ -36,13 +36,15 @@ TC = str(ROOT / ".venv" / "bin" / "twoclocks")
 SWEEP = "tiny-arith"
 ADAPTIVE = ROOT / "examples" / "tiny-arith-adaptive.toml"
 GROUP = 8  # the demo's group size: samples per prompt
-# the example's own settings are rule guard's; the other rules start at batch_min and take each
-# batch's sqrt lr, as they were designed (1,024-sample branches, at most 4x back-off)
+# the example's own settings are rule guard's; the other rules as they were designed: from
+# batch_min, each batch at its sqrt lr, no sweep calibration (so no drift guard: with the
+# sweep's threshold the branch rule's guard jumps to 2,048 samples at its sqrt lr, and both
+# seeds collapsed after it), 1,024-sample branches, at most 4x back-off
+FREE = {"start": "batch_min", "grow_lr": "scaled", "from_sweep": None}
 RULES = {
     "guard": {},
-    "branch": {"rule": "branch", "start": "batch_min", "grow_lr": "scaled",
-               "branch_samples": 1024, "max_backoff": 2},
-    "noise": {"rule": "noise", "start": "batch_min", "grow_lr": "scaled", "kappa": 0.5},
+    "branch": {"rule": "branch", **FREE, "branch_samples": 1024, "max_backoff": 2},
+    "noise": {"rule": "noise", **FREE, "kappa": 0.5},
 }
 
 
@@ -56,7 +58,8 @@ def sh(*args: str, env: dict | None = None) -> str:
 
 
 def with_keys(text: str, top: dict, adaptive: dict | None = None) -> str:
-    """A TOML config with top-level keys (before the first table) and [adaptive] keys set."""
+    """A TOML config with top-level keys (before the first table) and [adaptive] keys set; a
+    None value removes the [adaptive] key."""
     head, sep, tail = text.partition("\n[")
     for key, value in top.items():
         line = f"{key} = {json.dumps(value)}"
@@ -65,6 +68,9 @@ def with_keys(text: str, top: dict, adaptive: dict | None = None) -> str:
             head += f"\n{line}"
     tail = sep + tail
     for key, value in (adaptive or {}).items():
+        if value is None:
+            tail = re.sub(rf"(?m)^{key}\s*=.*\n", "", tail)
+            continue
         line = f"{key} = {json.dumps(value)}"
         tail, n = re.subn(rf"(?m)^{key}\s*=.*$", line, tail)
         if not n:
@@ -102,7 +108,8 @@ def interval(est: dict) -> str:
     """A per-batch estimate of the analysis: median [low, high], or its lower bound."""
     if est["median"] is None:
         return f">= {est['lower_bound']:,.0f}" if est.get("lower_bound") else "never"
-    return f"{est['median']:,.0f} [{est['low']:,.0f}, {est['high']:,.0f}]"
+    lo, hi = (("-" if x is None else f"{x:,.0f}") for x in (est["low"], est["high"]))
+    return f"{est['median']:,.0f} [{lo}, {hi}]"  # "-": the interval is open there
 
 
 def main() -> None:
