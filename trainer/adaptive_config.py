@@ -65,11 +65,12 @@ class AdaptiveConfig(BaseModel):
                            "(also the failure guard's batch).")
     start_prompts: int | None = Field(
         None, gt=0, description="Batch of the first steps, in prompts (None: by `start`).")
-    start: Literal["batch_min", "b_crit"] = Field(
-        "batch_min", description="Where the first steps run when start_prompts is not given. "
-        "batch_min; or b_crit: the largest batch_min x 2^k (up to batch_max) at or below "
-        "from_sweep's recommended B_crit, where progress per sample is still near its best "
-        "(batch_min when the sweep recommends none).")
+    start: Literal["batch_min", "best", "b_crit"] = Field(
+        "batch_min", description="Where the first steps run when start_prompts is not given: "
+        "batch_min, or the largest batch_min x 2^k (up to batch_max) at or below a batch of "
+        "from_sweep's (batch_min when it has none). best: its batch with the fewest samples to "
+        "the target (median over seeds); b_crit: its recommended B_crit, which costs up to 2x "
+        "the fewest samples by definition (1.4-1.9x on the theory model's settings).")
     grow_lr: Literal["scaled", "hold"] = Field(
         "scaled", description="The lr of a batch above the starting one. scaled: the scaling "
         "rule's; hold: the starting batch's (below it the rule's still applies). On the tiny "
@@ -104,9 +105,9 @@ class AdaptiveConfig(BaseModel):
                 self.batch_min <= self.start_prompts <= self.batch_max):
             raise ValueError(f"start_prompts ({self.start_prompts}) must lie in [batch_min, "
                              f"batch_max] = [{self.batch_min}, {self.batch_max}]")
-        if self.start == "b_crit" and self.from_sweep is None:
-            raise ValueError("start = \"b_crit\" needs from_sweep (the analysed sweep whose "
-                             "B_crit it starts below)")
+        if self.start != "batch_min" and self.from_sweep is None:
+            raise ValueError(f"start = \"{self.start}\" needs from_sweep (the analysed sweep "
+                             "whose batch it starts at)")
         return self
 
     @classmethod

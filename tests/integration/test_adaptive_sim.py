@@ -1,8 +1,9 @@
 """The adaptive controller on the theory model, against a constant-batch 16x grid and the static
 schedule `twoclocks schedule` recommends from it, at four Adam settings (lr0 0.02 with and without
 the per-step cap 0.05; lr0 0.03 without it; see the fourth below) where the smallest batch is
-best, and one SGD setting where it is not (B = 4 never reaches the target, B = 8 is best). Both
-rules: the noise scale (model's values, calibrated) and branching B vs 2B (rule "branch").
+best, and one SGD setting where it is not (B = 4 never reaches the target, B = 8 is best). Three
+rules: the noise scale (model's values, calibrated), branching B vs 2B (rule "branch"), and the
+sweep's fastest batch held until the drift guard (rule "guard", calibrated).
 
 Grid: 1..16 prompts x 4 (4..64 samples), 3 seeds, sqrt lr scaling, 20k samples, sim
 drift_threshold 8 (failure = the drift rule at 8 on drift_abs), target 0.95 eval accuracy. The
@@ -226,3 +227,14 @@ def test_the_failure_guard_keeps_the_run_alive(setting):
     print(figures)
     assert fail >= static_fail > free_fail, figures
     assert prog <= 1.1 * min(p for p, _ in row["constant"].values()), figures
+
+
+def test_the_guard_rule_from_the_sweeps_fastest_batch(setting):
+    """rule "guard" calibrated from the sweep: it starts at the sweep's batch fastest to the
+    target (`start = "best"`), holds it, and the drift guard switches it to batch_max at the
+    held lr. Same bar as the other rules: within 1.1x the best constant's samples to the target
+    and failing no earlier than the static schedule (medians of 3)."""
+    fast, late, figures = _check(setting, "guard-rule", {"rule": "guard", "start": "best",
+                                                         "grow_lr": "hold",
+                                                         "from_sweep": "const"})
+    assert fast and late, figures

@@ -29,7 +29,9 @@ def test_thirty_writers_on_nine_connections_and_a_restart_lose_nothing(small_ser
     ids = make_runs(url, 30, "load")
 
     def restart_midway():
-        time.sleep(4.0)  # the writers are connecting and flushing by now
+        # once every writer has reached the server (its first flush landed): a process whose
+        # first connection meets a stopped server is a wrong address to it, and fails fast
+        _wait_for_every_writer(url, ids, deadline=time.monotonic() + 120)
         small_server.restart(down_s=2.0)
 
     t = threading.Thread(target=restart_midway)
@@ -40,6 +42,27 @@ def test_thirty_writers_on_nine_connections_and_a_restart_lose_nothing(small_ser
     assert result.rows_found == result.rows_expected == 30 * 400 * 5
     assert result.duplicates == 0
     assert result.retries > 0  # the limit and the restart were really hit (and waited out)
+
+
+def _wait_for_every_writer(url: str, ids: list[int], deadline: float) -> None:
+    """Until rows of every run in `ids` are in the store (or the deadline passes); a refused
+    or full connection is retried, as the writers' own are."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    query = text("SELECT count(DISTINCT run_id) FROM metrics WHERE run_id = ANY(:ids)")
+    try:
+        while time.monotonic() < deadline:
+            try:
+                with engine.connect() as conn:
+                    if conn.execute(query, {"ids": list(ids)}).scalar() >= len(ids):
+                        return
+            except Exception:  # the server is full: the writers hold every slot
+                pass
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
 
 
 def test_a_wrong_address_still_fails_fast(small_server):

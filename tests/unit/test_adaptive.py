@@ -110,6 +110,7 @@ def test_rule_guard_holds_the_start_below_b_crit_and_the_guard_keeps_its_lr():
         if len(out) == 3:
             break
     assert out[0].prompts == 16 and "rule guard: the batch holds" in out[0].reason
+    assert out[0].signals["sweep_b_crit"] == 70.0 and "sweep_b_crit" not in out[1].signals
     assert [d.prompts for d in out[1:]] == [64, 64] and out[1].mode == "guard"
     assert [d.lr for d in out] == pytest.approx([lr16] * 3)
     # under the scaling rule the same jump takes lr(64) = 0.01 x sqrt(64 / 4)
@@ -117,6 +118,25 @@ def test_rule_guard_holds_the_start_below_b_crit_and_the_guard_keeps_its_lr():
                         calibration={"b_crit": 70.0})
     assert scaled.lr_at(64) == pytest.approx(0.04) and ctl.lr_at(64) == pytest.approx(lr16)
     assert ctl.lr_at(8) == pytest.approx(0.01 * math.sqrt(8 / 4))  # below the start: the rule
+
+
+def test_the_trajectory_reads_a_guard_decision_as_the_sweeps_b_crit():
+    """The report's local B_crit at a guard-rule decision is the sweep's, logged with it; at a
+    decision of the failure guard there is none (and it says why)."""
+    from twoclocks_cli.clocks.trajectory import _local
+
+    cols = {"adaptive_branch_gain_ratio": {}, "adaptive_sweep_b_crit": {4: 966.0}}
+    assert _local(cols, 4, 512.0, "guard") == (966.0, "the sweep's B_crit (rule guard holds "
+                                                      "the batch below it)")
+    est, why = _local(cols, 8, 2048.0, "guard")
+    assert est is None and "no estimate" in why
+
+
+def test_start_best_starts_at_the_sweeps_fastest_batch_not_its_b_crit():
+    cfg = AdaptiveConfig(batch_min=4, batch_max=64, start="best", from_sweep="s")
+    ctl = Controller(cfg, G, run_prompts=4, run_lr=0.01,
+                     calibration={"best_batch": 32.0, "b_crit": 1e9})
+    assert ctl.prompts == 8 and ctl.state.start_prompts == 8  # 8 prompts x G = 32 samples
 
 
 @pytest.mark.parametrize("b_crit, prompts", [(None, 4), (10.0, 4), (16.0, 4), (32.0, 8),
@@ -184,6 +204,18 @@ def test_calibration_reads_the_analysis():
     cal = calibration_of(Analysis.from_json(result), AdaptiveConfig(batch_max=4, from_sweep="s"),
                          drifts.get)
     assert cal["kappa"] == pytest.approx(0.25) and cal["drift_threshold"] == pytest.approx(1.2)
+    assert cal["best_batch"] is None  # no batches in this analysis
+
+
+def test_calibration_names_the_batch_fastest_to_the_target():
+    """best_batch: the batch with the smallest median progress clock; a batch whose median
+    seed never reached the target (median None) is not a candidate."""
+    agg = {"n": 2, "n_censored": 0, "low": None, "high": None, "lower_bound": None, "note": ""}
+    batches = [{"batch_samples": b, "progress": {**agg, "median": m}}
+               for b, m in ((128.0, 9170.0), (512.0, 5260.0), (2048.0, None))]
+    cal = calibration_of(Analysis.from_json({"batches": batches, "runs": []}),
+                         AdaptiveConfig(batch_max=4, from_sweep="s"), {}.get)
+    assert cal["best_batch"] == 512.0
 
 
 def test_calibration_takes_the_noise_scale_of_the_smallest_batch():

@@ -24,10 +24,10 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
 - lr follows the scaling rule from the reference (batch, lr): lr = lr_ref (B / B_ref)^alpha;
   under `grow_lr = "hold"` a batch above the starting one keeps the starting batch's lr.
 
-With `rule = "guard"` the progress phase holds the starting batch (`start = "b_crit"`: the
-largest doubling of batch_min at or below the sweep's B_crit) and only the guard moves it: the
-two-clock schedule with the switch timed by the run's own drift instead of the sweep's
-failure clock.
+With `rule = "guard"` the progress phase holds the starting batch (`start = "best"`: the
+largest doubling of batch_min at or below the sweep's fastest batch to the target; or
+"b_crit") and only the guard moves it: the two-clock schedule with the switch timed by the run's
+own drift instead of the sweep's failure clock.
 
 With `rule = "branch"` the progress phase measures instead of trusting B_noise: at each decision
 the backend runs two short branches (B and 2B) from the run's state (`observe`'s `brancher`);
@@ -133,7 +133,8 @@ class Controller:
         kappa = cfg.kappa if cfg.kappa is not None else cal.get("kappa", 1.0)
         thr = cfg.drift_threshold if cfg.drift_threshold is not None else cal.get(
             "drift_threshold")
-        start = cfg.start_prompts or start_batch(cfg, self.group_size, cal.get("b_crit"))
+        start = cfg.start_prompts or start_batch(cfg, self.group_size, cal.get(
+            {"best": "best_batch", "b_crit": "b_crit"}.get(cfg.start, "")))
         self.state = ControllerState(prompts=start, lr=self.lr_for(start),
                                      next_decision=float(cfg.adapt_every), kappa=float(kappa),
                                      drift_threshold=None if thr is None else float(thr),
@@ -248,6 +249,8 @@ class Controller:
                    f"{cfg.safety:g} x threshold "
                    f"{s.drift_threshold:.4g}: batch_max, kept from here")
         elif cfg.rule == "guard":
+            # the batch it holds comes from the sweep's B_crit: logged as the decision's reading
+            signals["sweep_b_crit"] = s.calibration.get("b_crit")
             why = "rule guard: the batch holds until the failure guard moves it"
             if limit is None:
                 why += " (no drift_threshold: it never will)"
@@ -371,14 +374,14 @@ class Controller:
                      f"{goal:.3g} prompts{bound}")
 
 
-def start_batch(cfg: AdaptiveConfig, group_size: int, b_crit: float | None) -> int:
-    """The first steps' batch (prompts) by `cfg.start`: batch_min, or the largest
-    batch_min x 2^k within batch_max whose samples are at most `b_crit` (batch_min without
-    one, or when even batch_min is above it)."""
+def start_batch(cfg: AdaptiveConfig, group_size: int, below: float | None) -> int:
+    """The first steps' batch (prompts): the largest batch_min x 2^k within batch_max whose
+    samples are at most `below` (the sweep's batch that `cfg.start` names); batch_min without
+    one, or when even batch_min is above it."""
     p = cfg.batch_min
-    if cfg.start != "b_crit" or not b_crit or not math.isfinite(b_crit):
+    if cfg.start == "batch_min" or not below or not math.isfinite(below):
         return p
-    while 2 * p <= cfg.batch_max and 2 * p * group_size <= b_crit:
+    while 2 * p <= cfg.batch_max and 2 * p * group_size <= below:
         p *= 2
     return p
 
@@ -503,7 +506,10 @@ def calibration_of(a, cfg: AdaptiveConfig, drift_of) -> dict:
     if noise is None:
         noise = (crit.noise_scale if euclidean else crit.sign_noise_scale).value
         where = "of all runs"
-    out: dict = {"from_sweep": cfg.from_sweep, "b_crit": rec, "noise_scale": noise}
+    reached = [b for b in a.batches if b.progress.median is not None]
+    best = min(reached, key=lambda b: b.progress.median).batch_samples if reached else None
+    out: dict = {"from_sweep": cfg.from_sweep, "b_crit": rec, "best_batch": best,
+                 "noise_scale": noise}
     if rec and noise and noise > 0 and math.isfinite(noise):
         out["kappa"] = float(rec) / float(noise)
         out["kappa_why"] = (f"recommended B_crit {rec:.4g} / median {key} {noise:.4g} {where}")

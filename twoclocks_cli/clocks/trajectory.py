@@ -19,7 +19,7 @@ import numpy as np
 
 DECISION_KEYS = ("adaptive_decision", "adaptive_next_prompts", "adaptive_b_noise",
                  "adaptive_kappa", "adaptive_branch_gain_ratio", "adaptive_branch_gain_b",
-                 "adaptive_mode")
+                 "adaptive_mode", "adaptive_sweep_b_crit")
 
 
 def b_crit_from_ratio(batch: float, ratio: float) -> float | None:
@@ -39,7 +39,7 @@ class Decision:
     next_batch: float | None
     mode: str
     local_b_crit: float | None
-    how: str  # "kappa x B_noise", "branch gain ratio r", or why there is none
+    how: str  # "kappa x B_noise", "branch gain ratio r", the sweep's B_crit, or why none
 
 
 @dataclass
@@ -87,6 +87,11 @@ def trajectory(store, run_id: int) -> Trajectory:
 def _local(cols: dict, step: int, batch: float, rule: str) -> tuple[float | None, str]:
     """The local B_crit at a decision and how it was read (`rule`: the run's adaptive.rule)."""
     ratio = cols["adaptive_branch_gain_ratio"].get(step)
+    if rule == "guard":
+        sweep = cols["adaptive_sweep_b_crit"].get(step)
+        if sweep is None:
+            return None, "rule guard: no estimate (in the guard, or no sweep B_crit)"
+        return sweep, "the sweep's B_crit (rule guard holds the batch below it)"
     if rule == "branch":
         if step not in cols["adaptive_branch_gain_b"]:
             return None, "no branches at this decision (at batch_max, or the guard): no estimate"
