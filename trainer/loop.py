@@ -7,7 +7,7 @@ slice of the global prompt batch, accelerate's DDP sums the gradients across ran
 (`trainer.dist`), rank 0 writes metrics and checkpoints). What it writes to, the adaptive
 controller and the checkpoints' owner are handed in (`trainer.ports`): the trainer knows no
 store and no CLI. A branch-rule decision of the controller runs short branches of the same step
-from an in-memory copy of the state (`trainer.snapshot`) and continues from the kept one.
+from an in-memory copy of the state and continues from the kept one (`trainer.inrun_branch`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer import checkpoint, grpo, sampler, sharding, snapshot
+from trainer import checkpoint, grpo, inrun_branch, sampler, sharding
 from trainer import metrics as M
 from trainer.branch import Branch, stream_seeds
 from trainer.config import TrainConfig
@@ -34,7 +34,7 @@ from trainer.data import (
 )
 from trainer.dist import Dist, setup_dist
 from trainer.ownership import CheckpointOwner
-from trainer.ports import BranchResult, Controller, ControllerFactory, MetricSink, Owner
+from trainer.ports import Controller, ControllerFactory, MetricSink, Owner
 from trainer.rng import private_torch_rng
 from trainer.scorer import make_scorer
 from trainer.update import (
@@ -592,95 +592,9 @@ def _train_step(run: Run, phase, phase_index: int) -> tuple[dict, Batch]:
     return step_metrics(run, batch, st, phase, phase_index, t0), batch
 
 
-def _adapt(run: Run, values: dict, branches: dict):
-    """Feed the step to the adaptive controller (its decision's metrics join `values`). A
-    branch-rule decision runs its branches here (`_brancher`); they land in `branches`, and the
-    run is left as it was, for this step's evaluation and row, until `_adopt`."""
-    if run.ctl is None:
-        return None
-    values.update(run.ctl.mode_metrics())
-    brancher = _brancher(run, branches) if run.ctl.cfg.rule == "branch" else None
-    decision = run.ctl.observe(run.step, run.samples, values, brancher)
-    if decision is not None:
-        values.update(decision.metrics())
-    return decision
-
-
-@dataclass
-class _Branch:
-    """One in-run branch: its end state (None: it diverged), its steps' rows (step, samples,
-    values) and what it spent."""
-
-    end: snapshot.Snapshot | None
-    rows: list
-    samples: int
-
-
-def _brancher(run: Run, out: dict):
-    """The branch runner of a rule-"branch" decision after this step: each batch continues a
-    copy of the run's state for the same samples, from the same data position and random
-    streams, at the controller's lr for that batch. Its gain is the held-out accuracy after it
-    minus before, both sampled with one seed (this step's evaluation seed), so the branches
-    are compared on the same draws. None when the budget cannot pay for every branch."""
-    def run_branches(tried: list[int], each: int):
-        cfg = run.cfg
-        if run.samples + len(tried) * each > cfg.sample_budget:
-            return None
-        seed_step = run.step
-        acc0 = evaluate(run.engine, run.reward_fn, run.held, cfg, run.tok, seed_step)
-        start = snapshot.take(run)
-        results = []
-        for prompts in tried:
-            snapshot.put(run, start)
-            _sync_engine(run)
-            phase = cfg.phase_at(run.samples)[1].model_copy(update={
-                "prompts_per_batch": prompts, "lr": run.ctl.lr_at(prompts),
-                "until_samples": None})
-            phase = _warmed(run, phase)
-            for group in run.opt.param_groups:
-                group["lr"] = phase.lr
-            rows = []
-            try:
-                while run.samples - start.samples < each:
-                    values, _ = _train_step(run, phase, run.ctl.decisions + 1)
-                    rows.append((run.step, run.samples, values))
-            except Diverged:
-                # a diverged branch loses the decision and is charged its whole allowance
-                out[prompts] = _Branch(None, [], each)
-                results.append(BranchResult(prompts, float(each), math.nan, math.nan))
-                continue
-            acc = evaluate(run.engine, run.reward_fn, run.held, cfg, run.tok, seed_step)
-            rows[-1][2].update(eval_accuracy=acc, eval_n=len(run.held))
-            out[prompts] = _Branch(snapshot.take(run), rows, run.samples - start.samples)
-            results.append(BranchResult(prompts, float(each), acc - acc0,
-                                        float(rows[-1][2][run.ctl.cfg.drift_key])))
-        snapshot.put(run, start)
-        _sync_engine(run)
-        if all(b.end is None for b in out.values()):
-            raise Diverged(f"every branch diverged ({', '.join(map(str, tried))} prompts)")
-        return results
-
-    return run_branches
-
-
-def _adopt(run: Run, branches: dict, chosen: int) -> None:
-    """Continue from the chosen batch's branch, logging its steps as the run's rows; every
-    other branch's samples are charged to the run's clock first, as if spent before it. A
-    decision that chose a batch no branch ran (the failure guard's jump) continues from the
-    decision's state with every branch's samples charged."""
-    spent = sum(b.samples for b in branches.values())
-    kept = branches.get(chosen)
-    if kept is None or kept.end is None:
-        run.samples += spent
-        return
-    charged = spent - kept.samples
-    snapshot.put(run, kept.end)
-    _sync_engine(run)
-    run.samples += charged
-    for step, samples, values in kept.rows:
-        values.update(run.ctl.mode_metrics())
-        run.log(step, samples + charged, values)
-    run.flush()
+def _steps() -> inrun_branch.LoopSteps:
+    """This loop's step pieces for the in-run branches (looked up at each call)."""
+    return inrun_branch.LoopSteps(_train_step, evaluate, _sync_engine, _warmed)
 
 
 def _eval_due(cfg: TrainConfig, samples: int, n_all: int) -> bool:
@@ -743,7 +657,7 @@ def train(
             phase_index, phase = _phase(run)
             values, batch = _train_step(run, phase, phase_index)
             branches: dict = {}
-            decision = _adapt(run, values, branches)
+            decision = inrun_branch.adapt(run, values, branches, _steps())
             eval_acc = None
             if _eval_due(cfg, run.samples, batch.n_all) and dist.rank == 0:
                 eval_acc = values["eval_accuracy"] = evaluate(
@@ -759,7 +673,7 @@ def train(
                 on_step(Progress(run.step, run.samples, cfg.sample_budget, batch.r_mean,
                                  values["accuracy"], eval_acc))
             if branches:
-                _adopt(run, branches, decision.prompts)
+                inrun_branch.adopt(run, branches, decision.prompts, _steps())
 
             # --- 7. checkpoint ----------------------------------------------------------------
             if _checkpoint_due(cfg, run.step, run.samples) or branches:
