@@ -29,6 +29,19 @@ def _ctl(**kw) -> Controller:
     return Controller(cfg, G, run_prompts=4, run_lr=0.01)
 
 
+def _first_decisions(ctl: Controller, n: int, drift) -> list:
+    """Step `ctl` at its own batch, with B_noise 4 and drift_rel = drift(samples), until it has
+    taken `n` decisions."""
+    out, samples, step = [], 0, 0
+    while len(out) < n:
+        step += 1
+        samples += ctl.batch
+        d = ctl.observe(step, samples, _signals(4.0, drift(samples), ctl.batch))
+        if d is not None:
+            out.append(d)
+    return out
+
+
 def test_progress_phase_follows_kappa_times_the_noise_scale_within_the_change_bound():
     ctl = _ctl(kappa=0.5, noise_ema=1.0, batch_min=2, max_change=2.0)
     assert ctl.prompts == 2 and ctl.lr == pytest.approx(0.01 * math.sqrt(2 / 4))
@@ -56,15 +69,7 @@ def test_progress_phase_follows_kappa_times_the_noise_scale_within_the_change_bo
 def test_the_guard_fires_on_the_projected_drift_and_holds_batch_max():
     ctl = _ctl(kappa=0.01, noise_ema=1.0, drift_threshold=1.0, safety=0.8, lookahead=100)
     # drift^2 grows 0.0025 per sample: from 0 at sample 0, 0.5 at 100 (0.25 = d^2 at 100 samples)
-    out = []
-    samples = 0
-    for step in range(1, 200):
-        samples += ctl.batch
-        d = ctl.observe(step, samples, _signals(4.0, math.sqrt(0.0025 * samples), ctl.batch))
-        if d is not None:
-            out.append(d)
-        if len(out) == 3:
-            break
+    out = _first_decisions(ctl, 3, lambda samples: math.sqrt(0.0025 * samples))
     # first decision at 100: d^2 = 0.25, rate 0.0025 -> sqrt(0.25 + 0.25) = 0.707 < 0.8
     assert out[0].mode == "progress" and out[0].signals["drift_projected"] == pytest.approx(
         math.sqrt(0.5), rel=1e-6)
@@ -79,13 +84,7 @@ def test_the_guard_does_not_fire_during_its_warm_up(warmup):
     warmup + 1, the decisions before it stay in the progress phase and say why."""
     ctl = _ctl(kappa=0.01, noise_ema=1.0, drift_threshold=1.0, lookahead=100,
                guard_warmup=warmup)
-    out, samples, step = [], 0, 0
-    while len(out) < 3:
-        step += 1
-        samples += ctl.batch
-        d = ctl.observe(step, samples, _signals(4.0, 0.9 + 1e-4 * samples, ctl.batch))
-        if d is not None:
-            out.append(d)
+    out = _first_decisions(ctl, 3, lambda samples: 0.9 + 1e-4 * samples)
     assert [d.mode for d in out] == ["progress"] * warmup + ["guard"] * (3 - warmup)
     assert all("guard warm-up" in d.reason for d in out[:warmup])
     assert out[warmup].prompts == 64
@@ -101,14 +100,7 @@ def test_rule_guard_holds_the_start_below_b_crit_and_the_guard_keeps_its_lr():
     ctl = Controller(cfg, G, run_prompts=4, run_lr=0.01, calibration={"b_crit": 70.0})
     lr16 = 0.01 * math.sqrt(16 / 4)
     assert ctl.prompts == 16 and ctl.lr == pytest.approx(lr16)
-    out, samples = [], 0
-    for step in range(1, 100):
-        samples += ctl.batch
-        d = ctl.observe(step, samples, _signals(4.0, math.sqrt(0.0025 * samples), ctl.batch))
-        if d is not None:
-            out.append(d)
-        if len(out) == 3:
-            break
+    out = _first_decisions(ctl, 3, lambda samples: math.sqrt(0.0025 * samples))
     assert out[0].prompts == 16 and "rule guard: the batch holds" in out[0].reason
     assert out[0].signals["sweep_b_crit"] == 70.0 and "sweep_b_crit" not in out[1].signals
     assert [d.prompts for d in out[1:]] == [64, 64] and out[1].mode == "guard"

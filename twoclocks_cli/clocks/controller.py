@@ -53,6 +53,8 @@ from twoclocks_cli.core.errors import ConfigError
 SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
 DRIFT_KEYS = ("drift_rel", "drift_abs", "kl_init")
 MODES = {"progress": 0, "guard": 1}
+# the calibration key of the sweep's batch each `start` begins at or below
+START_KEY = {"best": "best_batch", "b_crit": "b_crit"}
 # the branch rule grows for the failure clock only where drift^2 per sample falls at least this
 # steeply with the batch (a power-law slope): where it is flat (Adam under sqrt scaling without a
 # cap) a larger batch does not delay failure, and a noisy slope near 0 must not move the batch
@@ -133,8 +135,8 @@ class Controller:
         kappa = cfg.kappa if cfg.kappa is not None else cal.get("kappa", 1.0)
         thr = cfg.drift_threshold if cfg.drift_threshold is not None else cal.get(
             "drift_threshold")
-        start = cfg.start_prompts or start_batch(cfg, self.group_size, cal.get(
-            {"best": "best_batch", "b_crit": "b_crit"}.get(cfg.start, "")))
+        start = cfg.start_prompts or start_batch(cfg, self.group_size,
+                                                 cal.get(START_KEY.get(cfg.start, "")))
         self.state = ControllerState(prompts=start, lr=self.lr_for(start),
                                      next_decision=float(cfg.adapt_every), kappa=float(kappa),
                                      drift_threshold=None if thr is None else float(thr),
