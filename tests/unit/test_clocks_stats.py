@@ -162,3 +162,26 @@ def test_empirical_b_crit_on_a_known_curve_wall_and_falling_clocks():
     falling = {8: [None] * 3, 16: [900.0, 950.0, 1000.0], 32: [700.0, 720.0, 740.0]}
     f = empirical(falling, rng, 50)
     assert f.bound == "lower" and f.b_crit == 32
+
+
+def test_a_slope_interval_that_excludes_one_hypothesis_is_decisive_against_it():
+    """Exclusion of 0 +- m (or 1 +- m) is decided apart from the other edge: the three
+    intervals below were once all called inconclusive."""
+    from twoclocks_cli.clocks.stats import _verdict
+
+    assert _verdict(0.63, 0.80).startswith("not invariant per sample")
+    assert _verdict(0.8, 1.4).startswith("not invariant per sample")
+    assert _verdict(0.0004, 0.26).startswith("not invariant per step")
+    assert _verdict(-0.1, 0.2).startswith("invariant per sample")
+    assert _verdict(0.8, 1.2).startswith("invariant per step")
+    assert _verdict(0.3, 0.7).startswith("neither")
+    assert _verdict(-0.3, 0.9).startswith("inconclusive")  # overlaps both margins
+
+
+def test_the_slope_verdict_on_clocks_with_a_known_slope_of_0_7():
+    """N_fail = c B^0.7 with 1% scatter: the fitted interval sits near 0.7, so the verdict must
+    reject per-sample invariance (and per-step too)."""
+    b = [16, 16, 32, 32, 64, 64, 128, 128]
+    fit = slope_test(b, [100.0 * x**0.7 * (1 + 0.01 * (i % 2)) for i, x in enumerate(b)])
+    assert abs(fit["slope"] - 0.7) < 0.02
+    assert fit["verdict"].startswith("neither"), fit

@@ -119,13 +119,25 @@ def slope_test(batches: list[float], clocks: list[float], margin: float = 0.25) 
 
 
 def _verdict(lo, hi, margin: float = 0.25) -> str:
+    """Equivalence against 0 and 1 (inside +-margin: invariant), and exclusion of each (outside:
+    not invariant that way) decided apart: an interval that excludes 0 +- margin is a decisive
+    non-invariance per sample even while it straddles the edge of 1 +- margin."""
     if lo is None or hi is None:
         return "inconclusive: too few points for an interval; more seeds or batches needed"
+    shown = f"[{lo:.2g}, {hi:.2g}]"
     if -margin <= lo and hi <= margin:
         return f"invariant per sample (slope interval inside 0 +- {margin:g})"
     if 1 - margin <= lo and hi <= 1 + margin:
         return f"invariant per step (slope interval inside 1 +- {margin:g})"
-    if hi < -margin or lo > 1 + margin or (margin < lo and hi < 1 - margin):
-        return f"neither: the slope interval [{lo:.2g}, {hi:.2g}] excludes 0 and 1 (+- {margin:g})"
-    return (f"inconclusive: the slope interval [{lo:.2g}, {hi:.2g}] is wider than the margin "
+    not_sample = lo > margin or hi < -margin
+    not_step = lo > 1 + margin or hi < 1 - margin
+    if not_sample and not_step:
+        return f"neither: the slope interval {shown} excludes 0 and 1 (+- {margin:g})"
+    if not_sample:
+        return (f"not invariant per sample: the slope interval {shown} excludes 0 +- {margin:g} "
+                f"(per step undecided: it overlaps 1 +- {margin:g} without lying inside)")
+    if not_step:
+        return (f"not invariant per step: the slope interval {shown} excludes 1 +- {margin:g} "
+                f"(per sample undecided: it overlaps 0 +- {margin:g} without lying inside)")
+    return (f"inconclusive: the slope interval {shown} is wider than the margin "
             f"+- {margin:g}; more seeds or batches needed")
