@@ -70,13 +70,27 @@ def test_a_run_starting_above_the_target_is_flagged_not_a_crossing(tmp_path, url
 
 
 def test_a_collapse_before_the_target_is_said_so(tmp_path, url):
-    """Rises to 0.45, collapses (drop fires), recovers past the 0.5 target later."""
+    """Rises to 0.45, falls (drop fires), recovers past the 0.5 target later: by default a dip
+    (the progress clock is the later crossing); with --no-dips a collapse before the target."""
     b = 8
     x = np.arange(80)
     values = np.where(x < 20, 0.45 * x / 20, np.where(x < 35, 0.1, 0.1 + 0.7 * (x - 35) / 45))
     _ingest(tmp_path, url, "collapse", b, values, 0)
     _ingest(tmp_path, url, "collapse", 16, _rise(80, 300, 16), 0)
     a = _analyze(url, "collapse", "--target", "0.5", "--smoothing", "none")
+    run = next(r for r in a["runs"] if r["batch_samples"] == b)
+    assert run["failure"]["samples"] is None and len(run["failure"]["dips"]) == 1
+    dip = run["failure"]["dips"][0]
+    # hand: peak 0.45 x 19/20 = 0.4275 (x = 19), allowance 0.3 x 0.4275 = 0.128, the first point
+    # below the floor x = 20; back above 0.4275 - 0.5 x 0.128 = 0.3634 where
+    # 0.1 + 0.7 (x - 35)/45 >= 0.3634: x = 51.9, the point x = 52
+    assert dip["at"] == 20 * b and dip["recovered_at"] == 52 * b, dip
+    assert dip["peak"] == pytest.approx(0.4275)
+    # crossing 0.5: 0.1 + 0.7 (x - 35) / 45 = 0.5 at x = 60.71, first observed at x = 61
+    assert run["progress"]["samples"] == 61 * b
+    batch = next(x for x in a["batches"] if x["batch_samples"] == b)
+    assert batch["failure"]["n_dips"] == 1 and batch["failure"]["n_failed"] == 0
+    a = _analyze(url, "collapse", "--target", "0.5", "--smoothing", "none", "--no-dips")
     run = next(r for r in a["runs"] if r["batch_samples"] == b)
     assert run["failure"]["rule"] == "drop"
     n_fail = run["failure"]["samples"]

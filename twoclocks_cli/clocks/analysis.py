@@ -306,6 +306,8 @@ def _per_batch(rows: list[RunRow], rng, opts) -> list[BatchRow]:
                 progress=progress,
                 failure=failure,
                 n_failed=sum(1 for r in at if r.failure.samples is not None),
+                n_dips=sum(len(r.failure.dips) for r in at),
+                runs_with_dips=sum(1 for r in at if r.failure.dips),
                 drift_at_failure=_aggregate_drift(at, opts),
             )
         )

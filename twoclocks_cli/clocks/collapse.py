@@ -2,26 +2,81 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
-def drop_rule(samples, smoothed, initial: float, rho=0.3, delta=0.05, k=3) -> float | None:
-    """Smoothed metric below peak - max(rho*(peak-initial), delta) for k consecutive points.
+@dataclass(frozen=True)
+class Fall:
+    """One fall of a metric by the drop rule: where it is dated, the level it fell from, and
+    where it climbed back (None: not within the data, so a collapse)."""
 
-    The peak is the running maximum so far; the failure time is the first of the k points.
+    at: float  # samples: the first observed point below the floor (never before it)
+    peak: float  # the pre-fall level: the smoothed metric's running maximum at the fall
+    recovered_at: float | None = None
+
+    @property
+    def dip(self) -> bool:
+        return self.recovered_at is not None
+
+    def to_json(self) -> dict:
+        return {"at": self.at, "peak": self.peak, "recovered_at": self.recovered_at}
+
+
+def falls(samples, smoothed, initial: float, rho=0.3, delta=0.05, k=3, raw=None,
+          recover: float | None = 0.5) -> list[Fall]:
+    """Every fall of the drop rule in order: dips (the smoothed metric climbs back above
+    peak - recover x allowance later in the data), then at most one collapse (it never does),
+    after which the curve is not read.
+
+    The floor is peak - allowance, allowance = max(rho (peak - initial), delta), peak the running
+    maximum of `smoothed`; a fall fires at k consecutive points below it. It is dated at the
+    first `raw` point at or after the smoothed run's start that is itself below the floor: a
+    centred average falls before the data does, and a collapse is never placed before an
+    observed one. `recover` None: no fall is a dip (every fall is a collapse).
+
+    Causal in this sense: the falls found in a prefix of the data are the falls of the whole
+    data up to there; only whether the last of them recovers can change as data arrive.
     """
+    samples = np.asarray(samples, float)
     smoothed = np.asarray(smoothed, float)
+    raw = smoothed if raw is None else np.asarray(raw, float)
     if smoothed.size < k:
-        return None
+        return []
     peak = np.maximum.accumulate(smoothed)
-    floor = peak - np.maximum(rho * (peak - initial), delta)
-    below = smoothed < floor
-    run = 0
-    for i, b in enumerate(below):
-        run = run + 1 if b else 0
-        if run >= k:
-            return float(samples[i - k + 1])
-    return None
+    allowance = np.maximum(rho * (peak - initial), delta)
+    floor = peak - allowance
+    out: list[Fall] = []
+    run, i = 0, 0
+    while i < smoothed.size:
+        run = run + 1 if smoothed[i] < floor[i] else 0
+        if run < k:
+            i += 1
+            continue
+        start = i - k + 1
+        below = np.flatnonzero(raw[start:] < floor[start])
+        at = float(samples[start + below[0]]) if below.size else float(samples[start])
+        back = None
+        if recover is not None:
+            level = peak[start] - recover * allowance[start]
+            up = np.flatnonzero(smoothed[i + 1:] >= level)
+            back = None if not up.size else i + 1 + int(up[0])
+        out.append(Fall(at, float(peak[start]),
+                        None if back is None else float(samples[back])))
+        if back is None:
+            return out
+        run, i = 0, back + 1
+    return out
+
+
+def drop_rule(samples, smoothed, initial: float, rho=0.3, delta=0.05, k=3, raw=None,
+              recover: float | None = None) -> float | None:
+    """The collapse time by the drop rule (`falls`): the first fall that does not recover, or
+    None. recover None (the default here): the first fall of any kind."""
+    found = [f for f in falls(samples, smoothed, initial, rho, delta, k, raw, recover)
+             if not f.dip]
+    return found[0].at if found else None
 
 
 def above_rule(samples, values, bound: float) -> float | None:

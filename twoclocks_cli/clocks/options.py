@@ -23,6 +23,12 @@ class AnalysisOptions:
     drop_rho: float = 0.3  # drop: fraction of the gain made so far that may be lost
     drop_delta: float = 0.05  # drop: minimum fall in metric units
     drop_k: int = 3  # drop: consecutive logged points below the floor
+    # dips: a fall (drop rule) that later climbs back above peak - dip_recover x its allowance
+    # is a dip, counted apart; only a fall that never recovers within the run is a collapse (the
+    # failure clock). Off: every fall is a collapse. dip_recover 0 asks for the full pre-fall
+    # peak, 1 only for the floor the fall crossed
+    dips: bool = True
+    dip_recover: float = 0.5
     # held-out drop: the drop rule (same rho, delta, k, smoothing) on a second metric, for a
     # failure that shows where progress does not (held-out accuracy falling while the training
     # reward, the progress metric, rises: memorisation). None: off
@@ -51,6 +57,8 @@ class AnalysisOptions:
             raise ConfigError(f"--span-samples {self.span_samples}: must be a positive number")
         if not 0 < self.invariance_margin < 0.5:
             raise ConfigError(f"--invariance-margin {self.invariance_margin}: must be in (0, 0.5)")
+        if not 0 <= self.dip_recover <= 1:
+            raise ConfigError(f"--dip-recover {self.dip_recover}: must be in [0, 1]")
         if self.drop_k < 1:
             raise ConfigError(f"--drop-k {self.drop_k}: must be >= 1")
         if self.bootstrap < 1:

@@ -146,12 +146,15 @@ class BatchRow:
     # the drift logged at each failed seed's failure: median and interval over those seeds
     # (equal across batches if a drift threshold sets the failure clock)
     drift_at_failure: Aggregate = field(default_factory=lambda: _aggregate(None))
+    n_dips: int = 0  # falls that recovered, over every seed (not failures)
+    runs_with_dips: int = 0
 
     @classmethod
     def from_json(cls, d: dict) -> BatchRow:
         fail = d.get("failure") or {}
         return _take(cls, d, progress=_aggregate(d.get("progress")), failure=_aggregate(fail),
-                     n_failed=fail.get("n_failed"),
+                     n_failed=fail.get("n_failed"), n_dips=fail.get("n_dips") or 0,
+                     runs_with_dips=fail.get("runs_with_dips") or 0,
                      drift_at_failure=_aggregate(fail.get("drift_at_failure")))
 
     def to_json(self) -> dict:
@@ -159,6 +162,7 @@ class BatchRow:
                 "lr": list(self.lr), "n_runs": self.n_runs, "partial": self.partial,
                 "progress": self.progress.to_json(),
                 "failure": {**self.failure.to_json(), "n_failed": self.n_failed,
+                            "n_dips": self.n_dips, "runs_with_dips": self.runs_with_dips,
                             "drift_at_failure": self.drift_at_failure.to_json()}}
 
 

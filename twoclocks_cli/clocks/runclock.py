@@ -38,6 +38,8 @@ class Clock:
     at_eval_resolution: bool = False  # failure at the first or second logged point
     collapsed: bool = False  # progress clock: censored by a collapse before the target
     drift: float | None = None  # failure clock: the drift (opts.drift_key) logged at the failure
+    # failure clock: the falls of the drop rule that recovered (collapse.Fall.to_json each)
+    dips: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -146,15 +148,30 @@ def _seconds_at(times: list, samples):
     return total
 
 
-def _fired(curve: Curve, sm: np.ndarray, sig: RunSignals, opts: AnalysisOptions) -> dict:
-    """Every collapse rule's firing time (None: did not fire, or its signal is not logged)."""
+def _drop_falls(curve: Curve, sm: np.ndarray, opts: AnalysisOptions) -> list:
+    """The drop rule's falls on one smoothed curve (dated at observed points; dips when on)."""
+    return collapse.falls(curve.samples, sm, float(sm[0]), opts.drop_rho, opts.drop_delta,
+                          opts.drop_k, raw=curve.values,
+                          recover=opts.dip_recover if opts.dips else None)
+
+
+def _collapse_of(found: list) -> float | None:
+    """The collapse among the falls: the one that never recovered (at most one, the last)."""
+    return next((f.at for f in found if not f.dip), None)
+
+
+def _fired(curve: Curve, sm: np.ndarray, sig: RunSignals, opts: AnalysisOptions,
+           dips: list | None = None) -> dict:
+    """Every collapse rule's firing time (None: did not fire, or its signal is not logged);
+    the drop rule's dips are appended to `dips` when given."""
     fired = {}
     s = sig.nonfinite
     fired["nonfinite"] = collapse.nonfinite_rule(s.samples, s.values) if s else None
     if opts.drop:
-        fired["drop"] = collapse.drop_rule(
-            curve.samples, sm, float(sm[0]), opts.drop_rho, opts.drop_delta, opts.drop_k
-        )
+        found = _drop_falls(curve, sm, opts)
+        fired["drop"] = _collapse_of(found)
+        if dips is not None:
+            dips.extend(f for f in found if f.dip)
     if opts.drop_metric is not None:
         fired["heldout_drop"] = _heldout_drop(sig.drop_metric, opts)
     if opts.drift_threshold is not None:
@@ -183,9 +200,7 @@ def _heldout_drop(series, opts: AnalysisOptions) -> float | None:
     curve = prepare(series)
     if curve is None:
         return None
-    sm = smooth_curve(curve, opts)
-    return collapse.drop_rule(curve.samples, sm, float(sm[0]), opts.drop_rho, opts.drop_delta,
-                              opts.drop_k)
+    return _collapse_of(_drop_falls(curve, smooth_curve(curve, opts), opts))
 
 
 def _value_at(series, at: float | None) -> float | None:
@@ -219,8 +234,11 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
     sm = smooth_curve(curve, opts)
     first, last = float(curve.samples[0]), float(curve.samples[-1])
     started_above = bool(sm[0] >= tau)
-    fired = _fired(curve, sm, sig, opts)
+    dips: list = []
+    fired = _fired(curve, sm, sig, opts, dips)
     n_fail, rule = collapse.earliest(fired)
+    # a dip after the collapse another rule dated is part of that failure, not a recovery
+    dips = [f.to_json() for f in dips if n_fail is None or f.at < n_fail]
     n_prog, reason, collapsed = None, None, False
     if started_above:
         reason = f"started at or above the target ({curve.values[0]:.4g} >= {tau:.4g})"
@@ -263,6 +281,7 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
         rules=fired,
         at_eval_resolution=early,
         drift=_value_at(sig.drift, n_fail),
+        dips=dips,
     )
     at = n_prog if n_prog is not None else last
     return RunClocks(

@@ -31,6 +31,14 @@ def _drift(agg) -> str:
     return f"{num(agg.median, 3)} [{num(agg.low, 3)}-{num(agg.high, 3)}]"
 
 
+def _falls(b) -> str:
+    """'3 of 4 / 2 in 1 run': seeds that collapsed, and the dips (recovered falls) beside."""
+    failed = "?" if b.n_failed is None else str(b.n_failed)
+    dips = f"{b.n_dips} in {b.runs_with_dips} run{'s' if b.runs_with_dips != 1 else ''}" \
+        if b.n_dips else "0"
+    return f"{failed} of {b.n_runs} / {dips}"
+
+
 def render(a) -> None:
     """Rich tables of an analysis (a clocks.result.Analysis)."""
     from rich.table import Table
@@ -40,14 +48,14 @@ def render(a) -> None:
         title=f"sweep {a.sweep}: {a.metric} target {num(a.target.value)} "
         f"({a.target.spec}); clocks in samples, median [90% bootstrap]"
     )
-    for col in ("batch", "lr", "runs", "progress clock", "failure clock",
+    for col in ("batch", "lr", "runs", "progress clock", "failure clock", "collapses / dips",
                 f"{a.options.drift_key} at failure", "note"):
         table.add_column(col)
     for b in a.batches:
         lr = ", ".join(f"{x:.3g}" for x in b.lr) or "-"
         note = b.progress.note + (" (partial)" if b.partial else "")
         table.add_row(num(b.batch_samples), lr, str(b.n_runs), _clock(b.progress),
-                      _clock(b.failure), _drift(b.drift_at_failure), note)
+                      _clock(b.failure), _falls(b), _drift(b.drift_at_failure), note)
     con.print(table)
     render_critical(con, a.critical)
     inv = a.invariance
@@ -152,7 +160,7 @@ def write_csv(a, path: str) -> None:
     cols = ["run_id", "name", "batch_samples", "batch_prompts", "lr", "clip_low", "clip_high",
             "seed", "status", "partial", "progress_samples", "progress_censored",
             "failure_samples", "failure_rule", "failure_censored", "failure_drift",
-            "noise_scale"]
+            "dips", "noise_scale"]
     try:
         with open(path, "w", newline="") as fh:
             w = csv.writer(fh)
@@ -162,7 +170,7 @@ def write_csv(a, path: str) -> None:
                             r.clip_low, r.clip_high, r.seed, r.status, r.partial,
                             r.progress.samples, r.progress.censored, r.failure.samples,
                             r.failure.rule, r.failure.censored, r.failure.drift,
-                            r.noise_scale])
+                            len(r.failure.dips), r.noise_scale])
     except OSError as exc:
         raise ConfigError(f"--csv {path}: {exc.strerror}") from None
 
@@ -199,6 +207,12 @@ def analyze(
     ] = 0.3,
     drop_delta: Annotated[float, typer.Option(help="drop: minimum fall, metric units.")] = 0.05,
     drop_k: Annotated[int, typer.Option(help="drop: consecutive points below the floor.")] = 3,
+    dips: Annotated[bool, typer.Option("--dips/--no-dips", help=(
+        "A fall that climbs back later in the run is a dip, counted apart from collapses "
+        "(--no-dips: every fall is a collapse)."))] = True,
+    dip_recover: Annotated[float, typer.Option(help=(
+        "dips: back above peak - this x the fall's allowance counts as recovered (0: the "
+        "full peak, 1: the floor)."))] = 0.5,
     drop_metric: Annotated[str | None, typer.Option(help=(
         "held-out drop rule: the drop rule also on this metric (e.g. eval_accuracy while "
         "--metric is the training reward): a failure where the progress metric still rises. "
@@ -256,6 +270,8 @@ def analyze(
         drop_rho=drop_rho,
         drop_delta=drop_delta,
         drop_k=drop_k,
+        dips=dips,
+        dip_recover=dip_recover,
         drop_metric=drop_metric,
         drift_key=drift_key,
         drift_threshold=drift_threshold,
