@@ -22,6 +22,7 @@ def make_sweep(
     clip=(0.2, 0.2),
     phases=None,
     run=True,
+    seed0=0,
 ) -> list[int]:
     """Create one run per (prompts, seed) under sqrt scaling and execute each with its backend."""
     ids = []
@@ -30,7 +31,7 @@ def make_sweep(
         s.add(sweep)
         s.flush()
         for p in prompts:
-            for seed in range(seeds):
+            for seed in range(seed0, seed0 + seeds):
                 b = p * G
                 cell = {
                     "prompts_per_batch": p,

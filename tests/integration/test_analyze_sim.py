@@ -128,3 +128,28 @@ def test_recommended_b_crit_of_the_free_sweep_matches_the_theory(sweeps):
     assert rec["source"] == "empirical" and rec["bound"] is None, rec
     assert abs(rec["b_crit"] / truth["b_crit"] - 1) <= 0.25, (rec, truth["b_crit"])
     assert rec["low"] <= truth["b_crit"] <= (rec["high"] or float("inf")), (rec, truth)
+
+
+@pytest.mark.parametrize("sweep", ["free", "capped"])
+def test_the_schedule_stops_before_the_drift_threshold_it_predicts(sweeps, sweep):
+    """The theory model collapses where the drift crosses its threshold (the truth, read by the
+    drift rule at that very threshold). Trained as `schedule-config` trains it, to where its last
+    phase ends, the schedule's runs on 8 fresh seeds do not collapse (at most one: the safety
+    point is set on 3 seeds' lower bound of the median failure clock, not on the earliest run
+    there can be); run on to the budget, the same phases do (the schedule stops for a reason)."""
+    store, root = sweeps
+    plan = make_schedule(analyze_sweep(store, sweep, AnalysisOptions(**OPTS)), budget=BUDGET)
+    phases = [dict(p) for p in plan["phases"]]
+    end = phases[-1]["until_samples"]
+    assert plan["stop_before_samples"] is not None and end == round(plan["stop_before_samples"])
+    assert end < BUDGET
+    sim = {**SIM, "cap": CAP} if sweep == "capped" else SIM
+    first = phases[0]["prompts_per_batch"]
+    name = f"stopped-{sweep}"
+    make_sweep(store, name, [first], 8, end, sim, root / name, phases=phases, seed0=100)
+    stopped = analyze_sweep(store, name, AnalysisOptions(**OPTS))
+    assert sum(r.failure.samples is not None for r in stopped.runs) <= 1, plan["rationale"]
+    name = f"overrun-{sweep}"
+    make_sweep(store, name, [first], 8, BUDGET, sim, root / name, phases=phases, seed0=100)
+    overrun = analyze_sweep(store, name, AnalysisOptions(**OPTS))
+    assert sum(r.failure.samples is not None for r in overrun.runs) >= 6

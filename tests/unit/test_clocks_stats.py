@@ -96,15 +96,23 @@ def test_schedule_switches_only_to_a_larger_batch_that_fails_later():
     plan = make_schedule(a)
     assert plan["b_small"] == 32 and plan["b_large"] == 128
     assert plan["phases"][0]["until_samples"] == round(0.8 * 0.9 * 21e3)
-    assert (
-        plan["phases"][1]["prompts_per_batch"] == 16 and plan["phases"][1]["until_samples"] == 50e3
-    )
+    # the large phase stops at its safety point, before the budget of 50k: hand, N_switch =
+    # 0.8 x 18,900 = 15,120, the drift budget left 1 - 15,120/18,900 = 0.2 spent at B=128's lower
+    # bound 27,000 times the safety 0.8: 15,120 + 0.8 x 0.2 x 27,000 = 19,440 (the median's
+    # prediction is 15,120 + (1 - 15,120/21,000) x 30,000 = 23,520)
+    assert plan["phases"][1]["prompts_per_batch"] == 16
+    assert plan["phases"][1]["until_samples"] == 19440 == round(plan["stop_before_samples"])
+    assert plan["predicted"]["failure_samples"] == pytest.approx(15120 + 0.28 * 30e3)
     assert "[[phases]]" in to_toml(plan)
+    assert "until_samples = 19440" in to_toml(plan)
     # larger batches fail earlier: no switch, one phase to the budget, stop point reported
     b = _analysis([16, 32, 64], [1000, 1100, 1500], [30e3, 20e3, 10e3], 40)
     plan = make_schedule(b)
     assert len(plan["phases"]) == 1 and plan["n_switch"] is None
     assert plan["stop_before_samples"] == pytest.approx(0.8 * 0.9 * 20e3)
+    # ...and the phase ends there, as its comment says
+    assert plan["phases"][0]["until_samples"] == round(0.8 * 0.9 * 20e3)
+    assert "ends at 0.8 x" in " ".join(plan["rationale"])
     # B_small never failed: one phase, no stop
     c = _analysis([16, 32], [1000, 1100], [None, None], 40)
     plan = make_schedule(c)
@@ -121,9 +129,12 @@ def test_schedule_holds_the_small_phases_lr_when_asked():
     assert [p["lr"] for p in swept["phases"]] == [pytest.approx(0.32), pytest.approx(1.28)]
     assert [p["lr"] for p in held["phases"]] == [pytest.approx(0.32), pytest.approx(0.32)]
     assert held["large_lr"] == "hold" and swept["large_lr"] == "sweep"
-    # the same switch and batches; only the lr and the failure prediction differ
-    for key in ("until_samples", "prompts_per_batch"):
-        assert [p[key] for p in held["phases"]] == [p[key] for p in swept["phases"]]
+    # the same switch and batches; the lr, the failure prediction and so the end differ: held,
+    # the large phase's failure is not predicted and it runs to the budget
+    assert [p["prompts_per_batch"] for p in held["phases"]] == [
+        p["prompts_per_batch"] for p in swept["phases"]]
+    assert held["phases"][0]["until_samples"] == swept["phases"][0]["until_samples"]
+    assert held["phases"][1]["until_samples"] == 50e3 > swept["phases"][1]["until_samples"]
     assert swept["predicted"]["failure_samples"] is not None
     assert held["predicted"]["failure_samples"] is None
     assert "did not measure" in held["predicted"]["failure_why"]

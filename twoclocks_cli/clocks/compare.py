@@ -56,6 +56,8 @@ def schedule_train_config(store, sweep: str, phases: list[dict], budget: int | N
                                  source=f"sweep {sweep!r} cell config")
     cfg = {k: v for k, v in base.model_dump(mode="json").items()
            if k not in _PHASE_KEYS and v is not None}
+    if budget is None and phases[-1].get("until_samples") is not None:
+        budget = phases[-1]["until_samples"]  # the schedule stops where it says
     if budget is not None:
         if budget <= 0:
             raise ConfigError(f"--budget {budget}: must be a positive number of samples")

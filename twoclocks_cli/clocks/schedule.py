@@ -7,7 +7,10 @@
 - N_switch = s x the lower confidence bound of N_fail(B_small), which needs >= 2 seeds that
   failed; with one failed seed the switch rests on that seed and the stricter s^2 applies.
 - B_large: the larger batch with uncensored progress whose failure clock is latest, and later
-  than B_small's; none: one phase (stop before N_switch when B_small fails).
+  than B_small's; none: one phase, which ends at N_switch when B_small fails.
+- The schedule stops where it says: the last phase ends at the failure safety point when a
+  failure is predicted (for the large phase: the drift budget left at the switch spent at
+  B_large's lower-bound rate, times s), else at the budget.
 - The large phase's lr: B_large's own lr in the sweep (`large_lr = "sweep"`, the scaling rule),
   or B_small's (`"hold"`). On the tiny main job a policy trained at B_small broke at once under
   B_large's sqrt-scaled lr and did not under B_small's (docs/benchmarks.md); with "hold" the
@@ -149,10 +152,16 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
     b_large = max(later, key=lambda b: (fail_key(b), b)) if later else b_small
     small = _setting(a, b_small)
     phases = []
-    if n_switch is None:
+    stop = None  # where the last phase ends because a failure is predicted there
+    if n_switch is not None and n_switch >= budget:
         rationale.append(
-            f"no run at B={b_small:g} failed within the budget: one phase, no switch needed"
-        )
+            f"the failure safety point {n_switch:,.0f} samples of B={b_small:g} lies past the "
+            f"budget {budget:,.0f}: one phase to the budget")
+        n_switch = None
+    if n_switch is None:
+        if not rationale[-1].startswith("the failure safety point"):
+            rationale.append(
+                f"no run at B={b_small:g} failed within the budget: one phase, no switch needed")
         phases.append({"until_samples": budget, **_phase_keys(small)})
     else:
         n_failed = by[b_small].n_failed
@@ -164,12 +173,13 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
             f"({'?' if n_failed is None else n_failed} seeds failed)"
         )
         if b_large == b_small:
+            stop = n_switch
             rationale.append(
                 f"no larger batch that reached the target fails later than B={b_small:g}: one "
-                f"phase; stop (or keep the checkpoint) before {s:.3g} x {basis} = "
-                f"{n_switch:,.0f} samples"
+                f"phase, which ends at {s:.3g} x {basis} = {n_switch:,.0f} samples (keep that "
+                "checkpoint: training on fails)"
             )
-            phases.append({"until_samples": budget, **_phase_keys(small)})
+            phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
         else:
             rationale.append(f"N_switch = {s:.3g} x {basis} = {n_switch:,.0f} samples")
             fl = by[b_large].failure.median
@@ -186,7 +196,18 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
                     f"ran at {large['lr']:.4g} in the sweep): a setting the sweep did not measure"
                 )
                 large["lr"] = small["lr"]
-            phases.append({"until_samples": budget, **large})
+                stop_at, why_stop = None, "its failure is not predicted (a setting the sweep " \
+                    "did not measure): it runs to the budget"
+            else:
+                stop_at, why_stop = _large_phase_stop(by, b_small, b_large, n_switch, s)
+            if stop_at is not None and stop_at < budget:
+                stop = stop_at
+            elif stop_at is not None:
+                why_stop += f", past the budget {budget:,.0f}: it runs to the budget"
+            rationale.append(f"the large phase ends at "
+                             f"{stop if stop is not None else budget:,.0f} samples: {why_stop}")
+            phases.append({"until_samples": round(stop) if stop is not None else budget,
+                           **large})
     prog = _predicted_progress(by, b_small, n_switch if len(phases) > 1 else None)
     if len(phases) > 1 and large_lr == "hold":
         fail = Predicted(None, f"the large phase runs B={b_large:g} at B_small's lr, which the "
@@ -201,7 +222,7 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
         b_small=b_small,
         b_large=b_large,
         n_switch=n_switch if len(phases) > 1 else None,
-        stop_before_samples=n_switch if len(phases) == 1 else None,
+        stop_before_samples=stop,
         safety=s,
         budget=budget,
         large_lr=large_lr,
@@ -248,6 +269,24 @@ def _predicted_progress(by: dict[float, BatchRow], b_small, n_switch) -> Predict
             f"{n_switch:,.0f}: the large phase's progress rate decides, not measured",
         )
     return Predicted(med, f"the median progress clock of B={b_small:g}, reached in phase 0")
+
+
+def _large_phase_stop(by: dict[float, BatchRow], b_small, b_large, n_switch,
+                      s: float) -> tuple[float | None, str]:
+    """Where the large phase must end: the drift budget left at the switch, 1 - N_switch /
+    N_fail(B_small), spent at B_large's failure rate, times the safety s; lower bounds
+    throughout, as for the switch. None: B_large's failure is not predicted (no seed failed)."""
+    small, large = by[b_small].failure, by[b_large].failure
+    fs = next((v for v in (small.low, small.median) if v is not None), None)
+    fl = next((v for v in (large.low, large.median) if v is not None), None)
+    if fs is None or fl is None:
+        return None, (f"B={b_large:g} did not fail within the sweep (censored): no failure "
+                      "predicted, it runs to the budget")
+    left = max(0.0, 1 - n_switch / fs)
+    stop = n_switch + s * left * fl
+    return stop, (f"N_switch + {s:.3g} x the drift budget left at the switch ({left:.2f} of "
+                  f"B={b_small:g}'s failure clock lower bound {fs:,.0f}) x B={b_large:g}'s "
+                  f"lower bound {fl:,.0f}")
 
 
 def _predicted_failure(by: dict[float, BatchRow], b_small, b_large, n_switch,

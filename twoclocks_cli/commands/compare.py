@@ -20,7 +20,8 @@ def schedule_config(
                                                "wrote.")],
     out: Annotated[str, typer.Option("--out", help="Where to write the training config (TOML).")],
     budget: Annotated[int | None, typer.Option(help="Sample budget of the schedule run "
-                                                    "(default: the sweep's).")] = None,
+                                                    "(default: where its last phase ends, else "
+                                                    "the sweep's).")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
