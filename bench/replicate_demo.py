@@ -92,7 +92,7 @@ def _n(x) -> str:
 def summary(rep: dict) -> dict:
     """The conclusions the issue asks to replicate, from one replication's JSON."""
     a, s = rep["analysis"], rep["schedule"]
-    rec = a["critical"]["recommended"] or {}
+    rec = a["critical_batch"].get("recommended") or {}
     bound = rec.get("bound")
     b = rec.get("b_crit")
     b_text = ("-" if b is None else f">= {b:,.0f}" if bound == "lower"
@@ -101,8 +101,8 @@ def summary(rep: dict) -> dict:
     per_batch = {
         f"{row['batch_samples']:g}": {
             "progress": row["progress"]["median"],
-            "collapses": row.get("n_failed"),
-            "dips": row.get("n_dips"),
+            "collapses": row["failure"].get("n_failed"),
+            "dips": row["failure"].get("n_dips"),
             "runs": row["n_runs"],
         }
         for row in a["batches"]

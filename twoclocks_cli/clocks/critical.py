@@ -183,9 +183,11 @@ class _Point:
 def _small_batch_limit(bs, meds, start=None) -> tuple[float, float, float, str]:
     """E_min at B = 1 sample (the smallest batch there is): (point, low, high, how).
 
-    Measured when the grid starts at 1. Otherwise it lies between the power fit's extrapolation
-    to B = 1 (low: the fit's curvature is set by the whole grid) and the smallest batch's own
-    clock (high: E(B) only grows); the point is their geometric mean and both ends are kept.
+    Measured when the grid starts at 1. Otherwise the point is the geometric mean of the power
+    fit's value at B = 1 and the smallest batch's own clock (high: E(B) only grows). The low end
+    is the fit's limit B -> 0, E0, below its value at 1: a fit whose curvature the grid sets
+    can put its B = 1 value above the true E(1) (SGD on a noisy quadratic, grid 4-256), while
+    no power form of E lies below E0.
     """
     if bs[0] <= 1:
         return float(meds[0]), float(meds[0]), float(meds[0]), "E_min measured at B=1"
@@ -194,8 +196,9 @@ def _small_batch_limit(bs, meds, start=None) -> tuple[float, float, float, str]:
         e1 = float(power_eval(params, 1.0))
         if 0 < e1 <= meds[0]:
             mid = math.sqrt(e1 * meds[0])
-            return mid, e1, float(meds[0]), (
-                f"E_min between the power fit at B=1 and the clock at B={bs[0]:g}"
+            return mid, float(params[0]), float(meds[0]), (
+                f"E_min between the power fit (its limit B -> 0 to its value at B=1) and the "
+                f"clock at B={bs[0]:g}"
             )
     return float(meds[0]), float(meds[0]), float(meds[0]), (
         f"E_min = the clock at B={bs[0]:g} (an upper bound: B_crit may be high)"
