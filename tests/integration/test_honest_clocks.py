@@ -182,3 +182,28 @@ def test_an_eval_set_too_small_for_the_target_gap_is_said_so(tmp_path, url):
     a = _analyze(url, "evalnoise")
     assert any("eval set of 256 problems" in w and "eval noise level" in w
                for w in a["warnings"]), a["warnings"]
+
+
+def test_analyze_and_schedule_say_how_settled_their_decision_is(tmp_path, url):
+    """Three batches, three seeds each, every seed alike: the decision holds in every resample
+    (analyze's --json and the schedule's first line say so); a bad --stability is one line."""
+    for b in (8, 32, 128):
+        for seed in range(3):
+            x = np.arange(100)
+            # progress ~ 300 samples per unit of batch, slower per sample past 32
+            tau = 60 * (1 + b / 32) / b
+            values = 0.8 * (1 - np.exp(-x / tau)) * (1 + 0.001 * seed)
+            _ingest(tmp_path, url, "settled", b, values, seed)
+    a = _analyze(url, "settled", "--target", "0.5", "--smoothing", "none")
+    st = a["stability"]
+    assert st["resamples"] == 200 and st["settled"], st
+    assert st["b_crit"]["share"] == 1.0 and st["schedule"]["share"] == 1.0
+    assert st["collapses"] == {k: {"share": 0.0, "settled": True} for k in ("8", "32", "128")}
+    proc = twoclocks("schedule", "settled", "--db", url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("decision settled: schedule 32 in 100%")
+    plan = json.loads(twoclocks("schedule", "settled", "--db", url, "--json").stdout)
+    assert plan["settled"] is True and plan["stability"]["schedule"]["shape"] == "32"
+    for cmd in ("analyze", "schedule"):
+        proc = twoclocks(cmd, "settled", "--db", url, "--stability", "-1")
+        assert_one_line_error(proc, "--stability -1", "between 0 and 100,000")

@@ -79,21 +79,13 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     warnings += _eval_resolution(signals, target, metric)
     rng = np.random.default_rng(opts.seed)
     rows_in = [row for row in run_rows if row.analysed and row.in_family]
-    batches = _per_batch(rows_in, rng, opts)
-    per_batch_prog = {
-        b.batch_samples: [
-            r.progress.samples
-            for r in rows_in
-            if r.batch_samples == b.batch_samples and not r.started_above
-        ]
-        for b in batches
-    }
-    per_batch_prog = {b: v for b, v in per_batch_prog.items() if v}
+    batches = batch_rows(rows_in, rng, opts)
+    per_batch_prog = progress_by_batch(rows_in, batches)
     crit = _critical(per_batch_prog, rows_in, runs, tau, metric, opts, warnings, rng)
     invariance = _invariance(rows_in, opts)
     if all(row.progress.censored for row in rows_in):
         warnings.append(f"every run is censored: none reached the target {tau:.4g}")
-    return json_numbers(Analysis(
+    result = json_numbers(Analysis(
         sweep=sweep,
         options=opts,
         metric=metric,
@@ -106,6 +98,11 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         clipping=_clipping_table([r for r in run_rows if r.analysed]),
         warnings=warnings,
     ))
+    if opts.stability:
+        from twoclocks_cli.clocks.stability import measure
+
+        result.stability = json_numbers(measure(result, opts.stability, opts.seed).to_json())
+    return result
 
 
 def _check_logged(store, sweep, ids, key: str, option: str) -> None:
@@ -279,7 +276,19 @@ def _run_row(run, clocks: RunClocks | None, in_family: bool) -> RunRow:
     )
 
 
-def _per_batch(rows: list[RunRow], rng, opts) -> list[BatchRow]:
+def progress_by_batch(rows: list[RunRow], batches: list[BatchRow]) -> dict:
+    """{batch: the progress clocks of its seeds (None: censored)}, runs that started above the
+    target left out: what the B_crit estimates read."""
+    out = {
+        b.batch_samples: [r.progress.samples for r in rows
+                          if r.batch_samples == b.batch_samples and not r.started_above]
+        for b in batches
+    }
+    return {b: v for b, v in out.items() if v}
+
+
+def batch_rows(rows: list[RunRow], rng, opts) -> list[BatchRow]:
+    """Both clocks per batch size, aggregated over the seeds in `rows` (bootstrap `rng`)."""
     out = []
     for b in sorted({r.batch_samples for r in rows if r.batch_samples is not None}):
         at = [r for r in rows if r.batch_samples == b]

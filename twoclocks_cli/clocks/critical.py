@@ -332,8 +332,10 @@ def _log_spreads(bs, vals) -> tuple[np.ndarray, int]:
 def _interval(samples: list[float], conf: float = CONF) -> tuple[float | None, float | None]:
     if not samples:
         return None, None
-    lo, hi = np.quantile(np.array(samples, float), [(1 - conf) / 2, (1 + conf) / 2])
-    return float(lo), float(hi)
+    with np.errstate(invalid="ignore"):  # between two infinite replicates: inf - inf
+        lo, hi = np.quantile(np.array(samples, float), [(1 - conf) / 2, (1 + conf) / 2])
+    return (float(lo) if not np.isnan(lo) else math.inf), (float(hi) if not np.isnan(hi)
+                                                            else math.inf)
 
 
 def empirical(per_batch: dict[float, list[float | None]], rng, reps: int = 1000) -> Estimate:

@@ -45,6 +45,9 @@ class AnalysisOptions:
     seed: int = 0  # bootstrap RNG seed (results are reproducible)
     theory: bool = True  # compute the theory B_crit for sim sweeps (a short simulation)
     invariance_margin: float = 0.25  # slope equivalence margin: |slope - 0| or |slope - 1| within
+    # seed resamples of the whole decision (clocks.stability): how settled B_crit, the collapses
+    # and the schedule are. 0: not measured (library callers; `analyze` asks for 200)
+    stability: int = 0
 
     def __post_init__(self):
         if self.smoothing not in SMOOTHING:
@@ -61,6 +64,8 @@ class AnalysisOptions:
             raise ConfigError(f"--dip-recover {self.dip_recover}: must be in [0, 1]")
         if self.drop_k < 1:
             raise ConfigError(f"--drop-k {self.drop_k}: must be >= 1")
+        if not 0 <= self.stability <= 100_000:
+            raise ConfigError(f"--stability {self.stability}: must be between 0 and 100,000")
         if self.bootstrap < 1:
             raise ConfigError(f"--bootstrap {self.bootstrap}: must be >= 1")
         parse_target(self.target)

@@ -340,6 +340,7 @@ class Analysis:
     clipping: list[ClipRow] | None = None  # None: one clip range only
     warnings: list[str] = field(default_factory=list)
     analysis_id: int | None = None  # its row in the analyses table (None: not stored)
+    stability: dict | None = None  # clocks.stability.Stability.to_json (None: not measured)
 
     @classmethod
     def from_json(cls, d: dict) -> Analysis:
@@ -358,6 +359,7 @@ class Analysis:
             clipping=None if clipping is None else [_take(ClipRow, c) for c in clipping],
             warnings=list(d.get("warnings") or []),
             analysis_id=d.get("analysis_id"),
+            stability=d.get("stability"),
         )
 
     def to_json(self) -> dict:
@@ -374,6 +376,7 @@ class Analysis:
             "failure_invariance": self.invariance.to_json(),
             "clipping": None if self.clipping is None else [c.to_json() for c in self.clipping],
             "warnings": list(self.warnings),
+            "stability": self.stability,
             "analysis_id": self.analysis_id,
         }
 

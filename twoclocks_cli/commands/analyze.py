@@ -63,6 +63,8 @@ def render(a) -> None:
         f"failure clock vs batch: slope {num(inv.slope, 3)} "
         f"[{num(inv.low, 3)}, {num(inv.high, 3)}] over {inv.n} runs: {inv.verdict}"
     )
+    if a.stability:
+        render_stability(con, a.stability)
     rules: dict[str, int] = {}
     for r in a.runs:
         if r.failure.rule:
@@ -82,6 +84,26 @@ def render(a) -> None:
         con.print(ct)
     for w in a.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def render_stability(con, st: dict) -> None:
+    """The decision's stability over seed resamples (a clocks.stability.Stability as JSON)."""
+    color = "green" if st["settled"] else "yellow"
+    con.print(f"[bold {color}]decision {st['verdict']}[/bold {color}]")
+    b = st["b_crit"]
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in b["shares"].items())
+    where = "" if not b["where"] else (f"; its point {count(b['where'][0])}-"
+                                       f"{count(b['where'][1])}")
+    con.print(f"  over {st['resamples']} seed resamples: B_crit {shares}{where}")
+    coll = ", ".join(f"B={k} {v['share']:.0%}" for k, v in st["collapses"].items())
+    con.print(f"  median seed collapses: {coll}")
+    s = st["schedule"]
+    shapes = ", ".join(f"{k} {v:.0%}" for k, v in s["shares"].items())
+    switch = "" if not s["switch"] else (f"; switch at {count(s['switch'][0])}-"
+                                         f"{count(s['switch'][1])}")
+    con.print(f"  schedule {shapes}{switch}")
+    for n in st["needs"]:
+        con.print(f"  to settle: {n['what']} at B={count(n['batch'])} ({n['why']})")
 
 
 def render_side_by_side(analyses: list) -> None:
@@ -235,6 +257,9 @@ def analyze(
         float, typer.Option(help="Equivalence margin on the failure-clock slope (0: per sample).")
     ] = 0.25,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 1000,
+    stability: Annotated[int, typer.Option(help=(
+        "Seed resamples of the whole decision (B_crit, collapses, schedule): how settled it is "
+        "(0: not measured)."))] = 200,
     seed: Annotated[int, typer.Option(help="Bootstrap RNG seed.")] = 0,
     theory: Annotated[
         bool, typer.Option("--theory/--no-theory", help="Theory B_crit for sim sweeps.")
@@ -280,6 +305,7 @@ def analyze(
         length_max=length_max,
         truncated_max=truncated_max,
         bootstrap=bootstrap,
+        stability=stability,
         seed=seed,
         theory=theory,
     )

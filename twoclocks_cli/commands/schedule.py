@@ -13,15 +13,23 @@ from twoclocks_cli.render.jsonout import print_json
 
 def schedule_sweep(
     store, sweep: str, safety: float = 0.8, budget: float | None = None, reanalyze: bool = False,
-    large_lr: str = "sweep",
+    large_lr: str = "sweep", stability: int = 0,
 ) -> dict:
     """The schedule of `sweep` from its latest stored analysis while that is current (else
-    analysed again with its options; with defaults when never analysed or `reanalyze`)."""
+    analysed again with its options; with defaults when never analysed or `reanalyze`), and,
+    with `stability` resamples, how settled it is (its verdict first in the rationale)."""
     from twoclocks_cli.clocks import make_schedule
     from twoclocks_cli.clocks.saved import analysis_for
+    from twoclocks_cli.clocks.stability import measure
 
     analysis, how = analysis_for(store, sweep, {} if reanalyze else None)
     out = make_schedule(analysis, budget=budget, safety=safety, large_lr=large_lr)
+    if stability:
+        st = measure(analysis, stability, analysis.options.seed, budget=budget, safety=safety,
+                     large_lr=large_lr).to_json()
+        out["stability"] = st
+        out["settled"] = st["settled"]
+        out["rationale"].insert(0, f"decision {st['verdict']}")
     out["analysis_id"] = analysis.analysis_id
     out["analysis_source"] = how
     out["analysis_options"] = analysis.options.to_json()
@@ -53,6 +61,9 @@ def schedule(
             "hold (the small phase's: the large batch's sqrt lr can break a trained policy).",
         ),
     ] = "sweep",
+    stability: Annotated[int, typer.Option(help=(
+        "Seed resamples of the decision: how settled the schedule is (0: not measured)."))
+    ] = 200,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -61,10 +72,12 @@ def schedule(
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
+    if not 0 <= stability <= 100_000:
+        raise ConfigError(f"--stability {stability}: must be between 0 and 100,000")
     store = Store.open(db)
     name = store.sweep_named(sweep)
     result = schedule_sweep(store, name, safety=safety, budget=budget, reanalyze=reanalyze,
-                            large_lr=large_lr)
+                            large_lr=large_lr, stability=stability)
     if out:
         try:
             with open(out, "w") as fh:
@@ -74,6 +87,8 @@ def schedule(
     if as_json:
         print_json(result)
         return
+    if result.get("stability"):
+        typer.echo(f"decision {result['stability']['verdict']}")
     typer.echo(f"schedule for sweep {name!r}:")
     for i, ph in enumerate(result["phases"]):
         typer.echo(

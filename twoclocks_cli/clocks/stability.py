@@ -1,0 +1,194 @@
+"""How settled a decision is: the whole decision rerun on seeds resampled within each batch.
+
+A sweep's verdict (where B_crit lies, which batches collapse, the schedule's shape) rests on a
+few seeds at each batch; float rounding on another machine redraws those seeds. Resampling the
+seeds of each batch with replacement, the way the clocks' own bootstrap does, and rerunning
+every step after the per-run clocks (the per-batch aggregates, B_crit, the schedule) shows which
+parts of the verdict survive such a redraw.
+
+The rule, stated once: an outcome is *settled* when it holds in at least SETTLED (80%) of the
+resamples. The decision is settled when both the kind of B_crit (a point in the grid, a lower
+bound, an upper bound) and the schedule's shape (its batches, one phase or a switch) are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from twoclocks_cli.core.errors import AnalysisError
+
+SETTLED = 0.8  # share of resamples in which an outcome must hold to be settled
+RESAMPLES = 200  # resamples of the decision (each reruns aggregates, B_crit and the schedule)
+INNER_BOOTSTRAP = 200  # bootstrap replicates of each resample's per-batch intervals
+MAX_RESAMPLES = 100_000
+
+
+@dataclass
+class Stability:
+    """The decision's stability over seed resamples (see the module docstring for the rule)."""
+
+    resamples: int
+    b_crit: dict  # {"kind": modal kind, "share": ..., "shares": {kind: share}, "where": ...}
+    collapses: dict  # {batch: share of resamples in which the batch's median seed collapsed}
+    schedule: dict  # {"shape": modal shape, "share", "shares", "switch_share", "switch"}
+    settled: bool
+    verdict: str  # one line: settled or not, and on what
+    needs: list[dict] = field(default_factory=list)  # what would settle it: [{batch, what, why}]
+    rule: str = (f"an outcome is settled when it holds in >= {SETTLED:.0%} of seed resamples; "
+                 "the decision when B_crit's kind and the schedule's shape both are")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _shape(plan: dict | None) -> str:
+    """'512', '512 -> 2,048' (samples per batch of each phase), or 'none' (no schedule)."""
+    if plan is None:
+        return "none"
+    batches = [f"{plan['b_small']:,.0f}"]
+    if len(plan["phases"]) > 1:
+        batches.append(f"{plan['b_large']:,.0f}")
+    return " -> ".join(batches)
+
+
+def _kind(rec) -> str:
+    if rec is None or rec.b_crit is None:
+        return "none"
+    return {"lower": "lower bound", "upper": "upper bound"}.get(rec.bound, "point")
+
+
+def _resample(a, rng):
+    """The analysis' in-family analysed runs with each batch's seeds drawn with replacement."""
+    rows = [r for r in a.runs if r.analysed and r.in_family and r.batch_samples is not None]
+    out = []
+    for b in sorted({r.batch_samples for r in rows}):
+        at = [r for r in rows if r.batch_samples == b]
+        out += [at[i] for i in rng.integers(0, len(at), len(at))]
+    return out
+
+
+def _decide(a, rows, rng, schedule_kw: dict):
+    """(recommended B_crit, per-batch rows, the schedule or None) from resampled run rows."""
+    from twoclocks_cli.clocks import critical
+    from twoclocks_cli.clocks.analysis import batch_rows, progress_by_batch
+    from twoclocks_cli.clocks.result import Critical, Recommended
+    from twoclocks_cli.clocks.schedule import make_schedule
+
+    opts = dataclasses.replace(a.options, bootstrap=INNER_BOOTSTRAP)
+    batches = batch_rows(rows, rng, opts)
+    prog = progress_by_batch(rows, batches)
+    # intervals of B_crit do not enter the decision: one replicate keeps the fits cheap
+    ests = {"empirical": critical.empirical(prog, rng, 1)}
+    # the fit is the fallback the recommendation reads only without a model-free estimate
+    ests["power"] = (critical.power(prog, rng, 1) if ests["empirical"].b_crit is None
+                     else critical.Estimate("power", None))
+    rec, why = critical.recommend(ests)
+    crit = Critical(empirical=ests["empirical"], power=ests["power"],
+                    mccandlish=critical.Estimate("mccandlish", None),
+                    recommended=Recommended.of(rec, why))
+    resampled = dataclasses.replace(a, runs=rows, batches=batches, critical=crit)
+    try:
+        plan = make_schedule(resampled, **schedule_kw)
+    except AnalysisError:
+        plan = None
+    return crit.recommended, batches, plan
+
+
+def _shares(values: list) -> tuple[object, float, dict]:
+    """The modal value, its share and every value's share."""
+    counts = Counter(values)
+    mode, n = counts.most_common(1)[0]
+    return mode, n / len(values), {str(k): c / len(values) for k, c in counts.most_common()}
+
+
+def _interval(values: list[float]) -> list[float] | None:
+    """The 5-95% range of `values` (None when there are none)."""
+    if not values:
+        return None
+    lo, hi = np.quantile(np.asarray(values, float), [0.05, 0.95])
+    return [float(lo), float(hi)]
+
+
+def measure(a, reps: int = RESAMPLES, seed: int = 0, budget: float | None = None,
+            safety: float = 0.8, large_lr: str = "sweep") -> Stability:
+    """Rerun the decision of analysis `a` on `reps` seed resamples (schedule options as given)."""
+    if not 1 <= reps <= MAX_RESAMPLES:
+        raise AnalysisError(f"--stability {reps}: must be between 1 and {MAX_RESAMPLES:,}")
+    rng = np.random.default_rng(seed)
+    kw = {"budget": budget, "safety": safety, "large_lr": large_lr}
+    kinds, points, shapes, switches = [], [], [], []
+    collapsed: dict[float, list[bool]] = {}
+    for _ in range(reps):
+        rec, batches, plan = _decide(a, _resample(a, rng), rng, kw)
+        kinds.append(_kind(rec))
+        if kinds[-1] == "point":
+            points.append(rec.b_crit)
+        for b in batches:
+            collapsed.setdefault(b.batch_samples, []).append(b.failure.median is not None)
+        shapes.append(_shape(plan))
+        if plan is not None and plan.get("n_switch") is not None:
+            switches.append(plan["n_switch"])
+    kind, kind_share, kind_shares = _shares(kinds)
+    shape, shape_share, shape_shares = _shares(shapes)
+    b_crit = {"kind": kind, "share": kind_share, "shares": kind_shares,
+              "where": _interval(points), "settled": kind_share >= SETTLED}
+    coll = {f"{b:g}": {"share": sum(v) / len(v), "settled": not 1 - SETTLED < sum(v) / len(v)
+                       < SETTLED} for b, v in sorted(collapsed.items())}
+    sched = {"shape": shape, "share": shape_share, "shares": shape_shares,
+             "switch_share": len(switches) / reps, "switch": _interval(switches),
+             "settled": shape_share >= SETTLED}
+    settled = b_crit["settled"] and sched["settled"]
+    needs = [] if settled else _needs(a, b_crit, coll, sched, points)
+    return Stability(resamples=reps, b_crit=b_crit, collapses=coll, schedule=sched,
+                     settled=settled, verdict=_verdict(b_crit, sched, settled, needs),
+                     needs=needs)
+
+
+def _verdict(b_crit: dict, sched: dict, settled: bool, needs: list[dict]) -> str:
+    what = (f"schedule {sched['shape']} in {sched['share']:.0%} of seed resamples, B_crit a "
+            f"{b_crit['kind']} in {b_crit['share']:.0%}")
+    if settled:
+        return f"settled: {what}"
+    wanted = "; ".join(f"{n['what']} at B={n['batch']:,.0f}" if n["what"] == "more seeds"
+                       else f"{n['what']} ({n['batch']:,.0f})" for n in needs)
+    return f"NOT settled: {what}" + (f"; would settle it: {wanted}" if wanted else "")
+
+
+def _needs(a, b_crit: dict, coll: dict, sched: dict, points: list[float]) -> list[dict]:
+    """The cells that would settle an unsettled decision: more seeds where a batch's collapse
+    or the schedule's batches flip, a batch between two grid batches where B_crit's point
+    wanders across a gap of 4x or more."""
+    grid = sorted(b.batch_samples for b in a.batches if b.n_runs)
+    out: dict[tuple, dict] = {}
+    for b, c in coll.items():
+        if not c["settled"]:
+            out[(float(b), "more seeds")] = {
+                "batch": float(b), "what": "more seeds",
+                "why": f"B={float(b):,.0f} collapses in {c['share']:.0%} of resamples"}
+    if not sched["settled"]:
+        for shape in list(sched["shares"])[:2]:
+            for part in shape.split(" -> "):
+                if part != "none":
+                    b = float(part.replace(",", ""))
+                    out.setdefault((b, "more seeds"), {
+                        "batch": b, "what": "more seeds",
+                        "why": f"the schedule's shape flips ({sched['shape']} in "
+                               f"{sched['share']:.0%} of resamples)"})
+    if not b_crit["settled"]:
+        where = _interval(points)
+        for lo, hi in zip(grid, grid[1:], strict=False):
+            if where and hi / lo >= 4 and where[0] < hi and where[1] > lo:
+                mid = math.sqrt(lo * hi)
+                out[(mid, "a batch between")] = {
+                    "batch": mid, "what": f"a batch between {lo:,.0f} and {hi:,.0f}",
+                    "why": f"B_crit's point ranges over {where[0]:,.0f}-{where[1]:,.0f}"}
+        for b in (grid[0], grid[-1]):
+            out.setdefault((b, "more seeds"), {
+                "batch": b, "what": "more seeds",
+                "why": f"B_crit is a {b_crit['kind']} in only {b_crit['share']:.0%} of resamples"})
+    return [out[k] for k in sorted(out, key=lambda k: (k[0], k[1]))]
