@@ -7,6 +7,9 @@ Read from an analysis (`clocks.result.Analysis`, what `twoclocks analyze` comput
   grid gets the doubling (halving) grid points from the grid's edge to one past the estimate.
 - seeds: 2 more seeds at the batch whose progress-clock interval (high - low) / median is
   widest; a batch with some (not all) seeds censored counts as widest.
+- settle: when the decision is not settled over seed resamples (`clocks.stability`), the cells
+  it names: 2 more seeds at a batch whose outcome flips, or a batch between two grid batches
+  (as many seeds as the grid's batches have) where B_crit's point wanders.
 - budget: when every failure clock (or every progress clock) is censored, 2 new seeds at a
   longer budget (2x the sweep's, or --budget) at B_small, the batch a schedule would start with
   (the largest grid batch not above B_crit), and at the largest grid batch (the switch target).
@@ -126,6 +129,7 @@ def plan_suggestions(a: Analysis, *, sweep_budget: int, budget: int | None = Non
 
     out = _bracket(rec, batches, g, budget, seeds, a, notes)
     out += _more_seeds(batches, g, budget, seeds, notes)
+    out += _settle(a, batches, g, budget, seeds, out, notes)
     if longer:
         out += _longer(rec, batches, g, budget, sweep_budget, seeds, all_fail, notes)
     return {
@@ -258,6 +262,33 @@ def _more_seeds(batches, g, budget, seeds, notes) -> list[dict]:
     return out
 
 
+def _settle(a: Analysis, batches, g, budget, seeds, already: list[dict], notes) -> list[dict]:
+    """The cells an unsettled decision names (`clocks.stability`): more seeds at a grid batch
+    whose outcome flips between seed resamples, or a new batch between two grid batches where
+    B_crit's point wanders; batches already suggested above are not repeated."""
+    st = a.stability
+    if not st or st.get("settled"):
+        return []
+    notes.append(f"decision {st['verdict']}")
+    taken = {s["batch_samples"] for s in already}
+    per_batch = max((b.n_runs for b in batches), default=EXTRA_SEEDS)
+    out = []
+    for need in st.get("needs") or []:
+        if need["what"] == "more seeds":
+            bt = next((b for b in batches if b.batch_samples == need["batch"]), None)
+            if bt is None or bt.batch_samples > budget:
+                continue
+            prompts, k = _prompts(bt, g), EXTRA_SEEDS
+        else:
+            prompts, k = max(1, int(round(need["batch"] / g))), per_batch
+        if prompts * g in taken:
+            continue
+        taken.add(prompts * g)
+        out.append(_item("settle", prompts, g, seeds.take(prompts * g, k), budget,
+                         f"to settle the decision: {need['why']}"))
+    return out
+
+
 def _longer(rec, batches, g, budget, sweep_budget, seeds, all_fail, notes) -> list[dict]:
     if budget <= sweep_budget:
         notes.append(f"every {'failure' if all_fail else 'progress'} clock is censored, but the "
@@ -371,6 +402,10 @@ def suggest_for(store, name: str, budget: int | None) -> tuple[dict, object, lis
         # stored by an older version: the same options, analysed again
         a, how = analysis_for(store, name, a.options)
         how = "refreshed"
+    if a.stability is None:
+        from twoclocks_cli.clocks.stability import RESAMPLES, measure
+
+        a.stability = measure(a, RESAMPLES, a.options.seed).to_json()
     runs = store.list_runs(name)
     family = {r.run_id for r in a.runs if r.in_family}
     budgets = [int(r.config["sample_budget"]) for r in runs

@@ -81,3 +81,27 @@ def test_resampling_is_reproducible_and_bounded():
     assert measure(a, reps=50, seed=3).to_json() == measure(a, reps=50, seed=3).to_json()
     with pytest.raises(AnalysisError, match="--stability 0"):
         measure(a, reps=0)
+
+
+def test_suggest_lists_the_cells_an_unsettled_decision_names():
+    from twoclocks_cli.clocks.result import Recommended
+    from twoclocks_cli.suggest import plan_suggestions
+
+    rows = _clear_sweep()
+    for r in rows:
+        if r.batch_samples == 512 and r.seed % 2:
+            r.failure = Clock(None, True, censored_at=BUDGET)
+    a = _analysis(rows)
+    a.critical.recommended = Recommended(source="empirical", b_crit=1000.0, why="t")
+    a.stability = measure(a, reps=200).to_json()
+    doc = plan_suggestions(a, sweep_budget=int(BUDGET))
+    settle = [s for s in doc["suggestions"] if s["kind"] == "settle"]
+    assert settle and all(s["why"].startswith("to settle the decision") for s in settle)
+    # 512 flips: more seeds there (suggested once, by whichever rule named it first), new ones
+    at512 = [s for s in doc["suggestions"] if s["batch_samples"] == 512]
+    assert len(at512) == 1 and len(at512[0]["seeds"]) == 2, doc["suggestions"]
+    assert set(at512[0]["seeds"]).isdisjoint(range(4, 8))
+    assert any(n.startswith("decision NOT settled") for n in doc["notes"])
+    a.stability = measure(_analysis(_clear_sweep()), reps=50).to_json()
+    assert not [s for s in plan_suggestions(a, sweep_budget=int(BUDGET))["suggestions"]
+                if s["kind"] == "settle"]
