@@ -5,12 +5,14 @@ log under submitit); a project error stays its own one-line message."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import submitit
 
 from tests.integration.simsweep import make_sweep
-from twoclocks_cli.launch.job import CellJob
+from twoclocks_cli.launch.job import CellJob, requeue_taken
 from twoclocks_cli.store import Store
 
 SIM = {"dim": 8, "log_every": 1}
@@ -69,3 +71,27 @@ def test_under_submitit_the_job_log_holds_the_traceback(tmp_path):
     log = Path(error.split("job log: ")[1].rstrip(")"))
     assert log == Path(job.paths.stderr).resolve() or log == Path(job.paths.stderr)
     assert "Traceback (most recent call last)" in log.read_text()
+
+
+def _scontrol(tmp_path, body: str) -> subprocess.CalledProcessError:
+    """The error submitit's requeue raises when `scontrol` ends as `body` makes it end."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "scontrol"
+    exe.write_text(f"#!/bin/sh\n{body}\n")
+    exe.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    try:
+        subprocess.check_call(["scontrol", "requeue", "21"], env=env, timeout=30)
+    except subprocess.CalledProcessError as exc:
+        return exc
+    raise AssertionError("scontrol exited 0")
+
+
+def test_a_requeue_whose_scontrol_slurm_stopped_is_taken_not_failed(tmp_path):
+    # SLURM's requeue SIGTERMs every process of the job, the scontrol that asked for it too
+    assert requeue_taken(_scontrol(tmp_path, "kill -TERM $$"))
+
+
+def test_a_refused_requeue_is_a_failure(tmp_path):
+    assert not requeue_taken(_scontrol(tmp_path, "echo 'Invalid job id' >&2; exit 1"))

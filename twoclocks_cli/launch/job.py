@@ -12,7 +12,9 @@ rows.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -90,6 +92,15 @@ def job_log() -> str | None:
         return None
 
 
+def requeue_taken(exc: BaseException) -> bool:
+    """True when submitit's `scontrol requeue` was killed by SIGTERM: SLURM accepted the requeue
+    and is stopping every process of the job, the scontrol child included, before it could
+    exit 0. The cell is not failed; it restarts from its checkpoint."""
+    return (isinstance(exc, subprocess.CalledProcessError)
+            and list(exc.cmd[:2]) == ["scontrol", "requeue"]
+            and exc.returncode == -signal.SIGTERM)
+
+
 class CellJob(Checkpointable):
     """Run cell `run_id` of the store at `db_url`, checkpointing into `workdir`."""
 
@@ -125,6 +136,8 @@ class CellJob(Checkpointable):
                 owner.claim(Path(self.workdir), self.owner(store, run))
                 status = returned_status(run_cell(store, self.run_id, Path(self.workdir)))
             except Exception as exc:  # the backend's error is the run's outcome
+                if requeue_taken(exc):
+                    sys.exit(-1)  # as submitit exits after a requeue: the next attempt records it
                 status = failed_status(exc)
                 store.transition(self.run_id, status, {RunStatus.running},
                                  "backend raised", error=cell_error(exc, wd, run.attempts + 1))
