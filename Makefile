@@ -1,5 +1,5 @@
 # The two set-up commands of the README: `make demo` (the main job) and `make test` (the tests).
-.PHONY: setup demo test test-vllm bench
+.PHONY: setup demo test test-vllm wheel-check bench
 
 setup:
 	bash scripts/setup.sh
@@ -14,6 +14,11 @@ test:
 test-vllm:
 	bash scripts/setup-vllm.sh
 	$${TWOCLOCKS_VLLM_VENV:-.venv-vllm}/bin/python -m pytest -q -p no:cacheprovider -n0 --durations=10 tests/vllm
+
+# The built wheel in a fresh venv, away from the sources: every --help, a sim sweep, analyze,
+# schedule and probe (scripts/wheel-check.sh).
+wheel-check: setup
+	bash scripts/wheel-check.sh
 
 bench: setup
 	.venv/bin/python bench/store_ingest.py

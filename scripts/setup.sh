@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 VENV=${TWOCLOCKS_VENV:-.venv}
 TORCH_PIN=${TWOCLOCKS_TORCH:-torch==2.13.0}
 stamp="$VENV/.twoclocks-installed"
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml setup.py scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -6,7 +6,6 @@ torch) inside its body, so `twoclocks --help` stays instant.
 
 from __future__ import annotations
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -18,7 +17,7 @@ class _Group(TyperGroup):
     """Turns a TwoclocksError anywhere below into one line on stderr and its exit code; any
     other exception into one line naming the log that holds its traceback (exit 1)."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except TwoclocksError as err:

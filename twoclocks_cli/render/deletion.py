@@ -25,9 +25,7 @@ def confirm(what: str, counts: dict[str, int], yes: bool) -> None:
     if not typer.confirm(f"Delete {what} ({_rows(counts, True) or 'no rows'})?", default=False,
                          err=True):
         typer.echo("nothing deleted", err=True)
-        import click
-
-        raise click.exceptions.Exit(1)  # a plain exit 1 (the CLI reports typer.Exit as a bug)
+        raise typer.Exit(1)
 
 
 def report(what: str, notes: list[str], counts: dict[str, int], as_json: bool) -> None:
