@@ -1,5 +1,5 @@
 # The two set-up commands of the README: `make demo` (the main job) and `make test` (the tests).
-.PHONY: setup demo test test-vllm wheel-check bench
+.PHONY: setup demo test test-fast test-vllm wheel-check bench
 
 setup:
 	bash scripts/setup.sh
@@ -9,6 +9,12 @@ demo: setup
 
 test:
 	bash scripts/test.sh
+
+# The fast lane: every test that starts no process, needs no server and no tiny model (markers in
+# pyproject.toml; tests/conftest.py fails a test that starts a process here). CI runs everything.
+test-fast: setup
+	TWOCLOCKS_TEST_LANE=fast $${TWOCLOCKS_VENV:-.venv}/bin/python -m pytest -q -p no:cacheprovider \
+	  -n $${TWOCLOCKS_TEST_WORKERS:-2} -m "not (slow or postgres or slurm or tiny_model or subprocess)"
 
 # The vLLM lane: vLLM's CPU build in a venv of its own (scripts/setup-vllm.sh), tests/vllm/.
 test-vllm:

@@ -12,9 +12,13 @@ pyproject's addopts). The hooks below keep that sound and fast on a 2-core machi
 - tests that share a cluster or a port run on one worker (`xdist_group`): the SLURM tests (one
   2-CPU node: two workers' arrays would queue behind each other into the tests' timeouts);
   modules whose module-scoped fixture is expensive keep it to one worker (built once, not twice);
-- `builtin:tiny-arith` is built at the start on one worker when a selected test needs it,
-  while the other worker runs tests (before: inside whichever test needed it first); the tests
-  that need it run after all others, so that worker does not wait on the build's lock.
+- `builtin:tiny-arith` is built at the start on one worker when a selected test needs it
+  (marked `tiny_model`), while the other worker runs tests; the tests that need it run after all
+  others, so that worker does not wait on the build's lock.
+
+The lanes are markers (pyproject.toml): `make test-fast` runs the tests marked none of slow,
+postgres, slurm, tiny_model and subprocess, and an audit hook here fails a test there that
+starts a process.
 """
 
 from __future__ import annotations
@@ -40,45 +44,25 @@ from tests.support.pgserver import PgServer  # noqa: E402
 _db_counter = itertools.count()
 _ROOT = Path(__file__).resolve().parents[1]
 
-# Modules whose tests train or load the built tiny model (module paths from the repository
-# root): when one is selected, the model is built before any test runs. A module missing here
-# still works: its first test builds the model (or waits for it) where it stands.
-NEEDS_TINY_MODEL = {
-    "tests/integration/test_adaptive_branch_diverged.py",
-    "tests/integration/test_adaptive_branch_tiny.py",
-    "tests/integration/test_adaptive_tiny.py",
-    "tests/integration/test_checkpoint_owner.py",
-    "tests/integration/test_ddp.py",
-    "tests/integration/test_json_cli.py",
-    "tests/integration/test_main_job.py",
-    "tests/integration/test_probe_grpo.py",
-    "tests/integration/test_tiny_model.py",
-    "tests/integration/test_train.py",
-    "tests/integration/test_train_interrupt.py",
-    "tests/integration/test_train_refusals.py",
-    "tests/integration/test_trl_backend.py",
-    "tests/integration/test_trl_callback.py",
-    "tests/unit/test_fast_decode.py",
-    "tests/unit/test_noise_every.py",
-    "tests/unit/test_scorer.py",
-    "tests/unit/test_tis.py",
-    "tests/unit/test_vllm_engine.py",
-}
-# Modules kept whole on one worker: an expensive module-scoped fixture (a simulated sweep, a
-# training) would otherwise be set up once on each worker.
-ONE_WORKER_MODULES = {
-    "tests/integration/test_adaptive_branch_tiny.py",
-    "tests/integration/test_adaptive_sim.py",
-    "tests/integration/test_analysis_result.py",
-    "tests/integration/test_analyze_cli.py",
-    "tests/integration/test_analyze_sim.py",
-    "tests/integration/test_json_cli.py",
-    "tests/integration/test_probe.py",
-    "tests/integration/test_probe_grpo.py",
-    "tests/integration/test_runs_show_export.py",
-    "tests/integration/test_suggest.py",
-    "tests/integration/test_tiny_model.py",
-}
+# Markers choose the lanes (pyproject's [tool.pytest.ini_options] markers). Those a test's
+# fixtures imply are added here; a module says the rest with `pytestmark`. `make test-fast`
+# runs every test marked none of these, with an audit hook that fails a test starting a process.
+_SERVER_FIXTURES = {"pg_server", "pg_url"}
+OUTSIDE_FAST_LANE = ("slow", "postgres", "slurm", "tiny_model", "subprocess")
+FAST_LANE = os.environ.get("TWOCLOCKS_TEST_LANE") == "fast"
+
+
+def _implied_markers(item) -> list[str]:
+    """postgres for a test on the session's server, tiny_model for one given the built model."""
+    names = set(getattr(item, "fixturenames", ()))
+    implied = []
+    callspec = getattr(item, "callspec", None)
+    on_postgres = callspec is not None and callspec.params.get("db_url") == "postgres"
+    if names & _SERVER_FIXTURES or on_postgres:
+        implied.append("postgres")
+    if "tiny_model" in names:
+        implied.append("tiny_model")
+    return implied
 
 
 def _module(item) -> str:
@@ -87,14 +71,41 @@ def _module(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    # the tests needing the built tiny model last (a stable sort: every process orders alike)
-    items.sort(key=lambda item: _module(item) in NEEDS_TINY_MODEL)
     for item in items:
-        module = _module(item)
+        for name in _implied_markers(item):
+            item.add_marker(name)
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif module in ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(Path(module).stem))
+        elif item.get_closest_marker("one_worker"):
+            item.add_marker(pytest.mark.xdist_group(Path(_module(item)).stem))
+    # the tests needing the built tiny model last (a stable sort: every process orders alike)
+    items.sort(key=lambda item: item.get_closest_marker("tiny_model") is not None)
+
+
+_in_test = False
+
+
+def _refuse_processes(event: str, args) -> None:
+    """The fast lane's guard: a test that starts a process must say so (`subprocess` marker)."""
+    if _in_test and event in ("subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn",
+                              "os.fork", "os.forkpty", "os.exec"):
+        raise RuntimeError(f"{event} in the fast lane: mark the test or its module "
+                           "pytest.mark.subprocess (it starts a process)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Guard only while a test runs (xdist starts its workers as processes, before any test)."""
+    global _in_test
+    _in_test = FAST_LANE
+    try:
+        yield
+    finally:
+        _in_test = False
+
+
+if FAST_LANE:
+    sys.addaudithook(_refuse_processes)
 
 
 @pytest.hookimpl(trylast=True)  # after xdist has sent this worker's collection
@@ -107,7 +118,7 @@ def pytest_collection_finish(session):
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     if worker != "gw0" or session.config.option.collectonly:
         return
-    if not any(_module(it) in NEEDS_TINY_MODEL for it in session.items):
+    if not any(it.get_closest_marker("tiny_model") for it in session.items):
         return
     env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARS}
     env.update({k: v for k, v in _ENV_BEFORE.items() if v is not None})

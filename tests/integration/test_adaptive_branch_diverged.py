@@ -16,7 +16,7 @@ from trainer import inrun_branch, loop
 from trainer.config import TrainConfig
 from trainer.update import Diverged
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
 
 
 class _Sink:

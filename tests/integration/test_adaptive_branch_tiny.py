@@ -16,7 +16,7 @@ import pytest
 from tests.integration.test_adaptive_tiny import _events
 from tests.integration.test_train import TIMING, _metrics, _run_cell, _store_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model, pytest.mark.one_worker]
 
 
 BASE = dict(

@@ -8,7 +8,11 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import assert_one_line_error, twoclocks
+
+pytestmark = pytest.mark.subprocess
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

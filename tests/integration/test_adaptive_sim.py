@@ -36,7 +36,7 @@ from twoclocks_cli.clocks import AnalysisOptions, analyze_sweep, make_schedule
 from twoclocks_cli.store import Run, RunStatus, Store, Sweep
 from twoclocks_cli.theory import ModelConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]
 
 PROMPTS = [1, 2, 4, 8, 16]
 BUDGET = 20_000

@@ -15,6 +15,8 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
+pytestmark = [pytest.mark.one_worker, pytest.mark.subprocess]
+
 
 def _ingest(tmp_path, url, sweep, batch, values, seed, group=4):
     path = tmp_path / f"{sweep}-{batch}-{seed}.csv"

@@ -14,6 +14,8 @@ from tests.integration.simsweep import make_sweep
 from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli.store import Run, Store, Sweep
 
+pytestmark = [pytest.mark.one_worker, pytest.mark.subprocess]
+
 SIM = {"log_every": 4, "eval_every": 1, "checkpoint_every": 1000, "cap": 0.05}
 
 

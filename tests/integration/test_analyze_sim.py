@@ -23,6 +23,8 @@ OPTS = dict(
     target=str(TARGET), drift_threshold=ModelConfig().drift_threshold, theory=False, bootstrap=300
 )
 
+pytestmark = [pytest.mark.one_worker, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):

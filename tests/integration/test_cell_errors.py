@@ -9,11 +9,14 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import submitit
 
 from tests.integration.simsweep import make_sweep
 from twoclocks_cli.launch.job import CellJob, requeue_taken
 from twoclocks_cli.store import Store
+
+pytestmark = pytest.mark.subprocess
 
 SIM = {"dim": 8, "log_every": 1}
 

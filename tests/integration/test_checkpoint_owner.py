@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
 
 TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}
 BASE = {"prompts_per_batch": 4, "group_size": 4, "sample_budget": 64, "lr": 1e-4, "seed": 3,

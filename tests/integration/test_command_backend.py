@@ -21,6 +21,8 @@ import pytest
 from tests.support.cli import assert_one_line_error, twoclocks
 from tests.support.verl_writer import truth
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).parents[2]
 WRITER = ROOT / "tests" / "support" / "verl_writer.py"
 P, G, STEPS = 2, 4, 12

@@ -26,7 +26,7 @@ import torch
 
 from tests.support.cli import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
 
 DRIVER = Path(__file__).with_name("ddp_driver.py")
 TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}

@@ -145,6 +145,7 @@ def cell_process():
         proc.wait()
 
 
+@pytest.mark.subprocess
 def test_running_run_is_refused_then_force_cancels_and_deletes(filled, cell_process):
     url, a, _, _ = filled
     run = a[1]
@@ -173,6 +174,7 @@ def test_running_run_is_refused_then_force_cancels_and_deletes(filled, cell_proc
     assert len(after["metrics"]) == len(before["metrics"]) - n_metrics(run)
 
 
+@pytest.mark.subprocess
 def test_force_on_a_waiting_cell_leaves_its_runner_alone(filled, cell_process):
     """A submitted cell still queued in a local runner: cancelled and deleted; the runner
     (which serves the other cells) is not signalled."""
@@ -189,6 +191,7 @@ def test_force_on_a_waiting_cell_leaves_its_runner_alone(filled, cell_process):
     assert a[2].run_id not in {x[0] for x in rows(url)["runs"]}
 
 
+@pytest.mark.subprocess
 def test_sweep_delete_force_stops_the_sweep_like_cancel(filled, cell_process):
     """`sweeps delete --force` stops the whole sweep as `twoclocks cancel` does: the local
     runner gets SIGTERM, the running cell SIGKILL; then everything of the sweep goes."""
@@ -225,6 +228,7 @@ def test_sweep_delete_force_stops_the_sweep_like_cancel(filled, cell_process):
     ("4242_3", ["SLURM job 4242_3", "scancel 4242_3"]),
     ("local:elsewhere.invalid:1:2", ["on host elsewhere.invalid", "on that host"]),
 ])
+@pytest.mark.subprocess
 def test_force_refuses_what_it_cannot_stop_alone(filled, job, needles):
     url, a, _, _ = filled
     if job is not None:

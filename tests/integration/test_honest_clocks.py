@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
+pytestmark = pytest.mark.subprocess
+
 
 def _csv(path, batch, values):
     lines = ["step,samples,reward_mean"]

@@ -12,7 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import assert_one_line_error, twoclocks
+
+pytestmark = pytest.mark.subprocess
 
 HEADER = ("+ python3 -m verl.trainer.main_ppo data.train_batch_size=8 "
           "actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.optim.lr=1e-6\n")

@@ -25,6 +25,7 @@ pytestmark = [
                        f"({', '.join(_MISSING)} missing): pip install -e '.[sources]' "
                        "(scripts/setup.sh installs it)"),
     pytest.mark.xdist_group("ingest_sources"),  # the sources are written once, on one worker
+    pytest.mark.subprocess,
 ]
 
 

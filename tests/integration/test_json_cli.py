@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.cli import sigint_deliverable, twoclocks
 
+pytestmark = [pytest.mark.tiny_model, pytest.mark.one_worker]
+
 SWEEP = """\
 name = "{name}"
 backend = "sim"

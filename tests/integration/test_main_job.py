@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
+pytestmark = pytest.mark.tiny_model
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SWEEP = """

@@ -17,6 +17,8 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 

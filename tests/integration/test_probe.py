@@ -17,6 +17,8 @@ from tests.integration.simsweep import make_sweep
 from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli.store import Store
 
+pytestmark = [pytest.mark.one_worker, pytest.mark.subprocess]
+
 SIM = {"log_every": 1, "flat_dims": 0}
 BATCHES = "2,4,8,16,32,64,128"
 

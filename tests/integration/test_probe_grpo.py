@@ -29,7 +29,7 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model, pytest.mark.one_worker]
 
 TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}
 PARENT = """

@@ -51,6 +51,7 @@ def report(*args):
     return CliRunner().invoke(app, ["report", *map(str, args)])
 
 
+@pytest.mark.subprocess
 def test_report_renders_in_headless_chromium_with_plots(tmp_path, sqlite_url):
     ingest_synthetic(tmp_path, sqlite_url)
     out = tmp_path / "rep"
@@ -128,6 +129,7 @@ def _used(out) -> dict:
             "target": a["options"]["target"], "runs": len(a["runs"])}
 
 
+@pytest.mark.slow
 def test_report_reuses_the_stored_analysis_until_the_sweep_changes(tmp_path, sqlite_url):
     """`analyze` stores a result; `report` shows exactly that one while the sweep is unchanged,
     redoes it with the same options once a run is added, and starts afresh on request."""

@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 from tests.support.curves import KEYS, Curve, ingest, make_curve, same
 from twoclocks_cli.app import app
 
+pytestmark = pytest.mark.one_worker
+
 CELL = ("run_id", "run", "sweep", "backend", "batch_prompts", "group_size", "batch_samples", "lr",
         "clip_low", "clip_high", "seed", "status")
 
@@ -253,6 +255,7 @@ def test_bad_input_is_one_line_and_writes_nothing(filled, tmp_path, args, needle
     assert sorted(tmp_path.iterdir()) == before  # no output file, no partial temp file
 
 
+@pytest.mark.subprocess
 def test_new_command_modules_import_nothing_heavy():
     """runs/sweeps/export import no pandas, pyarrow, sqlalchemy or numpy at top level."""
     import subprocess

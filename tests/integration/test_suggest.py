@@ -11,6 +11,8 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
+pytestmark = [pytest.mark.one_worker, pytest.mark.subprocess]
+
 LR0, B0, TARGET = 0.02, 64, 0.9
 SIM = {"optimizer": "adam", "flat_dims": 0, "log_every": 4, "eval_samples": 4096,
        "checkpoint_every": 100000}

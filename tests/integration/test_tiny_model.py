@@ -16,6 +16,8 @@ from trainer import tiny
 from trainer.data import ArithmeticTask, render_prompt
 from twoclocks_cli.core.errors import ConfigError
 
+pytestmark = [pytest.mark.tiny_model, pytest.mark.one_worker]
+
 # Tests marked slow share one real build (≈3 min on 2 free cores) per session, in the user cache.
 # A short recipe for the cache-mechanics tests (a real build, seconds instead of minutes).
 SHORT = dataclasses.replace(tiny.TinyRecipe(), steps=8, warmup_steps=2, eval_size=8,

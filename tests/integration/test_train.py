@@ -19,7 +19,7 @@ import pytest
 from tests.support.cli import free_port, twoclocks
 from tests.support.training import Collect
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
 
 TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}
 

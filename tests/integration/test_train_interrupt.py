@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.cli import sigint_deliverable
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
 
 
 CONFIG = """model = "builtin:tiny-arith"

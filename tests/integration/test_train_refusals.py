@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
+pytestmark = pytest.mark.tiny_model
+
 QUICK = ("sample_budget = 8\ngroup_size = 2\nprompts_per_batch = 2\nmax_new_tokens = 2\n"
          "eval_every_samples = 0\nkl_init_every = 0\nthreads = 1\ncheckpoint_every_steps = 0\n")
 

@@ -19,7 +19,7 @@ import pytest
 from tests.support.cli import kill_tree, twoclocks
 
 pytest.importorskip("trl", reason="the trl extra is not installed")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
 ROOT = Path(__file__).parents[2]
 
 CONFIG = """\

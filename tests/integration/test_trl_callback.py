@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("trl", reason="the trl extra is not installed")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
 
 SCRIPT = r"""
 import json, sys

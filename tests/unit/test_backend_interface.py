@@ -30,6 +30,7 @@ def test_each_backend_module_has_the_whole_interface(name):
     assert len(module.ADAM_KEYS) == 3 and isinstance(module.TABLE, str)
 
 
+@pytest.mark.subprocess
 def test_the_planner_names_no_backend_and_imports_no_torch():
     text = (ROOT / "twoclocks_cli" / "config" / "plan.py").read_text()
     assert not [ln for ln in text.splitlines()

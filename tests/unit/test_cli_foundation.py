@@ -5,8 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli import __version__
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_version():

@@ -198,6 +198,7 @@ def test_the_slope_verdict_on_clocks_with_a_known_slope_of_0_7():
     assert fit["verdict"].startswith("neither"), fit
 
 
+@pytest.mark.slow
 def test_b_crit_interval_covers_sgd_truth_when_the_grid_starts_above_one():
     """SGD on a noisy quadratic: E(B) = E_min (1 + B / 7.6) exactly, so E(B) = 2 E(1) at
     B = 9.6 (the truth, E_min at B = 1 sample). Grid 4-256, 3 seeds, 10% log-normal seed noise,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Annotated
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -61,6 +62,7 @@ def test_a_project_error_stays_one_line_with_exit_2(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no crash log for a user's error
 
 
+@pytest.mark.subprocess
 def test_the_log_falls_back_to_the_temp_folder(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where the crash folder should be: mkdir fails

@@ -20,6 +20,8 @@ from trainer.logprobs import completion_logprobs
 from trainer.rollout.decode import FastDecoder, unsupported
 from trainer.rollout.hf import HFEngine, NonFiniteLogits
 
+pytestmark = pytest.mark.tiny_model
+
 
 @pytest.fixture(scope="module")
 def tiny():

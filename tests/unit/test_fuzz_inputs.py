@@ -27,6 +27,8 @@ from typer.testing import CliRunner
 import tests.unit.test_sweep_config_fuzz as mutate_fuzz  # its TOML writer, not its test
 from twoclocks_cli.app import app
 
+pytestmark = pytest.mark.slow
+
 FUZZ = settings(derandomize=True, database=None, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 I32, I64 = 2**31 - 1, 2**63 - 1

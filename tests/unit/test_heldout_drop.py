@@ -7,10 +7,13 @@ curves."""
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli.app import app
+
+pytestmark = pytest.mark.subprocess
 
 GROUP = 8
 PROMPTS = (4, 16)

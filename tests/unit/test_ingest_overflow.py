@@ -14,6 +14,8 @@ import pytest
 from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli.ingest.base import SAMPLES_MAX, STEP_MAX, to_number, to_step
 
+pytestmark = pytest.mark.subprocess
+
 CASES = [
     ("a.csv", "step,reward_mean\n0,0.1\n9223372036854775808,0.2\n", "csv", ["a.csv:3", "'step'"]),
     ("b.csv", f"step,reward_mean\n0,0.1\n{STEP_MAX + 1},0.2\n", "csv", ["b.csv:3", "'step'"]),

@@ -18,6 +18,8 @@ import pytest
 from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli.core.errors import ConfigError
 
+pytestmark = pytest.mark.subprocess
+
 FIX = Path(__file__).parents[1] / "fixtures" / "ingest"
 
 

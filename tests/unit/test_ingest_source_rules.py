@@ -113,6 +113,7 @@ def test_tracker_names_as_the_console_names_them(key, console):
     assert scalars.normal_name(key) == console
 
 
+@pytest.mark.subprocess
 def test_follow_refuses_a_store_and_a_folder_of_several_runs(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     proc = twoclocks("ingest", "--from", "mlflow:sqlite:///x.db", "--follow", "--db", url)
@@ -124,6 +125,7 @@ def test_follow_refuses_a_store_and_a_folder_of_several_runs(tmp_path):
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.subprocess
 def test_a_plain_import_loads_no_tracker_library(tmp_path):
     log = tmp_path / "run.csv"
     log.write_text("step,reward_mean\n1,0.5\n2,0.6\n")

@@ -15,6 +15,8 @@ from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import IngestOptions, parse_file
 
+pytestmark = pytest.mark.subprocess
+
 FIX = Path(__file__).parents[1] / "fixtures" / "ingest"
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.support.cli import twoclocks
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_db_current_upgrade_downgrade_json(tmp_path):

@@ -4,11 +4,14 @@
 import json
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from tests.fixtures.ingest import synthetic as syn
 from tests.support.cli import assert_one_line_error, twoclocks
 from twoclocks_cli.app import app
+
+pytestmark = pytest.mark.subprocess
 
 
 def _ingest_with_verl_names(tmp_path, db_url):

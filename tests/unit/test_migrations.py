@@ -20,6 +20,8 @@ from twoclocks_cli.store.migrate import (
     upgrade,
 )
 
+pytestmark = pytest.mark.subprocess
+
 TABLES = {"sweeps", "runs", "metrics", "run_events"}
 
 

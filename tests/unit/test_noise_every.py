@@ -9,6 +9,8 @@ from tests.support.training import Collect, load_tiny
 from trainer.config import TrainConfig
 from trainer.loop import train
 
+pytestmark = pytest.mark.tiny_model
+
 NOISE_KEYS = ("grad_sq_micro", "grad_sq_full", "grad_micro_size", "grad_full_size")
 
 

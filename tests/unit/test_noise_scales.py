@@ -9,6 +9,8 @@ from twoclocks_cli.clocks.noise import l1_noise_scale, sign_noise_scale
 from twoclocks_cli.clocks.stats import noise_scale
 from twoclocks_cli.theory import ModelConfig, SimState, predict_critical_batch
 
+pytestmark = pytest.mark.slow
+
 B_MICRO, B_FULL = 16, 64
 R = np.sqrt(B_MICRO / B_FULL)
 

@@ -44,6 +44,7 @@ def test_console_is_log_wide_off_a_terminal():
     assert len(rows) == 1 and "x" * 300 in rows[0]  # one line, not wrapped at 80 columns
 
 
+@pytest.mark.subprocess
 def test_a_long_row_is_one_line_and_a_number_has_separators_in_a_log(tmp_path):
     """`runs list`/`runs show` redirected (a pipe, COLUMNS=80 as in a batch job): the row with
     a 250-character name is whole on one line; a last value of 10175.3 reads 10,175 in the
@@ -86,6 +87,7 @@ def test_b_crit_estimates_read_with_separators():
     assert _est(Estimate("linear", None)) == "none"
 
 
+@pytest.mark.subprocess
 def test_plan_and_estimate_texts_use_the_shared_numbers():
     from pathlib import Path
 

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 CHILD = r'''
 import os, sys, threading, time
 from trainer.rewards import MathVerifyReward

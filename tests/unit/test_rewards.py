@@ -11,6 +11,8 @@ from trainer.data import Problem
 from trainer.rewards import FINAL_BOXED, MathVerifyReward, load_reward
 from twoclocks_cli.core.errors import ConfigError
 
+pytestmark = pytest.mark.subprocess
+
 P = Problem("23+41", "64")
 HOSTILE = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10000000000!}"]
 

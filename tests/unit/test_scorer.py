@@ -19,6 +19,8 @@ from trainer.logprobs import completion_logits
 from trainer.rollout.hf import HFEngine
 from trainer.scorer import Scorer, make_scorer
 
+pytestmark = pytest.mark.tiny_model
+
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -56,6 +56,7 @@ def test_a_clear_sweep_is_settled_in_every_resample():
     assert st.needs == []
 
 
+@pytest.mark.slow
 def test_the_collapse_share_of_a_half_failing_batch_matches_the_hand_computation():
     """2 of 4 seeds at B=512 fail. A resample's median of 4 is censored when >= 2 of its 4 draws
     are, so its median seed fails with probability (1/2)^4 + 4 (1/2)^4 = 5/16 = 0.3125. Over

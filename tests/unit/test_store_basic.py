@@ -101,6 +101,7 @@ def test_bad_urls_are_one_line_without_the_password(url, needles):
         assert needle in line, (needle, line)
 
 
+@pytest.mark.subprocess
 def test_empty_db_option_is_an_error_not_the_default(tmp_path):
     with pytest.raises(StoreError, match="empty database URL"):
         resolve_url("")
@@ -121,6 +122,7 @@ def test_sqlite_paths_the_os_refuses(tmp_path):
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:",
                                  "sqlite:///file:x?mode=memory&uri=true"])
+@pytest.mark.subprocess
 def test_an_in_memory_database_is_refused(tmp_path, url):
     """What a command writes to an in-memory store is gone at exit: refused, by --db and env."""
     config = Path(__file__).parents[2] / "examples" / "sim-sweep.toml"
@@ -142,6 +144,7 @@ def _without_file_permissions_override() -> list[str] | None:
         if shutil.which("setpriv") else None
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("below", ["sub/x.db", "x.db"])
 def test_a_store_behind_a_folder_this_user_may_not_enter_is_one_line(tmp_path, below):
     import subprocess
@@ -168,6 +171,7 @@ def test_a_store_behind_a_folder_this_user_may_not_enter_is_one_line(tmp_path, b
     assert list((locked / "sub").iterdir()) == []
 
 
+@pytest.mark.subprocess
 def test_a_foreign_sqlite_file_is_refused_not_migrated(tmp_path):
     path = tmp_path / "theirs.db"
     con = sqlite3.connect(path)

@@ -9,6 +9,8 @@ from sqlalchemy import text
 
 from twoclocks_cli.store import Run, Store
 
+pytestmark = pytest.mark.subprocess
+
 PROCS, STEPS, KEYS = 16, 2_000, 10
 
 

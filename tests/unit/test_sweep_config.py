@@ -74,6 +74,7 @@ REJECTIONS = [
 ]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("old,new,needles", REJECTIONS, ids=[r[1][:24] for r in REJECTIONS])
 def test_rejections_through_the_cli(tmp_path, old, new, needles):
     path = _write(tmp_path, VALID.replace(old, new))
@@ -95,6 +96,7 @@ def _sweep_count(url: str) -> int:
         store.close()
 
 
+@pytest.mark.subprocess
 def test_plan_json_and_warnings_through_the_cli(tmp_path):
     path = _write(tmp_path, VALID.replace("sample_budget = 4096", "sample_budget = 1024")
                   .replace("seeds = [0]", "seeds = [0]\nclip_low = [0.1, 0.2]"))
@@ -168,6 +170,7 @@ print(json.dumps([c.cell_id for c in plan(parse_config(json.loads(sys.argv[1])))
 """
 
 
+@pytest.mark.subprocess
 def test_cell_hashes_are_stable_across_processes_and_sensitive_to_config():
     doc = _doc(grid={"batch": [2, 4], "group_size": 8, "seeds": [0, 1]})
     here = [c.cell_id for c in plan(parse_config(doc)).cells]

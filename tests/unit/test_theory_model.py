@@ -107,6 +107,7 @@ def test_config_errors_name_the_key():
     assert ModelConfig.from_dict({"dim": "8", "cap": "0.1"}).dim == 8  # TOML/JSON strings
 
 
+@pytest.mark.slow
 def test_critical_batch_prediction_mechanisms():
     from twoclocks_cli.theory import predict_critical_batch
 

@@ -100,6 +100,7 @@ run_cell(Store.open(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
 """
 
 
+@pytest.mark.subprocess
 def test_resume_after_kill_gives_the_uninterrupted_metrics(sqlite_url, tmp_path):
     store = Store.open(sqlite_url)
     cell = {**COMMON, "sample_budget": 60_000, "sim": {"checkpoint_every": 300, "log_every": 2}}

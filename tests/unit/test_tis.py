@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.training import Collect
 
+pytestmark = pytest.mark.tiny_model
+
 DELTA = 0.1
 
 

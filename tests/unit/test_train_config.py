@@ -58,11 +58,13 @@ def _train(tmp_path, toml: str, *files: tuple[str, str]):
         ('rollout_engine = "vllm"\n', [], ["vllm extra"]),
     ],
 )
+@pytest.mark.subprocess
 def test_bad_input_is_one_line(tmp_path, toml, files, needles):
     proc = _train(tmp_path, toml, *files)
     assert_one_line_error(proc, *needles)
 
 
+@pytest.mark.subprocess
 def test_missing_config_file(tmp_path):
     assert_one_line_error(twoclocks("train", str(tmp_path / "nope.toml")), "nope.toml", "not found")
 
@@ -138,6 +140,7 @@ def test_strict_values_are_rejected_before_anything_loads(tmp_path, toml, needle
     ('model = ""\n', ["key 'model' = ''", "must not be empty"]),
     ("temperature = inf\n", ["key 'temperature' = inf"]),
 ])
+@pytest.mark.subprocess
 def test_strict_rejections_through_the_cli_write_nothing(tmp_path, toml, needles):
     assert_one_line_error(_train(tmp_path, toml), *needles)
 

@@ -31,6 +31,8 @@ from trainer.rollout import assemble
 from trainer.rollout import vllm_inputs as V
 from twoclocks_cli.core.errors import ConfigError
 
+pytestmark = pytest.mark.tiny_model
+
 
 # --- output-shaped stand-ins for vllm.outputs / vllm.logprobs (fields as in vLLM 0.27-0.30) ----
 @dataclass
