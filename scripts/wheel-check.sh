@@ -7,7 +7,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 builder="$root/${TWOCLOCKS_VENV:-.venv}/bin/python"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" "$root/build"' EXIT
+rm -rf "$root/build"  # setuptools reuses build/lib: a module deleted since would ship again
 "$builder" -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" "$root"
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q "$work/dist"/*.whl
