@@ -355,7 +355,7 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         else:
             row.update(before)
         before = {}
-    _logged_samples(log, records, present)
+    _logged_samples(log, records, present, opts)
     evals = set()
 
     def store_names(values: dict[str, float]) -> dict[str, float]:
@@ -432,6 +432,7 @@ def _note_gaps(log: ParsedLog, records, rounded_lr: int) -> None:
             f"the log's first training step is {train[0]}: a resumed run? the steps before it "
             "are not in this file, so this run's first point is not its start"
         )
+        log.caveats.append(log.notes[-1])
     if rounded_lr:
         log.notes.append(
             f"actor/lr printed as 0.000 at {rounded_lr} step(s) (rounded away by the printer): "
@@ -470,10 +471,11 @@ def _logged_lr(log: ParsedLog, records, key: str | None, broken: list[int]) -> N
                      "configured lr")
 
 
-def _logged_samples(log: ParsedLog, records, present: set) -> None:
+def _logged_samples(log: ParsedLog, records, present: set, opts: IngestOptions) -> None:
     """The samples axis from the log's own count (`rollout/total_num_samples`): it wins over
     step x prompts x n. Non-decreasing values are a running total; otherwise they are per-step
-    counts, summed (from the file's first step: a resumed log's earlier steps are missing)."""
+    counts, summed (from the file's first step: a resumed log's earlier steps are missing). A
+    count below one batch per step (a recipe counting prompts) is not used, with a note."""
     key = next((k for k in _SAMPLES_KEYS if k in present), None)
     if key is None:
         return
@@ -481,15 +483,40 @@ def _logged_samples(log: ParsedLog, records, present: set) -> None:
     counted = [(step, v) for step, v in counted if v == v and v >= 0]
     if not counted:
         return
-    running = _is_running_total(counted, log.params)
-    total = 0.0
+    params = {**log.params, **{k: v for k in ("batch_prompts", "group_size")
+                               if (v := getattr(opts, k)) is not None}}
+    running = _is_running_total(counted, params)
+    totals, total = {}, 0.0
     for step, v in counted:
         total = v if running else total + v
-        log.samples[step] = to_step(round(total), limit=SAMPLES_MAX)
+        totals[step] = to_step(round(total), limit=SAMPLES_MAX)
     present.discard(key)
-    log.sources = {**log.sources, "samples": key}
     how = "a running total" if running else "per-step counts, summed"
+    short = _below_batch(totals, running, _batch(params), log.step_offset)
+    if short is not None:
+        step, v, least = short
+        log.notes.append(f"the log's {key} ({how}) is {v:,} at step {step}, below the "
+                         f"{least:,} samples step x prompts x n gives: it counts prompts, not "
+                         "completions; samples = step x prompts x n")
+        return
+    log.samples.update(totals)
+    log.sources = {**log.sources, "samples": key}
     log.notes.append(f"samples from the log's {key} ({how}), not step x prompts x n")
+
+
+def _below_batch(totals: dict[int, int], running: bool, batch: float | None,
+                 offset: int) -> tuple[int, int, int] | None:
+    """The first (step, count, least) where a logged sample count is below one batch per step
+    counted (from step 0 for a running total, from the file's first step for summed per-step
+    counts): every update consumes a whole batch, so such a count is not of completions."""
+    if batch is None or not totals:
+        return None
+    first = min(totals)
+    for step, v in sorted(totals.items()):
+        least = int((step + offset if running else step - first + 1) * batch)
+        if v < least:
+            return step, v, least
+    return None
 
 
 def _is_running_total(counted: list[tuple[int, float]], params: dict) -> bool:
