@@ -166,6 +166,7 @@ def to_log(run: TrackedRun, path: Path, fmt: str, opts: IngestOptions) -> Parsed
     names: dict[str, str] = {}  # console name -> source key
     for key in sorted(present):
         names.setdefault(normal_name(key), key)
+    mapping.refuse_not_rl(log.where, names)
     for key in present:  # a raw name wins over another key's normalised one
         names[key] = key
     picks = _picks(run, names, opts)

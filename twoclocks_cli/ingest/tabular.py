@@ -127,9 +127,25 @@ def _jsonl_rows(log: ParsedLog, text: str, finished: bool) -> tuple[list[Row], l
         if not isinstance(record, dict):
             log.bad(number, f"expected a JSON object, got {type(record).__name__}")
             continue
+        record = _flat_record(record)
         columns.update(dict.fromkeys(record))
         rows.append((number, record))
     return rows, list(columns)
+
+
+def _flat_record(record: dict) -> dict:
+    """A JSON Lines object with its nested objects' keys joined by '.' (so `--map` reaches
+    them), but for verl's `file` logger's row, `{"step": N, "data": {...}}`: its `data` keys
+    are the metrics under their own names."""
+    out: dict = {}
+    for key, value in record.items():
+        if isinstance(value, dict) and value:
+            inner = _flat_record(value)
+            wrapped = key == "data" and "step" in record
+            out.update({k if wrapped else f"{key}.{k}": v for k, v in inner.items()})
+        else:
+            out[key] = value
+    return out
 
 
 def _missing(raw) -> bool:
@@ -138,6 +154,7 @@ def _missing(raw) -> bool:
 
 def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: IngestOptions) -> None:
     """Rows of raw cells → per-step store values, marking bad lines."""
+    mapping.refuse_not_rl(log.path, columns)
     explicit = opts.column_map
     absent = [f"{k}={v}" for k, v in explicit.items() if v not in columns]
     if absent:

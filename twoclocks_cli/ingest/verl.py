@@ -62,6 +62,7 @@ _PARAMS = {  # run column -> (dotted config path, type)
     "lr": ("actor_rollout_ref.actor.optim.lr", float),
 }
 _MAX_CONFIG_CHARS = 4_000_000
+_CRITIC = ("critic/vf_", "critic/values/", "critic/vpred")  # a value model's: PPO, not GRPO
 
 
 def _clean(line: str) -> str:
@@ -334,12 +335,13 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
             "crash before its first step?); nothing to import (--skip-bad skips such a file "
             "and imports the others)"
         )
+    mapping.refuse_not_rl(path, present)
     before = _before_training(records, initial)
     present.update(before)
     _add_validation(records, final, present)
     _note_gaps(log, records, rounded_lr)
     params, origin, broken = _header_params(header)
-    _default_group_size(header, params, origin, log)
+    _default_group_size(header, params, origin, log, present)
     log.params.update(params)
     log.params_from.update(origin)
     picks = mapping.choose_sources(present, mapping.VERL_KEYS, opts.column_map)
@@ -440,13 +442,21 @@ def _note_gaps(log: ParsedLog, records, rounded_lr: int) -> None:
         )
 
 
-def _default_group_size(header, params: dict, origin: dict, log: ParsedLog) -> None:
+def _default_group_size(header, params: dict, origin: dict, log: ParsedLog,
+                        present: set[str]) -> None:
     """A log that never states rollout.n ran with verl's default n = 1 (old PPO logs) — unless
-    it is GRPO, which needs n > 1: then the group size stays unknown (pass --group-size)."""
+    it is GRPO, which needs n > 1, or it has no config at all (W&B's output.log never holds
+    it) and its step lines log no critic (so it is not PPO): then the group size stays unknown
+    and the import asks for --group-size."""
     if "group_size" in params:
         return
     text = "\n".join(line for _, line, _ in header)
     if re.search(r"adv_estimator[\"':= ]+['\"]?grpo", text):
+        return
+    if not params and not any(k.startswith(_CRITIC) for k in present):
+        log.batch_hint = ("the log holds no verl config (a W&B output.log never does) and its "
+                          "step lines log no critic, so it is not PPO and verl's default n = 1 "
+                          "cannot be assumed")
         return
     params["group_size"], origin["group_size"] = 1, "verl default (rollout.n not in the log)"
     log.notes.append("actor_rollout_ref.rollout.n is not in the log: verl's default n = 1 "
