@@ -263,3 +263,22 @@ def test_preference_and_sft_logs_are_refused_by_their_keys(tmp_path):
     assert_one_line_error(twoclocks("ingest", str(verl_sft), "--db", url),
                           f"{verl_sft}: an SFT log")
     assert _dump(db) == before
+
+
+# -- analyze repeats what ingest doubted ---------------------------------------------------------
+
+
+def test_analyze_repeats_the_resumed_run_caveat_ingest_printed(tmp_path):
+    """Before: ingest said the first step was 101 (a resumed run); analyze said nothing."""
+    db = tmp_path / "s.db"
+    f = tmp_path / "resumed.log"
+    f.write_text("+ python3 -m verl.trainer.main_ppo data.train_batch_size=4 "
+                 "actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.optim.lr=1e-6\n"
+                 + "".join(_step_line(s, {"critic/score/mean": (s - 100) / 16})
+                           for s in range(101, 113)))
+    (r,) = _ingest(db, str(f), "--sweep", "res")
+    caveat = next(n for n in r["notes"] if "first training step is 101" in n)
+    proc = twoclocks("analyze", "res", "--db", f"sqlite:///{db}", "--json")
+    assert proc.returncode == 0, proc.stderr
+    warnings = json.loads(proc.stdout)["warnings"]
+    assert any(w.endswith(caveat) and w.startswith(f"run {r['run_id']} (") for w in warnings)
