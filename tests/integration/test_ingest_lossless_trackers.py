@@ -53,6 +53,10 @@ def _resumed_verl() -> tuple[dict, dict, dict]:
     want = {s: dict(v) for s, v in first.items() if s <= CHECKPOINT}
     want[CHECKPOINT][tk.EVAL] = 0.5
     want.update({s: v for s, v in again.items() if s > CHECKPOINT})
+    for part in (first, again):  # verl adds its step to the training rows, not to evaluations
+        for s, row in part.items():
+            if tk.REWARD in row:
+                row["training/global_step"] = s
     return first, again, want
 
 
@@ -76,6 +80,8 @@ def test_a_resumed_verl_runs_val_before_train_keeps_the_checkpoint_steps_metrics
                                         "config": config, "rows": sorted(again.items())}])
     db = tmp_path / "s.db"
     (r,) = _ingest(db, str(folder), "--sweep", "wandb")
+    # the step is verl's training/global_step; evaluation rows (without it) at their _step
+    assert r["sources"]["step"] == "training/global_step"
     _check(db, r["run_id"], want)
     assert any(f"from step {CHECKPOINT}: 2 earlier step(s) from {CHECKPOINT + 1} on replaced"
                in n for n in r["notes"]), r["notes"]
