@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import trackers as tk
-from tests.support.cli import twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks
 
 _MISSING = [m for m in ("wandb", "tensorboard", "torch") if importlib.util.find_spec(m) is None]
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"{', '.join(_MISSING)} missing: "
@@ -144,6 +144,8 @@ def test_a_wandb_log_cut_in_half_is_stored_incomplete_and_analyze_says_so(tmp_pa
     db = tmp_path / "s.db"
     (r,) = _ingest(db, str(folder), "--sweep", "cut")
     assert _status(db, r["run_id"]) == "incomplete"
+    (again,) = _ingest(db, str(folder), "--sweep", "cut")  # importing it again changes nothing
+    assert (again["run_id"], again["action"]) == (r["run_id"], "unchanged")
     assert any("no exit record" in n and "incomplete" in n for n in r["notes"])
     stored = _rows(db, r["run_id"], "reward_mean")
     curve = tk.curve(P)
@@ -177,3 +179,25 @@ def test_add_hparams_with_a_metric_dict_is_one_run_with_its_config(tmp_path):
         assert (r["batch_prompts"], r["group_size"], r["lr"]) == (P, tk.GROUP, tk.lr_of(P))
         _check(db, r["run_id"], curve)
         assert any("metric_dict (hparam/final_reward)" in n for n in r["notes"]), r["notes"]
+
+
+def test_a_dpo_run_logged_to_wandb_is_refused_by_its_keys(tmp_path):
+    """HF/TRL's W&B callback on a DPO trainer: `train/rewards/accuracies` is preference
+    accuracy; before, it could be picked as a reward function's accuracy."""
+    rows = [[s, {"train/loss": 0.69 - s / 100, "train/rewards/chosen": s / 10,
+                 "train/rewards/rejected": -s / 10, "train/rewards/accuracies": 0.5 + s / 20,
+                 "train/rewards/margins": s / 5, "train/logps/chosen": -50.0,
+                 "train/global_step": s}] for s in range(1, 6)]
+    folder = tk.write_wandb(tmp_path, [{"name": "dpo", "config": {"beta": 0.1},
+                                        "rows": rows, "explicit_step": False}])
+    db = tmp_path / "s.db"
+    _ingest(db, str(tk.write_csv(tmp_path / "csv")[0]), "--batch-prompts", "4",
+            "--group-size", "8")  # a store with a run in it
+    with sqlite3.connect(db) as con:
+        before = list(con.iterdump())
+    proc = twoclocks("ingest", str(folder), "--map", "accuracy=train/rewards/accuracies",
+                     "--batch-prompts", "4", "--group-size", "2", "--db", f"sqlite:///{db}")
+    line = assert_one_line_error(proc, "preference-training (DPO-style)", "nothing imported")
+    assert "(run dpo)" in line
+    with sqlite3.connect(db) as con:
+        assert list(con.iterdump()) == before
