@@ -11,6 +11,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import assert_one_line_error, twoclocks
 
 BANNER = ("2025-06-01 10:00:00,123\tINFO worker.py:1832 -- Started a local Ray instance. View "
@@ -282,3 +284,31 @@ def test_analyze_repeats_the_resumed_run_caveat_ingest_printed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     warnings = json.loads(proc.stdout)["warnings"]
     assert any(w.endswith(caveat) and w.startswith(f"run {r['run_id']} (") for w in warnings)
+
+
+# -- 11. where the progress crossing is placed (docs/concepts.md says the same) ------------------
+
+
+def test_the_crossing_is_never_interpolated_before_the_first_logged_point_at_the_target(tmp_path):
+    """The smoothed curve crosses 0.5 between steps 4 and 5 (its 5-point mean at step 5 is
+    0.508); the first logged value at or above 0.5 is step 7's: the clock is step 7's samples,
+    not an interpolation before it."""
+    db = tmp_path / "s.db"
+    f = tmp_path / "c.csv"
+    values = [0.1, 0.2, 0.3, 0.4, 0.45, 0.49, 0.9, 0.9, 0.9, 0.9]
+    f.write_text("step,reward_mean\n" + "".join(f"{s},{v}\n" for s, v in enumerate(values, 1)))
+    _ingest(db, str(f), "--batch-prompts", "4", "--group-size", "8", "--lr", "1e-3")
+    proc = twoclocks("analyze", "imported", "--target", "0.5", "--db", f"sqlite:///{db}",
+                     "--json")
+    assert proc.returncode == 0, proc.stderr
+    progress = json.loads(proc.stdout)["runs"][0]["progress"]
+    assert (progress["samples"], progress["steps"]) == (7 * 32, 7)
+    # where the smoothed curve crosses after a logged point at the target (a one-step spike at
+    # step 4), it is interpolated between smoothed points 7 (0.36) and 8 (0.52): step 7.875
+    values = [0.1, 0.1, 0.1, 0.6, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.9, 0.9]
+    f.write_text("step,reward_mean\n" + "".join(f"{s},{v}\n" for s, v in enumerate(values, 1)))
+    _ingest(db, str(f), "--sweep", "spike", "--batch-prompts", "4", "--group-size", "8",
+            "--lr", "1e-3")
+    proc = twoclocks("analyze", "spike", "--target", "0.5", "--db", f"sqlite:///{db}", "--json")
+    progress = json.loads(proc.stdout)["runs"][0]["progress"]
+    assert progress["samples"] == pytest.approx(7.875 * 32)
