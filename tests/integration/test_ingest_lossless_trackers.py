@@ -17,7 +17,7 @@ import pytest
 from tests.support import trackers as tk
 from tests.support.cli import assert_one_line_error, twoclocks
 
-_MISSING = [m for m in ("wandb", "tensorboard", "torch") if importlib.util.find_spec(m) is None]
+_MISSING = [m for m in ("wandb", "tensorboard", "torch", "mlflow") if importlib.util.find_spec(m) is None]
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"{', '.join(_MISSING)} missing: "
                                 "pip install -e '.[sources]'")
 
@@ -201,3 +201,21 @@ def test_a_dpo_run_logged_to_wandb_is_refused_by_its_keys(tmp_path):
     assert "(run dpo)" in line
     with sqlite3.connect(db) as con:
         assert list(con.iterdump()) == before
+
+
+def test_an_mlflow_run_that_did_not_finish_is_stored_incomplete(tmp_path):
+    curve = {s: row for s, row in tk.curve(P).items() if s <= 12}
+    params = {"data/train_batch_size": P, "actor_rollout_ref/rollout/n": tk.GROUP,
+              "actor_rollout_ref/actor/optim/lr": tk.lr_of(P)}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tk.write_mlflow(uri, [{"experiment": "e", "name": "killed", "params": params,
+                           "rows": tk._verl_metrics(curve), "status": "KILLED"},
+                          {"experiment": "e", "name": "done", "params": params,
+                           "rows": tk._verl_metrics(curve)}])
+    db = tmp_path / "s.db"
+    out = _ingest(db, "--from", f"mlflow:{uri}")
+    by_name = {r["run"]: r for r in out}
+    assert {n: _status(db, r["run_id"]) for n, r in by_name.items()} == {
+        "e/killed": "incomplete", "e/done": "completed"}, list(by_name)
+    for r in out:
+        _check(db, r["run_id"], curve)
