@@ -17,7 +17,8 @@ import pytest
 from tests.support import trackers as tk
 from tests.support.cli import assert_one_line_error, twoclocks
 
-_MISSING = [m for m in ("wandb", "tensorboard", "torch", "mlflow") if importlib.util.find_spec(m) is None]
+_MISSING = [m for m in ("wandb", "tensorboard", "torch", "mlflow")
+            if importlib.util.find_spec(m) is None]
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"{', '.join(_MISSING)} missing: "
                                 "pip install -e '.[sources]'")
 
