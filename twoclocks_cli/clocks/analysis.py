@@ -67,9 +67,10 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
     missing = [r.id for r in runs if r.id not in usable]
     if missing:
         warnings.append(f"run(s) {missing} have no finite {metric} values yet: left out")
-    partial = [row.run_id for row in run_rows if row.partial]
+    partial = [row.run_id for row in run_rows if row.partial and row.status != "incomplete"]
     if partial:
         warnings.append(f"run(s) {partial} still in progress: analysed as partial (censored)")
+    warnings += _import_caveats(runs)
     above = [row.run_id for row in run_rows if row.started_above]
     if above:
         warnings.append(
@@ -230,6 +231,21 @@ def _refuse_mixed_settings(runs) -> None:
             "mixes settings (re-run under the same name with another reference_lr or rule?); "
             "they cannot be pooled as seeds; give each setting its own sweep name"
         )
+
+
+def _import_caveats(runs) -> list[str]:
+    """What an import found doubtful about a run's log, repeated where its clocks are read: a
+    log without its end (incomplete), a resumed run's log without its start."""
+    out = []
+    cut = [r.id for r in runs if r.status == "incomplete"]
+    if cut:
+        out.append(f"run(s) {cut} incomplete: the imported log has no end (the run was killed "
+                   "or still going when it was written): analysed as partial (censored)")
+    for r in runs:
+        ingest = (r.config or {}).get("ingest")
+        for caveat in (ingest.get("caveats") or []) if isinstance(ingest, dict) else []:
+            out.append(f"run {r.id} ({r.name}): {caveat}")
+    return out
 
 
 def _run_row(run, clocks: RunClocks | None, in_family: bool) -> RunRow:

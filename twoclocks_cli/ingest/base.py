@@ -64,6 +64,10 @@ class ParsedLog:
     bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (line number, why)
     duplicates: int = 0  # (step, key) values logged more than once; the last one wins
     notes: list[str] = field(default_factory=list)  # what the parser left out or doubted, in words
+    # notes `analyze` repeats beside the run's clocks (a resumed run's first point is not its
+    # start), kept in the run's import record
+    caveats: list[str] = field(default_factory=list)
+    unfinished: str = ""  # why the log is not a finished run's (no exit record): "" when it is
     step_offset: int = 0  # samples = (step + offset) x batch (1: the first update is step 0)
     batch_hint: str = ""  # where this format keeps the batch size, for the "pass --batch-..." error
     fmt_from: str = "option"  # "option" (--format) or "detected: <what the content showed>"

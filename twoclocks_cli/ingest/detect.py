@@ -5,7 +5,8 @@ JSON Lines, a `.txt` a verl console log).
   (or a file named trainer_state.json that starts like JSON, so its parser names the flaw);
 - jsonl: one of the first non-empty lines is a whole JSON object;
 - verl: a `step:N - key:value` line, an `Initial/Final validation metrics:` line, or verl's own
-  marks (`verl.trainer`, a `(TaskRunner pid=N)` / `(main_task pid=N)` Ray prefix), so that a run
+  marks (`verl.trainer`, a `(TaskRunner pid=N)` / `(main_task pid=N)` Ray prefix, Ray's
+  `INFO worker.py:N -- Started a local Ray instance` banner), so that a run
   that crashed before its first step is still told apart (and said to have no step);
 - csv: a header row of two or more names, and rows with as many fields;
 - wandb-csv: such a header that is a W&B panel export's (`Step, <run> - <metric>, ...`);
@@ -37,6 +38,8 @@ _VERL = re.compile(
     r"|(?:Initial|Final) validation metrics:"
     r"|\bverl\.trainer\b|\brecipe\.\w+\.main_\w+"
     r"|^\((?:TaskRunner|main_task) pid=\d+"
+    # Ray's own banner, a verl run's first line (a run that crashed may print nothing more)
+    r"|\bINFO worker\.py:\d+ -- (?:Started a local Ray instance|Connecting to existing Ray)"
 )
 
 

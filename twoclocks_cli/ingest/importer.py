@@ -180,6 +180,8 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
             "bytes": log.size, "identity": opts.identity, "params_from": origin,
             "sources": log.sources, "map": opts.column_map,
             "skipped_lines": [line for line, _ in log.bad_lines],
+            **({"caveats": log.caveats} if log.caveats else {}),
+            **({"unfinished": log.unfinished} if log.unfinished else {}),
         },
     }
     return _Plan(log, digest.hexdigest()[:32], columns, config, samples, notes)
@@ -259,7 +261,8 @@ def ingest_files(store, paths: list[Path | str], opts: IngestOptions) -> list[In
                 store.set_status(run_id, RunStatus.failed, message="ingest failed",
                                  error=str(exc))
                 raise
-            store.set_status(run_id, RunStatus.completed, message=f"ingested {log.where}")
+            status = RunStatus.incomplete if log.unfinished else RunStatus.completed
+            store.set_status(run_id, status, message=f"ingested {log.where}")
         results.append(IngestResult(
             path=str(log.path), run=log.run_name or None, format=log.fmt,
             format_from=log.fmt_from, sweep=opts.sweep, run_id=run_id, action=action,

@@ -69,6 +69,44 @@ SAMPLES_COLUMN = "samples"
 AXES = ("step", "samples")
 
 
+# keys only preference (DPO-style) trainers log; keys only RL (GRPO/PPO) trainers log
+PREFERENCE_KEYS = frozenset({"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                             "rewards/margins", "logps/chosen", "logps/rejected"})
+RL_KEYS = frozenset({"reward", "reward_std", "frac_reward_zero_std", "completion_length",
+                     "completions/mean_length", "kl", "clip_ratio", "clip_ratio/region_mean",
+                     "critic/score/mean", "critic/rewards/mean", "reward_mean"})
+# LLaMA-Factory's trainer_log.jsonl: its progress columns, and `accuracy` copied from the
+# trainer's rewards/accuracies (only its preference trainers log it; its PPO logs `reward`)
+_LLAMA_FACTORY = {"current_steps", "total_steps", "percentage", "elapsed_time"}
+
+
+def not_rl(keys: Iterable[str]) -> str | None:
+    """Why a log with these metric names is not an RL run's (its 'accuracy' would be no
+    progress clock), or None when it may be one: a preference trainer's keys, LLaMA-Factory's
+    trainer log without a reward, verl's SFT trainer's `train/loss` without a reward."""
+    have = set(keys)
+    if have & RL_KEYS or any(k.startswith(("rewards/", "val-core/")) and k not in
+                             PREFERENCE_KEYS for k in have):
+        return None
+    if pref := sorted(have & PREFERENCE_KEYS):
+        return (f"a preference-training (DPO-style) log ({', '.join(pref[:3])}): "
+                "rewards/accuracies is preference accuracy, not a verifiable reward")
+    if _LLAMA_FACTORY <= have:
+        what = ("its accuracy is the trainer's rewards/accuracies, preference accuracy (DPO-"
+                "style)" if "accuracy" in have else "it logs no reward (SFT)")
+        return f"a LLaMA-Factory trainer_log.jsonl without a reward: {what}"
+    if "train/loss" in have and not have & {"accuracy", "eval_accuracy"}:
+        return "an SFT log (train/loss and no reward, as verl's SFT trainer logs)"
+    return None
+
+
+def refuse_not_rl(where, keys: Iterable[str]) -> None:
+    """ConfigError naming why the log at `where` is not an RL run's, when it is not."""
+    if why := not_rl(keys):
+        raise ConfigError(f"{where}: {why}; only RL runs (GRPO, PPO) have the two clocks; "
+                          "nothing imported")
+
+
 def parse_map(items: Iterable[str]) -> dict[str, str]:
     """`--map step=global_step,reward_mean=rew` (repeatable) → {store key: source column}."""
     out: dict[str, str] = {}

@@ -135,8 +135,9 @@ def _tracked(client, run, exp_name: str) -> scalars.TrackedRun:
     blob = json.dumps(content, sort_keys=True, default=str).encode()
     tracked.sha256, tracked.size = hashlib.sha256(blob).hexdigest(), len(blob)
     if run.info.status != "FINISHED":
-        tracked.notes.append(f"MLflow status {run.info.status}: the run had not finished "
-                             "when it was last logged")
+        tracked.unfinished = (f"MLflow status {run.info.status}: the run had not finished "
+                              "when it was last logged")
+        tracked.notes.append(tracked.unfinished + " (stored as incomplete)")
     return tracked
 
 

@@ -56,6 +56,7 @@ class TrackedRun:
     duplicates: int = 0  # (step, key) values logged more than once; the last one wins
     notes: list[str] = field(default_factory=list)
     bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (line, why): tables only
+    unfinished: str = ""  # why the run did not end as a finished one ("" when it did)
 
 
 def select_runs(source, runs: list[TrackedRun], opts: IngestOptions) -> list[TrackedRun]:
@@ -85,16 +86,24 @@ def normal_name(key: str) -> str:
 
 
 def splice_resumed(steps: dict, later: dict) -> str:
-    """Merge a resumed run's later part into `steps`: from the later part's first step on, its
-    rows replace the earlier part's (the resumed run redid them); the note's tail on what was
-    replaced."""
-    start = min(later)
+    """Merge a resumed run's later part into `steps`: from the later part's first training step
+    on, its rows replace the earlier part's (the resumed run redid them); the note's tail on
+    what was replaced. Evaluation-only rows before that step (verl's `val_before_train` at the
+    checkpoint's step) are added to the earlier rows, whose training values stay."""
+    trained = [s for s, row in later.items() if any(not is_eval(k) for k in row)]
+    start = min(trained) if trained else max(later) + 1
     dropped = [s for s in steps if s >= start]
     for s in dropped:
         del steps[s]
     for step, values in later.items():
         steps.setdefault(step, {}).update(values)
     return (f": {len(dropped)} earlier step(s) from {start} on replaced" if dropped else "")
+
+
+def is_eval(key: str) -> bool:
+    """Whether a tracker's key is an evaluation's (verl `val-*`/`test_score`, HF `eval/`)."""
+    name = normal_name(key)
+    return name.startswith(("val", "test_score", "eval_"))
 
 
 def config_params(config: Mapping) -> tuple[dict, dict[str, str]]:
@@ -149,7 +158,7 @@ def to_log(run: TrackedRun, path: Path, fmt: str, opts: IngestOptions) -> Parsed
     """The ParsedLog of one tracked run: store names, its settings, notes on what was inferred."""
     log = ParsedLog(path=path, fmt=fmt, sha256=run.sha256, size=run.size, run_key=run.key,
                     run_name=run.name, duplicates=run.duplicates, notes=list(run.notes),
-                    bad_lines=list(run.bad_lines))
+                    bad_lines=list(run.bad_lines), unfinished=run.unfinished)
     present = {k for row in run.steps.values() for k in row}
     if not present:  # a run that has not logged yet (--follow waits for its first step)
         raise NoStepsError(f"{log.where}: no step was logged: the run has no history yet (or "
@@ -157,6 +166,7 @@ def to_log(run: TrackedRun, path: Path, fmt: str, opts: IngestOptions) -> Parsed
     names: dict[str, str] = {}  # console name -> source key
     for key in sorted(present):
         names.setdefault(normal_name(key), key)
+    mapping.refuse_not_rl(log.where, names)
     for key in present:  # a raw name wins over another key's normalised one
         names[key] = key
     picks = _picks(run, names, opts)
@@ -263,3 +273,4 @@ def _note_resumed(log: ParsedLog) -> None:
         log.notes.append(f"the first training step is {train[0]} (logged every {every}): a "
                          "resumed run? the steps before it are not in this source, so this "
                          "run's first point is not its start")
+        log.caveats.append(log.notes[-1])

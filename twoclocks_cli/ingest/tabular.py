@@ -3,7 +3,9 @@
 Columns are matched to store keys by `--map KEY=COLUMN`, else by the store's own names, else by
 the TRL and verl names in `mapping`. The step column is `--map step=...` or the first of
 `mapping.STEP_COLUMNS`; a `samples` column (or `--map samples=...`) gives the samples axis,
-otherwise it is derived from the batch size. Empty cells and nulls are missing values.
+otherwise it is derived from the batch size. Empty cells and nulls are missing values. verl's
+`val-core/<source>/reward/mean@N` columns give the held-out accuracy as verl's log reader takes
+it; without a configured lr, the run's lr is the peak lr logged.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
-from twoclocks_cli.ingest import mapping
+from twoclocks_cli.ingest import mapping, verl
 from twoclocks_cli.ingest.base import (
     SAMPLES_MAX,
     IngestOptions,
@@ -125,9 +127,25 @@ def _jsonl_rows(log: ParsedLog, text: str, finished: bool) -> tuple[list[Row], l
         if not isinstance(record, dict):
             log.bad(number, f"expected a JSON object, got {type(record).__name__}")
             continue
+        record = _flat_record(record)
         columns.update(dict.fromkeys(record))
         rows.append((number, record))
     return rows, list(columns)
+
+
+def _flat_record(record: dict) -> dict:
+    """A JSON Lines object with its nested objects' keys joined by '.' (so `--map` reaches
+    them), but for verl's `file` logger's row, `{"step": N, "data": {...}}`: its `data` keys
+    are the metrics under their own names."""
+    out: dict = {}
+    for key, value in record.items():
+        if isinstance(value, dict) and value:
+            inner = _flat_record(value)
+            wrapped = key == "data" and "step" in record
+            out.update({k if wrapped else f"{key}.{k}": v for k, v in inner.items()})
+        else:
+            out[key] = value
+    return out
 
 
 def _missing(raw) -> bool:
@@ -136,6 +154,7 @@ def _missing(raw) -> bool:
 
 def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: IngestOptions) -> None:
     """Rows of raw cells → per-step store values, marking bad lines."""
+    mapping.refuse_not_rl(log.path, columns)
     explicit = opts.column_map
     absent = [f"{k}={v}" for k, v in explicit.items() if v not in columns]
     if absent:
@@ -155,6 +174,9 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
     picks = mapping.choose_sources(
         [c for c in columns if c not in (step_col, samples_col)], ALIASES, explicit
     )
+    evals = [] if "eval_accuracy" in picks else [
+        c for c in columns if c not in picks.values() and c not in (step_col, samples_col)
+        and (verl._VAL_CORE.match(c) or verl._VAL_OLD.match(c))]
     other = 0
     for number, record in rows:
         if opts.fmt == "jsonl" and step_col not in record:  # a config or summary object
@@ -170,7 +192,7 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
             log.bad(number, f"{step_col!r} is {record.get(step_col)!r}, not a step number")
             continue
         values, bad = {}, None
-        for col in picks.values():
+        for col in [*picks.values(), *evals]:
             raw = record.get(col)
             if _missing(raw):
                 continue
@@ -187,14 +209,32 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
         if bad:
             log.bad(number, bad)
             continue
-        log.put(step, mapping.apply(values, picks))
+        mapped = mapping.apply(values, picks)
+        if (acc := verl._eval_accuracy({c: values[c] for c in evals if c in values})) is not None:
+            mapped["eval_accuracy"] = acc
+        log.put(step, mapped)
     if other:
         log.notes.append(f"{other} line(s) without {step_col!r} (config or summary objects) are "
                          "not steps: not imported as metrics"
                          + (f"; run settings read from them: {', '.join(sorted(log.params))}"
                             if log.params else ""))
+    if evals:
+        picks = {**picks, "eval_accuracy": "val-core/<source>/reward/mean@N or val/test_score"}
     log.sources = {**picks, "step": step_col, **({"samples": samples_col} if samples_col else {})}
-    log.unmapped = mapping.unmapped(columns, picks, ignore=(step_col, samples_col or ""))
+    log.unmapped = mapping.unmapped(columns, picks, ignore=(step_col, samples_col or "", *evals))
+    _peak_lr(log)
+
+
+def _peak_lr(log: ParsedLog) -> None:
+    """Without a configured lr (a `cfg` line, --lr), the run's lr is the peak lr logged (after
+    warm-up, before any decay), with a note."""
+    lrs = [v["lr"] for v in log.steps.values() if v.get("lr", 0) > 0 and v["lr"] < float("inf")]
+    if "lr" in log.params or not lrs:
+        return
+    log.params["lr"] = max(lrs)
+    log.params_from["lr"] = f"log (peak {log.sources['lr']} logged)"
+    log.notes.append(f"lr = {max(lrs):.3g}, the peak {log.sources['lr']} logged: the file "
+                     "states no configured lr; --lr sets it")
 
 
 def parse(path: Path, opts: IngestOptions) -> ParsedLog:

@@ -7,7 +7,8 @@ fails its checksum is a corrupt file, refused; a last record cut off mid-write (
 going) is left out, with a note. Scalars are old-style `simple_value`s or new-style scalar
 tensors; TensorBoard keeps them as 32-bit floats (about 7 significant digits: said in a note).
 The run's config is its `add_hparams` record (also from an hparams-only subfolder, as
-`SummaryWriter.add_hparams` writes one) and a JSON text summary named `args` or `config` (HF
+`SummaryWriter.add_hparams` writes one; the scalars of its `metric_dict` there are the run's
+summary, not steps: left out, with a note) and a JSON text summary named `args` or `config` (HF
 writes its TrainingArguments so). Several event files in one folder are one run restarted: in
 file order, a later file's steps replace the earlier ones' from its first step on (TensorBoard's
 own rule for a run resumed from a checkpoint).
@@ -57,6 +58,7 @@ class _File:
         self.steps: dict[int, dict[str, float]] = {}
         self.config: dict = {}
         self.hparams = False
+        self.metric_tags: set[str] = set()  # the metrics an hparams experiment names
         self.float32 = False
         self.duplicates = 0
 
@@ -136,6 +138,7 @@ def _hparams(out: _File, content: bytes) -> None:
         data.ParseFromString(content)
     except Exception:  # protobuf's DecodeError: an hparams record of another version
         return
+    out.metric_tags.update(m.name.tag for m in data.experiment.metric_infos)
     for name, value in data.session_start_info.hparams.items():
         kind = value.WhichOneof("kind")
         if kind in ("number_value", "string_value"):
@@ -171,6 +174,11 @@ def _run(folder: Path, files: list[Path], name: str, opts: IngestOptions) -> sca
         float32 = float32 or part.float32
         if part.hparams and not part.steps:
             continue
+        if _hparams_metrics(part):  # add_hparams' metric_dict: the run's summary, not steps
+            tags = sorted({k for row in part.steps.values() for k in row})
+            notes.append(f"add_hparams' metric_dict ({', '.join(tags[:5])}) in {f.name} is a "
+                         "summary of the run, not a logged step: not imported")
+            continue
         if i and part.steps and run.steps:
             start = min(part.steps)
             notes.append(f"{f.name} starts again at step {start} (a resumed run)"
@@ -183,6 +191,13 @@ def _run(folder: Path, files: list[Path], name: str, opts: IngestOptions) -> sca
                      "7 significant digits")
     run.sha256, run.size = digest.hexdigest(), size
     return run
+
+
+def _hparams_metrics(part: _File) -> bool:
+    """Whether a file holds an hparams record and, as scalars, only the metrics it names at
+    one step: what `SummaryWriter.add_hparams(hparams, metric_dict)` writes."""
+    tags = {k for row in part.steps.values() for k in row}
+    return part.hparams and len(part.steps) == 1 and bool(tags) and tags <= part.metric_tags
 
 
 def parse_runs(path: Path, opts: IngestOptions) -> list[ParsedLog]:
@@ -201,6 +216,7 @@ def parse_runs(path: Path, opts: IngestOptions) -> list[ParsedLog]:
         parent = runs.get(folder.parent)
         if not run.steps and parent is not None and run.config:
             parent.config.update(run.config)
+            parent.notes.extend(n for n in run.notes if n not in parent.notes)
             parent.sha256 = hashlib.sha256((parent.sha256 + run.sha256).encode()).hexdigest()
             del runs[folder]
     chosen = scalars.select_runs(path, list(runs.values()), opts)

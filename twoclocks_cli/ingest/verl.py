@@ -62,6 +62,7 @@ _PARAMS = {  # run column -> (dotted config path, type)
     "lr": ("actor_rollout_ref.actor.optim.lr", float),
 }
 _MAX_CONFIG_CHARS = 4_000_000
+_CRITIC = ("critic/vf_", "critic/values/", "critic/vpred")  # a value model's: PPO, not GRPO
 
 
 def _clean(line: str) -> str:
@@ -334,12 +335,13 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
             "crash before its first step?); nothing to import (--skip-bad skips such a file "
             "and imports the others)"
         )
+    mapping.refuse_not_rl(path, present)
     before = _before_training(records, initial)
     present.update(before)
     _add_validation(records, final, present)
     _note_gaps(log, records, rounded_lr)
     params, origin, broken = _header_params(header)
-    _default_group_size(header, params, origin, log)
+    _default_group_size(header, params, origin, log, present)
     log.params.update(params)
     log.params_from.update(origin)
     picks = mapping.choose_sources(present, mapping.VERL_KEYS, opts.column_map)
@@ -355,7 +357,7 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         else:
             row.update(before)
         before = {}
-    _logged_samples(log, records, present)
+    _logged_samples(log, records, present, opts)
     evals = set()
 
     def store_names(values: dict[str, float]) -> dict[str, float]:
@@ -432,6 +434,7 @@ def _note_gaps(log: ParsedLog, records, rounded_lr: int) -> None:
             f"the log's first training step is {train[0]}: a resumed run? the steps before it "
             "are not in this file, so this run's first point is not its start"
         )
+        log.caveats.append(log.notes[-1])
     if rounded_lr:
         log.notes.append(
             f"actor/lr printed as 0.000 at {rounded_lr} step(s) (rounded away by the printer): "
@@ -439,13 +442,21 @@ def _note_gaps(log: ParsedLog, records, rounded_lr: int) -> None:
         )
 
 
-def _default_group_size(header, params: dict, origin: dict, log: ParsedLog) -> None:
+def _default_group_size(header, params: dict, origin: dict, log: ParsedLog,
+                        present: set[str]) -> None:
     """A log that never states rollout.n ran with verl's default n = 1 (old PPO logs) — unless
-    it is GRPO, which needs n > 1: then the group size stays unknown (pass --group-size)."""
+    it is GRPO, which needs n > 1, or it has no config at all (W&B's output.log never holds
+    it) and its step lines log no critic (so it is not PPO): then the group size stays unknown
+    and the import asks for --group-size."""
     if "group_size" in params:
         return
     text = "\n".join(line for _, line, _ in header)
     if re.search(r"adv_estimator[\"':= ]+['\"]?grpo", text):
+        return
+    if not params and not any(k.startswith(_CRITIC) for k in present):
+        log.batch_hint = ("the log holds no verl config (a W&B output.log never does) and its "
+                          "step lines log no critic, so it is not PPO and verl's default n = 1 "
+                          "cannot be assumed")
         return
     params["group_size"], origin["group_size"] = 1, "verl default (rollout.n not in the log)"
     log.notes.append("actor_rollout_ref.rollout.n is not in the log: verl's default n = 1 "
@@ -470,10 +481,11 @@ def _logged_lr(log: ParsedLog, records, key: str | None, broken: list[int]) -> N
                      "configured lr")
 
 
-def _logged_samples(log: ParsedLog, records, present: set) -> None:
+def _logged_samples(log: ParsedLog, records, present: set, opts: IngestOptions) -> None:
     """The samples axis from the log's own count (`rollout/total_num_samples`): it wins over
     step x prompts x n. Non-decreasing values are a running total; otherwise they are per-step
-    counts, summed (from the file's first step: a resumed log's earlier steps are missing)."""
+    counts, summed (from the file's first step: a resumed log's earlier steps are missing). A
+    count below one batch per step (a recipe counting prompts) is not used, with a note."""
     key = next((k for k in _SAMPLES_KEYS if k in present), None)
     if key is None:
         return
@@ -481,15 +493,40 @@ def _logged_samples(log: ParsedLog, records, present: set) -> None:
     counted = [(step, v) for step, v in counted if v == v and v >= 0]
     if not counted:
         return
-    running = _is_running_total(counted, log.params)
-    total = 0.0
+    params = {**log.params, **{k: v for k in ("batch_prompts", "group_size")
+                               if (v := getattr(opts, k)) is not None}}
+    running = _is_running_total(counted, params)
+    totals, total = {}, 0.0
     for step, v in counted:
         total = v if running else total + v
-        log.samples[step] = to_step(round(total), limit=SAMPLES_MAX)
+        totals[step] = to_step(round(total), limit=SAMPLES_MAX)
     present.discard(key)
-    log.sources = {**log.sources, "samples": key}
     how = "a running total" if running else "per-step counts, summed"
+    short = _below_batch(totals, running, _batch(params), log.step_offset)
+    if short is not None:
+        step, v, least = short
+        log.notes.append(f"the log's {key} ({how}) is {v:,} at step {step}, below the "
+                         f"{least:,} samples step x prompts x n gives: it counts prompts, not "
+                         "completions; samples = step x prompts x n")
+        return
+    log.samples.update(totals)
+    log.sources = {**log.sources, "samples": key}
     log.notes.append(f"samples from the log's {key} ({how}), not step x prompts x n")
+
+
+def _below_batch(totals: dict[int, int], running: bool, batch: float | None,
+                 offset: int) -> tuple[int, int, int] | None:
+    """The first (step, count, least) where a logged sample count is below one batch per step
+    counted (from step 0 for a running total, from the file's first step for summed per-step
+    counts): every update consumes a whole batch, so such a count is not of completions."""
+    if batch is None or not totals:
+        return None
+    first = min(totals)
+    for step, v in sorted(totals.items()):
+        least = int((step + offset if running else step - first + 1) * batch)
+        if v < least:
+            return step, v, least
+    return None
 
 
 def _is_running_total(counted: list[tuple[int, float]], params: dict) -> bool:

@@ -127,7 +127,9 @@ def _rows(path: Path, rows: list[list[str]], axis: str, metrics: dict,
                 break
             if v is not None:
                 values[metric] = v
-                wide = wide or (lo is not None and hi is not None and lo != hi)
+                # NaN != NaN: a NaN range is one NaN logged, not an average
+                wide = wide or (lo is not None and hi is not None and lo != hi
+                                and not (lo != lo and hi != hi))
         if bad:
             run.bad_lines.append((number, bad))
             continue

@@ -35,7 +35,9 @@ _HEADER = 7  # magic, 2-byte ident, version
 _BLOCK = 32 * 1024
 _CHUNK = 7  # crc32 (4), length (2), type (1)
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-_STEP_KEYS = ("train/global_step", "trainer/global_step", "global_step")
+# the trainer's own step (HF/TRL, verl): W&B's `_step` counts log calls and, in a run resumed
+# offline without `step=`, starts again at 0
+_STEP_KEYS = ("train/global_step", "trainer/global_step", "training/global_step", "global_step")
 
 
 def run_files(path: Path) -> list[Path]:
@@ -203,15 +205,19 @@ def _run(parts: list[tuple[_Part, bytes]], opts: IngestOptions,
     for i, (part, _) in enumerate(parts):
         steps = _steps(part, run, opts)
         if i and steps:
+            again = (" (W&B's _step counts again from 0 in a run resumed offline without "
+                     "step=: --map step=KEY names the trainer's step if it logs one)"
+                     if run.step_key == "_step" and min(steps) == 0 and run.steps else "")
             notes.append(f"resumed in {part.path.parent.name} from step {min(steps)}"
-                         + scalars.splice_resumed(run.steps, steps))
+                         + scalars.splice_resumed(run.steps, steps) + again)
             continue
         for step, values in steps.items():
             run.steps.setdefault(step, {}).update(values)
         run.config.update(part.config)
     if not parts[-1][0].exited:
-        notes.append("no exit record: the run was still going, or was killed, when its log "
-                      "was last written")
+        run.unfinished = ("no exit record: the run was still going, or was killed, when its "
+                          "log was last written")
+        notes.append(run.unfinished + " (stored as incomplete)")
     return run
 
 
@@ -219,12 +225,15 @@ def _steps(part: _Part, run: scalars.TrackedRun, opts: IngestOptions) -> dict:
     """step -> {key: value} of one part's history rows (internal `_` keys left out)."""
     steps: dict[int, dict[str, float]] = {}
     without = 0
+    same = _step_is_trainers(part.rows, run.step_key)
     for row in part.rows:
-        if run.step_key not in row:
+        key = run.step_key if run.step_key in row else "_step" if same and "_step" in row \
+            else None
+        if key is None:
             without += 1
             continue
         try:
-            step = to_step(row[run.step_key])
+            step = to_step(row[key])
         except ValueError as exc:
             raise ConfigError(f"{part.path}: {run.step_key} {exc}") from None
         values = {k: v for k, v in row.items() if not k.startswith("_") and k != run.step_key}
@@ -235,6 +244,13 @@ def _steps(part: _Part, run: scalars.TrackedRun, opts: IngestOptions) -> dict:
         run.notes.append(f"{without} history row(s) of {part.path.name} without "
                          f"{run.step_key!r} are not steps: not imported")
     return steps
+
+
+def _step_is_trainers(rows: list[dict], key: str) -> bool:
+    """Whether W&B's `_step` is the trainer's step `key` wherever both are logged (verl logs
+    with `step=`): then a row without `key` (an evaluation logged alone) is at its `_step`."""
+    both = [r for r in rows if key in r and "_step" in r]
+    return key != "_step" and bool(both) and all(r[key] == r["_step"] for r in both)
 
 
 def parse_runs(path: Path, opts: IngestOptions) -> list[ParsedLog]:

@@ -7,10 +7,10 @@ import typer
 from twoclocks_cli.core.numbers import num
 from twoclocks_cli.render.tables import console
 
-ORDER = ("planned", "submitted", "running", "lost", "completed", "diverged", "failed",
-         "cancelled")
+ORDER = ("planned", "submitted", "running", "lost", "incomplete", "completed", "diverged",
+         "failed", "cancelled")
 STYLE = {"completed": "green", "diverged": "yellow", "failed": "red", "cancelled": "magenta",
-         "running": "cyan", "lost": "orange3"}
+         "running": "cyan", "lost": "orange3", "incomplete": "orange3"}
 LOST_HINT = ("{n} lost cell(s) (their job vanished without reporting): a plain `twoclocks sweep "
              "CONFIG` resumes them from their checkpoints")
 

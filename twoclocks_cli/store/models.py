@@ -38,7 +38,9 @@ class RunStatus(str, enum.Enum):
     """Lifecycle: planned → submitted → running → completed | failed | diverged | cancelled,
     or `lost`: the job vanished without reporting (killed, node lost, out of memory); a lost
     run is not finished — a plain `twoclocks sweep` resubmits it and it resumes from its
-    checkpoint. `status` is a String(16) column without an enum constraint (no migration)."""
+    checkpoint. `incomplete`: an imported log that does not end as a finished run's (no exit
+    record: killed, or still being written). `status` is a String(16) column without an enum
+    constraint (no migration)."""
 
     planned = "planned"
     submitted = "submitted"
@@ -48,6 +50,7 @@ class RunStatus(str, enum.Enum):
     diverged = "diverged"
     cancelled = "cancelled"
     lost = "lost"
+    incomplete = "incomplete"
 
     @property
     def finished(self) -> bool:

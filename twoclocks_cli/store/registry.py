@@ -144,7 +144,9 @@ class RegistryQueries:
             run, created = self._cell_run(s, sweep, cell_id, name, fmt, config, columns)
             if created:
                 return run.id, "created"
-            if run.config == config and run.status == RunStatus.completed.value and all(
+            # completed or incomplete: the import finished writing (a failed one did not)
+            written = (RunStatus.completed.value, RunStatus.incomplete.value)
+            if run.config == config and run.status in written and all(
                     getattr(run, k) == v for k, v in columns.items()):
                 return run.id, "unchanged"
             run.config = config
