@@ -15,6 +15,8 @@ import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
 
+pytestmark = pytest.mark.subprocess
+
 BANNER = ("2025-06-01 10:00:00,123\tINFO worker.py:1832 -- Started a local Ray instance. View "
           "the dashboard at 127.0.0.1:8265 \n")
 
