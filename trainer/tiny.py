@@ -9,26 +9,22 @@ and checked against a manifest of checksums on every use.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import math
 import os
 import re
-import shutil
 import string
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainer.model_cache import MANIFEST, cache_root, cached_build, sha256
 from twoclocks_cli.core.errors import ConfigError
 
 TINY_MODEL_ID = "builtin:tiny-arith"
 # Bump when the recipe changes: a new version never reuses an old cache entry.
 BUILD_VERSION = 2
-MANIFEST = "manifest.json"
 # Threads used to build: the same seed gives the same weights on any machine with this torch.
 BUILD_THREADS = 2
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -62,21 +58,6 @@ class TinyRecipe:
 _RECIPE = TinyRecipe()
 
 
-def cache_root() -> Path:
-    """`$TWOCLOCKS_CACHE` when set, else `~/.cache/twoclocks`."""
-    env = os.environ.get("TWOCLOCKS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "twoclocks"
-
-
-def _sha256(path: Path) -> str:
-    """Hex SHA-256 of a file."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def is_valid(model_dir: Path, seed: int) -> bool:
     """True when `model_dir` holds a complete build of this version and seed (checksums match)."""
     try:
@@ -86,7 +67,7 @@ def is_valid(model_dir: Path, seed: int) -> bool:
         if manifest.get("recipe") != asdict(_RECIPE):
             return False
         files = manifest["files"]
-        return bool(files) and all(_sha256(model_dir / n) == h for n, h in files.items())
+        return bool(files) and all(sha256(model_dir / n) == h for n, h in files.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
@@ -301,7 +282,7 @@ def _train_and_save(target: Path, seed: int, tokenizer, recipe: TinyRecipe, t0: 
     )
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
-    files = {p.name: _sha256(p) for p in sorted(target.iterdir()) if p.is_file()}
+    files = {p.name: sha256(p) for p in sorted(target.iterdir()) if p.is_file()}
     manifest = {
         "model_id": TINY_MODEL_ID, "version": BUILD_VERSION, "seed": seed, "files": files,
         "recipe": asdict(recipe), "params": sum(p.numel() for p in model.parameters()),
@@ -322,32 +303,10 @@ def ensure_tiny_model(seed: int = 0, cache_dir: Path | None = None, progress: bo
     """The directory of the tiny model for `seed`, built first (≈3 min on 2 free cores) if absent
     or corrupt."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    name = f"tiny-arith-v{BUILD_VERSION}-seed{seed}"
-    target = root / name
-    if is_valid(target, seed):
-        return target
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        lock = (root / f"{name}.lock").open("a")
-    except OSError as e:
-        raise ConfigError(f"cannot write the model cache {root}: {e.strerror}") from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building: wait for it
-        if is_valid(target, seed):
-            return target
-        for stale in root.glob(f".{name}.tmp*"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a killed build
-        if progress:
-            print(f"building {TINY_MODEL_ID} (seed {seed}) into {target}", file=sys.stderr)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp", dir=root))
-        try:
-            _build(tmp, seed, progress)
-            if target.exists():
-                shutil.rmtree(target)
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_build(root, f"tiny-arith-v{BUILD_VERSION}-seed{seed}",
+                        lambda target: is_valid(target, seed),
+                        lambda tmp: _build(tmp, seed, progress),
+                        f"{TINY_MODEL_ID} (seed {seed})", progress)
 
 
 def resolve_model_path(name_or_path: str) -> Path | str:
@@ -433,8 +392,6 @@ def _folder_problem(path: Path) -> str | None:
 def _hub_offline() -> bool:
     """Whether this process is told to stay off the hub (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE),
     as huggingface_hub reads those variables."""
-    import os
-
     return any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")
                for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 

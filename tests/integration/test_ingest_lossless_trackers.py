@@ -19,8 +19,11 @@ from tests.support.cli import assert_one_line_error, twoclocks
 
 _MISSING = [m for m in ("wandb", "tensorboard", "torch", "mlflow")
             if importlib.util.find_spec(m) is None]
-pytestmark = [pytest.mark.skipif(bool(_MISSING), reason=f"{', '.join(_MISSING)} missing: ", pytest.mark.subprocess]
-                                "pip install -e '.[sources]'")
+pytestmark = [
+    pytest.mark.skipif(bool(_MISSING), reason=f"{', '.join(_MISSING)} missing: "
+                       "pip install -e '.[sources]'"),
+    pytest.mark.subprocess,
+]
 
 P = 4  # prompts per step (tk.GROUP = 8 completions each)
 CHECKPOINT = 10  # the resumed part starts again after this step
