@@ -54,6 +54,9 @@ class _Times:
     def flush(self):
         pass
 
+    def event(self, message):  # a warning of the run (e.g. no learning signal): not timed
+        pass
+
     def medians_ms(self) -> dict[str, float]:
         import statistics
 

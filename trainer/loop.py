@@ -13,6 +13,7 @@ from an in-memory copy of the state and continues from the kept one (`trainer.in
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -213,6 +214,7 @@ class Run:
     step: int = 0
     samples: int = 0
     ctl: Controller | None = None  # the adaptive controller, if batch_schedule = "adaptive"
+    flat_steps: int = 0  # of the first NO_SIGNAL_STEPS, those whose every group had equal rewards
 
     @property
     def writes(self) -> bool:
@@ -561,6 +563,28 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
     return values
 
 
+# Batches at the start of a run looked at before saying that nothing can be learned.
+NO_SIGNAL_STEPS = 2
+
+
+def _warn_without_signal(run: Run, values: dict) -> None:
+    """When every group of a new run's first NO_SIGNAL_STEPS batches had equal rewards, every
+    advantage is 0 and nothing can be learned (often a reward that never accepts the model's
+    answer format): say so once, on stderr and as a note of the run."""
+    if run.step > NO_SIGNAL_STEPS or run.dist.rank != 0:
+        return
+    run.flat_steps += values["zero_std_frac"] == 1.0
+    if run.step < NO_SIGNAL_STEPS or run.flat_steps < NO_SIGNAL_STEPS:
+        return
+    message = (f"no learning signal: every group of the first {NO_SIGNAL_STEPS} batches has zero "
+               f"advantage (equal rewards within each group; reward mean "
+               f"{values['reward_mean']:.3f}): check that the reward accepts the answers as the "
+               "model writes them")
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+    if run.writes:
+        run.sink.event(message)
+
+
 def _train_step(run: Run, phase, phase_index: int) -> tuple[dict, Batch]:
     """One GRPO step at `phase`'s batch and lr: sample, reward, advantages, update; returns
     the step's metrics (before evaluation) and its batch. Advances the run's counters."""
@@ -656,6 +680,7 @@ def train(
         while run.samples < cfg.sample_budget:
             phase_index, phase = _phase(run)
             values, batch = _train_step(run, phase, phase_index)
+            _warn_without_signal(run, values)
             branches: dict = {}
             decision = inrun_branch.adapt(run, values, branches, _steps())
             eval_acc = None

@@ -25,8 +25,8 @@ class MetricSink(Protocol):
         """Make what was logged durable (before each checkpoint: metrics never lag it)."""
 
     def event(self, message: str) -> None:
-        """Record a one-line event of the run (an adaptive decision's reason); called only
-        when a controller decides."""
+        """Record a one-line event of the run: an adaptive decision's reason, or a warning
+        (e.g. no learning signal at the start)."""
 
 
 @dataclass

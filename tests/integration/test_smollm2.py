@@ -118,3 +118,22 @@ def test_the_scorer_equals_transformers_forward(smol):
     lp_ours = torch.log_softmax(ours, -1).gather(-1, ids[:, p:, None]).squeeze(-1)
     lp_full = torch.log_softmax(full, -1).gather(-1, ids[:, p:, None]).squeeze(-1)
     assert float((lp_ours[valid] - lp_full[valid]).abs().max()) <= 1e-4
+
+
+def test_a_run_without_learning_signal_says_so(tmp_path, capfd):
+    """Two steps on the chat model with the default strict reward: whether every group of both
+    batches had equal rewards (all advantages 0) decides, from the logged metrics, whether the
+    warning is printed and recorded — and here it is, the model never writes `\\boxed{}`."""
+    from tests.support.training import Collect
+    from trainer.loop import NO_SIGNAL_STEPS, train
+
+    cfg = TrainConfig(model=SMOLLM2_ID, group_size=4, prompts_per_batch=2, sample_budget=16,
+                      max_new_tokens=24, eval_every_samples=0, checkpoint_every_steps=100,
+                      threads=2, lr=1e-6)
+    sink = Collect()
+    assert train(cfg, sink, tmp_path / "run") == "completed"
+    flat = [sink.rows[s]["zero_std_frac"] == 1.0 for s in range(1, NO_SIGNAL_STEPS + 1)]
+    warned = [e for e in sink.events if e.startswith("no learning signal")]
+    assert bool(warned) == all(flat)
+    assert ("warning: no learning signal" in capfd.readouterr().err) == all(flat)
+    assert all(flat), sink.rows  # the strict reward refuses every answer this model writes

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 
 class Collect:
-    """Metric sink for an in-process `train()`: {step: {key: value}}."""
+    """Metric sink for an in-process `train()`: {step: {key: value}}, and the run's events."""
 
     def __init__(self):
         self.rows: dict[int, dict] = {}
+        self.events: list[str] = []
 
     def log(self, step, samples, values):
         self.rows.setdefault(step, {}).update(values)
+
+    def event(self, message):
+        self.events.append(message)
 
     def flush(self):
         pass

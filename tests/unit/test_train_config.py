@@ -166,3 +166,13 @@ def test_the_eta_is_never_negative_when_the_last_step_passes_the_budget():
     assert eta_text(3600 * 100, 100.0) == "01:00:00"
     assert eta_text(-1536, 369.0) == "00:00:00"  # 34,304 of 32,768 samples
     assert eta_text(100, 0.0) == "-"
+
+
+def test_a_rate_below_one_sample_a_second_is_not_printed_as_zero():
+    from twoclocks_cli.commands.train import rate_text
+
+    assert rate_text(0.3125) == "0.31 samples/s"  # a 135M model: 32 samples in 102 s
+    assert rate_text(0.049) == "0.049 samples/s"
+    assert rate_text(3.0) == "3 samples/s"
+    assert rate_text(9.96) == "10 samples/s"
+    assert rate_text(1234.4) == "1,234 samples/s"

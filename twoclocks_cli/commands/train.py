@@ -295,7 +295,7 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
         """Samples per second over rich's recent window ('-' until there are two updates)."""
 
         def render(self, task) -> Text:
-            return Text("-" if task.speed is None else f"{task.speed:,.0f} samples/s")
+            return Text("-" if task.speed is None else rate_text(task.speed))
     columns = (
         TextColumn(f"run {run_id}"),
         BarColumn(),
@@ -321,6 +321,14 @@ def _train_with_bar(cfg, writer, workdir: Path, run_id: int, show: bool, extend:
             bar.update(task, completed=min(p.samples, p.budget), **fields)
 
         return train(cfg, writer, workdir, on_step=on_step, extend=extend)
+
+
+def rate_text(rate: float) -> str:
+    """Samples per second with two significant digits below 10 (a real model on a CPU trains
+    at 0.3 samples/s, which a whole-number format shows as 0) and whole numbers above."""
+    if rate >= 10:
+        return f"{rate:,.0f} samples/s"
+    return f"{rate:.2g} samples/s"
 
 
 def eta_text(left: float, rate: float) -> str:
@@ -359,7 +367,7 @@ def _plain_progress(run_id: int, start_samples: int, to_stderr: bool = False):
         eta_txt = eta_text(p.budget - p.samples, rate)
         typer.echo(f"run {run_id}: {p.samples:,}/{p.budget:,} samples  step {p.step}  reward "
                    f"{p.reward:.3f}  acc {p.accuracy:.3f}  eval {state['eval']}  "
-                   f"{rate:,.0f} samples/s  ETA {eta_txt}", nl=True, err=to_stderr)
+                   f"{rate_text(rate)}  ETA {eta_txt}", nl=True, err=to_stderr)
         (sys.stderr if to_stderr else sys.stdout).flush()
 
     return on_step
