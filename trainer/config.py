@@ -29,6 +29,8 @@ from twoclocks_cli.core.numbers import short
 # strict: a string, a bool or a float is never turned into a number of another type; finite only
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _REWARD = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# The rewards trainer/rewards.py builds in: the strict `\boxed{int}` policy, the stated final answer
+BUILTIN_REWARDS = ("math-verify", "math-verify-final")
 
 
 class Phase(BaseModel):
@@ -114,7 +116,9 @@ class TrainConfig(BaseModel):
     reward: str = Field(
         "math-verify",
         description="`math-verify` (strict `\\boxed{int}` format policy, then "
-        "math-verify in a process pool) or `module:function` for your own reward function.",
+        "math-verify in a process pool), `math-verify-final` (the answer as a chat model states "
+        "it: its last `\\boxed{}` number, else its last number) or `module:function` for your "
+        "own reward function.",
     )
 
     # --- batch -------------------------------------------------------------------------------
@@ -369,9 +373,11 @@ class TrainConfig(BaseModel):
     @field_validator("reward")
     @classmethod
     def _reward_spec(cls, value: str) -> str:
-        """`math-verify` or `module:function` (whether it imports depends on where it runs)."""
-        if value != "math-verify" and not _REWARD.match(value):
-            raise ValueError("allowed are 'math-verify' or 'module:function'")
+        """A built-in reward or `module:function` (whether it imports depends on where it
+        runs)."""
+        if value not in BUILTIN_REWARDS and not _REWARD.match(value):
+            raise ValueError("allowed are 'math-verify', 'math-verify-final' or "
+                             "'module:function'")
         return value
 
     @model_validator(mode="after")
@@ -544,7 +550,7 @@ def load_config(path: str | Path) -> TrainConfig:
     path = Path(path)
     data = toml.read(path)
     cfg = TrainConfig.from_dict(data, source=str(path))
-    if cfg.reward != "math-verify":  # this process trains: the reward must load, now
+    if cfg.reward not in BUILTIN_REWARDS:  # this process trains: the reward must load, now
         _check_reward(cfg.reward, path)
     return cfg
 

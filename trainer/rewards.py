@@ -20,6 +20,7 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Protocol
 
+from trainer.config import BUILTIN_REWARDS
 from trainer.data import Problem
 from twoclocks_cli.core.errors import ConfigError
 
@@ -27,11 +28,32 @@ from twoclocks_cli.core.errors import ConfigError
 STRICT_INTEGER_BOXED = r"\\boxed\{-?[0-9]+\}\s*"
 # A looser policy for chat models: any text ending in one `\boxed{...}` (no nested braces).
 FINAL_BOXED = r"(?s).*\\boxed\{[^{}]*\}\s*"
+# The stated answer of a chat model's completion: its last `\boxed{...}`, else its last number.
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# Reward names: the strict policy (the tiny task's `\boxed{int}` and nothing else) and the final
+# answer as a chat model states it.
+STRICT, FINAL = BUILTIN_REWARDS
 # Items sent to a worker per message; a new message goes out when half are left, so a worker never
 # waits for the parent to be scheduled (results still come back, and time out, one by one).
 _CHUNK = 32
 # Verdicts remembered per (completion, gold answer); a full memo is dropped and refilled.
 _MEMO_SIZE = 1 << 16
+
+
+def final_answer(text: str) -> str | None:
+    """The answer `text` states, as `\\boxed{N}`: the number in its last `\\boxed{}`, else its
+    last number (thousands commas dropped); None when it states none. A box holding anything
+    but a number (`\\boxed{128/2}`, `\\boxed{23+41}`) states none: math-verify would compute
+    it, and an expression of the question's own numbers is not an answer. Only the last number
+    counts, so listing candidates gains nothing."""
+    boxes = _BOXED.findall(text)
+    if boxes:
+        body = _THOUSANDS.sub("", boxes[-1].strip())
+        return f"\\boxed{{{body}}}" if _NUMBER.fullmatch(body) else None
+    numbers = _NUMBER.findall(_THOUSANDS.sub("", text))
+    return f"\\boxed{{{numbers[-1]}}}" if numbers else None
 
 
 class RewardFunction(Protocol):
@@ -147,7 +169,8 @@ class MathVerifyReward:
     """
 
     def __init__(
-        self, answer_pattern: str = STRICT_INTEGER_BOXED, timeout_s: float = 2.0, workers: int = 2
+        self, answer_pattern: str = STRICT_INTEGER_BOXED, timeout_s: float = 2.0, workers: int = 2,
+        final: bool = False,
     ):
         try:
             self.pattern = re.compile(answer_pattern)
@@ -160,6 +183,7 @@ class MathVerifyReward:
         if not isinstance(workers, int) or workers < 0:
             raise ConfigError(f"reward workers={workers!r}: must be an integer >= 0")
         self.timeout_s, self.n_workers = float(timeout_s), workers
+        self.final = final  # score the stated final answer (final_answer), not the whole text
         self._workers: list[_Worker] = []
         self.timeouts = 0  # items that overran timeout_s since creation
         # math-verify's verdict is a pure function of its two strings: a GRPO batch repeats the
@@ -184,8 +208,9 @@ class MathVerifyReward:
         rewards = [0.0] * len(completions)
         unique: dict[tuple[str, str], list[int]] = {}
         for i, (c, p) in enumerate(zip(completions, problems, strict=True)):
-            if isinstance(c, str) and self.pattern.fullmatch(c):
-                unique.setdefault((c, p.answer), []).append(i)
+            stated = self._stated(c)
+            if stated is not None:
+                unique.setdefault((stated, p.answer), []).append(i)
         known = {k: self._memo[k] for k in unique if k in self._memo}
         fresh = [k for k in unique if k not in known]
         scores = dict(zip(fresh, self._score(fresh), strict=True))
@@ -198,6 +223,15 @@ class MathVerifyReward:
             for i in rows:
                 rewards[i] = score
         return rewards
+
+    def _stated(self, completion) -> str | None:
+        """What math-verify checks of `completion`: its stated final answer, or (strict) the
+        whole completion when it matches the answer pattern; None scores 0 unverified."""
+        if not isinstance(completion, str):
+            return None
+        if self.final:
+            return final_answer(completion)
+        return completion if self.pattern.fullmatch(completion) else None
 
     def _score(self, items: list[tuple[str, str]]) -> list[float | None]:
         """math-verify scores for (completion, answer) pairs, serially or through the pool;
@@ -325,15 +359,19 @@ class _UserReward:
 
 
 def load_reward(spec: str = "math-verify", **options) -> RewardFunction:
-    """The reward named by `spec`: `math-verify` (options go to MathVerifyReward) or
-    `module:function` (a user function)."""
-    if spec == "math-verify":
+    """The reward named by `spec`: `math-verify` (the strict format policy), `math-verify-final`
+    (the stated final answer; options go to MathVerifyReward) or `module:function` (a user
+    function)."""
+    if spec == STRICT:
         return MathVerifyReward(**options)
+    if spec == FINAL:
+        return MathVerifyReward(final=True, **options)
     if options:
         raise ConfigError(f"reward {spec!r}: options {sorted(options)} apply only to math-verify")
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
-        raise ConfigError(f"reward {spec!r}: allowed are 'math-verify' or 'module:function'")
+        raise ConfigError(f"reward {spec!r}: allowed are 'math-verify', 'math-verify-final' or "
+                          "'module:function'")
     try:
         func = getattr(importlib.import_module(module), name)
     except ImportError as e:

@@ -137,3 +137,25 @@ def test_a_run_without_learning_signal_says_so(tmp_path, capfd):
     assert bool(warned) == all(flat)
     assert ("warning: no learning signal" in capfd.readouterr().err) == all(flat)
     assert all(flat), sink.rows  # the strict reward refuses every answer this model writes
+
+
+def test_the_examples_task_gives_a_learning_signal(tmp_path, capfd):
+    """The shipped example's settings (sums up to 20, "just the number", the final-answer
+    reward, T = 0.7), two small steps: rewards are neither all 0 nor all 1, so groups differ
+    and advantages are not all 0; no warning."""
+    import tomllib
+    from pathlib import Path
+
+    from tests.support.training import Collect
+    from trainer.loop import train
+
+    example = tomllib.loads((Path(__file__).parents[2] / "examples" / "smollm2-train.toml")
+                            .read_text())
+    cfg = TrainConfig(**{**example, "prompts_per_batch": 2, "sample_budget": 32,
+                         "eval_every_samples": 0, "checkpoint_every_steps": 100})
+    sink = Collect()
+    assert train(cfg, sink, tmp_path / "run") == "completed"
+    rewards = [sink.rows[s]["reward_mean"] for s in (1, 2)]
+    assert 0 < max(rewards) and min(rewards) < 1, rewards
+    assert min(sink.rows[s]["zero_std_frac"] for s in (1, 2)) < 1
+    assert not sink.events and "no learning signal" not in capfd.readouterr().err

@@ -181,3 +181,45 @@ def test_a_full_memo_is_refilled_without_losing_this_batchs_verdicts(monkeypatch
         assert r(["\\boxed{64}", "\\boxed{63}"], [P, P]) == [1.0, 0.0]  # memo now full
         assert r(["\\boxed{64}", "\\boxed{65}", "\\boxed{63}"], [P] * 3) == [1.0, 0.0, 0.0]
         assert set(r._memo) == {("\\boxed{65}", "64")}  # dropped, then refilled
+
+
+@pytest.mark.parametrize(
+    "completion, stated",
+    [
+        ("23 + 41 = 64", "\\boxed{64}"),
+        ("The answer is 64.", "\\boxed{64}"),
+        ("64", "\\boxed{64}"),
+        ("So \\boxed{64} is it, not 65", "\\boxed{64}"),  # a box wins over later numbers
+        ("\\boxed{63} no wait \\boxed{ 64 }", "\\boxed{64}"),  # the last box
+        ("1,064 apples", "\\boxed{1064}"),  # thousands commas
+        ("64, 65, 66", "\\boxed{66}"),  # a list: only the last number counts
+        ("-12", "\\boxed{-12}"),
+        ("\\boxed{128/2}", None),  # an expression in the box states no number
+        ("\\boxed{23+41}", None),
+        ("no digits here", None),
+        ("", None),
+    ],
+)
+def test_the_stated_final_answer(completion, stated):
+    from trainer.rewards import final_answer
+
+    assert final_answer(completion) == stated
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("23 + 41 = 64", 1.0),
+        ("The answer is 64.", 1.0),
+        ("\\boxed{64}", 1.0),
+        ("23 + 41 = 65", 0.0),
+        ("64 or 65", 0.0),  # candidates listed: the last one is the answer
+        ("\\boxed{128/2}", 0.0),  # format hacks still fail
+        ("\\boxed{23+41}", 0.0),
+        ("23+41", 0.0),  # the question's own numbers
+        ("", 0.0),
+    ],
+)
+def test_the_final_answer_reward_through_math_verify(completion, expected):
+    with load_reward("math-verify-final", workers=0) as r:
+        assert r([completion], [P]) == [expected]

@@ -127,7 +127,7 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
     a key as the config wrote it; `checked` remembers what passed, for the next cell."""
     import importlib.util
 
-    from trainer.config import _module_found
+    from trainer.config import BUILTIN_REWARDS, _module_found
     from trainer.data import dataset_problem, read_data
     from trainer.tiny import model_problem
     from twoclocks_cli.core.errors import ConfigError
@@ -166,7 +166,7 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
 
     def reward() -> None:
         module = cfg.reward.partition(":")[0]
-        if cfg.reward == "math-verify":
+        if cfg.reward in BUILTIN_REWARDS:
             if importlib.util.find_spec("math_verify") is None:
                 refuse("reward", "needs math-verify, part of the train extra (pip install "
                        "'twoclocks[train]')")
