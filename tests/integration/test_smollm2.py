@@ -139,10 +139,10 @@ def test_a_run_without_learning_signal_says_so(tmp_path, capfd):
     assert all(flat), sink.rows  # the strict reward refuses every answer this model writes
 
 
-def test_the_examples_task_gives_a_learning_signal(tmp_path, capfd):
+def test_the_examples_task_gives_a_learning_signal(tmp_path):
     """The shipped example's settings (sums up to 20, "just the number", the final-answer
-    reward, T = 0.7), two small steps: rewards are neither all 0 nor all 1, so groups differ
-    and advantages are not all 0; no warning."""
+    reward, T = 0.7), one step of 16: rewards are neither all 0 nor all 1, and some group's
+    rewards differ, so some advantage is not 0."""
     import tomllib
     from pathlib import Path
 
@@ -151,11 +151,9 @@ def test_the_examples_task_gives_a_learning_signal(tmp_path, capfd):
 
     example = tomllib.loads((Path(__file__).parents[2] / "examples" / "smollm2-train.toml")
                             .read_text())
-    cfg = TrainConfig(**{**example, "prompts_per_batch": 2, "sample_budget": 32,
+    cfg = TrainConfig(**{**example, "prompts_per_batch": 2, "sample_budget": 16,
                          "eval_every_samples": 0, "checkpoint_every_steps": 100})
     sink = Collect()
     assert train(cfg, sink, tmp_path / "run") == "completed"
-    rewards = [sink.rows[s]["reward_mean"] for s in (1, 2)]
-    assert 0 < max(rewards) and min(rewards) < 1, rewards
-    assert min(sink.rows[s]["zero_std_frac"] for s in (1, 2)) < 1
-    assert not sink.events and "no learning signal" not in capfd.readouterr().err
+    assert 0 < sink.rows[1]["reward_mean"] < 1, sink.rows[1]
+    assert sink.rows[1]["zero_std_frac"] < 1
