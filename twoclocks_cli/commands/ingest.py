@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.options import DbOption, JsonOption, in_paths
 
 FORMAT_HELP = (
     "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line), "
@@ -19,7 +19,7 @@ FORMAT_HELP = (
 def ingest(
     paths: Annotated[list[Path] | None, typer.Argument(
         help="Log files, TRL checkpoint folders, W&B run folders, TensorBoard run folders, "
-        "MLflow stores (mlflow.db or mlruns).")] = None,
+        "MLflow stores (mlflow.db or mlruns).", callback=in_paths)] = None,
     sources: Annotated[list[str] | None, typer.Option(
         "--from", help="A tracking store by URI: mlflow:sqlite:///mlflow.db or "
         "mlflow:./mlruns (repeatable).")] = None,
@@ -149,7 +149,6 @@ def _check_follow(paths: list, idle: float, poll: float, pid: int | None) -> Non
 
 def _check_options(sweep: str, lr, batch_prompts, group_size, seed) -> None:
     """The run columns given on the command line, checked like a sweep config's."""
-    import math
     import re
 
     from twoclocks_cli.core.errors import ConfigError
@@ -157,10 +156,7 @@ def _check_options(sweep: str, lr, batch_prompts, group_size, seed) -> None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", sweep):
         raise ConfigError(f"--sweep {sweep!r}: a sweep name is 1-200 letters, digits, '.', '_' "
                           "or '-', starting with a letter or digit")
-    if lr is not None and not (math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"--lr {lr}: must be a finite number > 0")
-    for name, v in (("--batch-prompts", batch_prompts), ("--group-size", group_size)):
-        if v is not None and not 1 <= v <= 2**31 - 1:
-            raise ConfigError(f"{name} {v}: must be in 1..2147483647")
-    if seed is not None and not 0 <= seed <= 2**31 - 1:
-        raise ConfigError(f"--seed {seed}: must be in 0..2147483647")
+    from twoclocks_cli.ingest.base import check_params
+
+    check_params({"lr": lr, "batch_prompts": batch_prompts, "group_size": group_size,
+                  "seed": seed})
