@@ -36,9 +36,9 @@ def _number_problem(value) -> str | None:
 
 def check_numbers(param: click.Parameter, value):
     """The check every parameter of every command gets: each number finite and within INT64,
-    at most MAX_LIST values for a repeated option."""
+    at most MAX_LIST values for a repeated option (arguments take a shell glob's many files)."""
     values = value if isinstance(value, (list, tuple)) else [value]
-    if len(values) > MAX_LIST:
+    if len(values) > MAX_LIST and getattr(param, "param_type_name", "") == "option":
         raise ConfigError(f"{option_name(param)}: {len(values):,} values; at most {MAX_LIST:,}")
     for v in values:
         if (why := _number_problem(v)) is not None:

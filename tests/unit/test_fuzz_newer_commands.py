@@ -152,6 +152,10 @@ CASES = [
      f"--run {2**64}: must be between"),
     (["ingest", "ROOT/none.csv", "--batch-prompts", "2147483647", "--group-size", "2147483647",
       "--db", "DB"], "--batch-prompts 2147483647 x --group-size 2147483647"),
+    (["report", "p", "--out", "ROOT/rep", *["--run", "1"] * 1001, "--db", "DB"],
+     "--run: 1,001 values; at most 1,000"),
+    (["ingest", "ROOT/none.csv", "--follow", "--pid", "4294967296", "--db", "DB"],
+     "--pid 4294967296: must be between 1 and 2,147,483,647"),
     # paths
     (["export", "p", "--out", f"ROOT/{LONG_NAME}.csv", "--db", "DB"],
      "a path component is 304 bytes"),
@@ -212,6 +216,20 @@ def test_the_bounds_still_take_their_edges(tmp_path_factory, sim_store):
         result = here.run(args)
         assert result.exit_code == 0, (args, result.output[-2000:])
     here.unchanged("edges")
+
+
+def test_a_theory_the_model_cannot_reach_ends_in_reason(tmp_path_factory, sim_store):
+    """lr0 1 (diverging at B = 1): the yardstick's pilot gives up, the answer says why; before,
+    128 seeds ran the whole yardstick budget and then the grid (minutes)."""
+    import json
+
+    here = _here(tmp_path_factory, sim_store)
+    start = time.monotonic()
+    result = here.run(["theory", "--lr0", "1", "--json"])
+    assert result.exit_code == 0, result.output[-2000:]
+    crit = json.loads(result.stdout)["critical_batch"]
+    assert crit["b_crit"] is None and "target not reached at B=1" in crit["mechanism"]
+    assert time.monotonic() - start < SECONDS
 
 
 # --- hypothesis: any number, any path --------------------------------------------------------

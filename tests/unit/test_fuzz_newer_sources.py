@@ -258,3 +258,16 @@ def test_any_number_in_a_verl_config(tmp_path_factory, empty_store, field, value
 
         (run,) = json.loads(result.stdout)
         assert 1 <= run["batch_samples"] <= 2**31 - 1, (value, run)
+
+
+def test_an_mlruns_folder_is_imported_and_left_as_it_was(tmp_path_factory, mlruns, empty_store):
+    """MLflow's file store makes a `.trash` folder on opening one that lacks it; the import
+    takes it away again, so the source is byte-for-byte and folder-for-folder the same."""
+    here = Here(tmp_path_factory.mktemp("mlclean"), empty_store)
+    store = here.root / "mlruns"
+    shutil.copytree(mlruns, store)
+    shutil.rmtree(store / ".trash", ignore_errors=True)
+    before = _digest(store), sorted(p.name for p in store.rglob("*"))
+    result = here.run(["ingest", str(store), "--db", "DB", "--json"])
+    assert result.exit_code == 0, result.output[-2000:]
+    assert (_digest(store), sorted(p.name for p in store.rglob("*"))) == before

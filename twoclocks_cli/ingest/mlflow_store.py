@@ -7,7 +7,8 @@ every run of every experiment, or those `--experiment NAME` names, `--filter EXP
 are its cell (verl's MLflow logger writes `data/train_batch_size`, HF's `learning_rate`), its
 metric history its steps (the last value logged at a step wins; the count is reported). Only
 local stores are read: a server URI needs a network this command never uses. The store is only
-read; MLflow's file store adds its `.trash` folder when one is missing, as any MLflow client does.
+read: an SQLite store is opened read-only, and the empty `.trash` folder MLflow's file store
+makes in an `mlruns` folder lacking one is taken away again.
 """
 
 from __future__ import annotations
@@ -156,6 +157,17 @@ def _scratch_cwd():
             os.chdir(here)
 
 
+@contextlib.contextmanager
+def _no_trash_left(trash: Path | None):
+    """Remove `trash` (the empty folder MLflow's file store makes on opening) after the block."""
+    try:
+        yield
+    finally:
+        if trash is not None:
+            with contextlib.suppress(OSError):  # not empty: not ours to remove
+                trash.rmdir()
+
+
 def _first_line(exc: BaseException) -> str:
     """The first line of an exception's message, cut to a readable length."""
     text = str(exc).strip().splitlines()
@@ -171,8 +183,11 @@ def parse_runs(source: Path | str, opts: IngestOptions) -> list[ParsedLog]:
 
     from twoclocks_cli.ingest.quiet import quiet_libraries
 
+    trash = path.resolve() / ".trash" if path.is_dir() else None
+    made_trash = trash is not None and not trash.exists()
     try:
-        with warnings.catch_warnings(), quiet_libraries(), _scratch_cwd():
+        with warnings.catch_warnings(), quiet_libraries(), _scratch_cwd(), \
+                _no_trash_left(trash if made_trash else None):
             warnings.simplefilter("ignore")
             client = _client(uri)
             exps = _experiments(client, source, opts)
