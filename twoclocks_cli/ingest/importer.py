@@ -8,6 +8,7 @@ metrics upsert on (run, step, key), nothing changes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from dataclasses import asdict, dataclass, field
@@ -82,7 +83,8 @@ def with_format(path: Path | str, opts: IngestOptions) -> tuple[IngestOptions, s
             raise ConfigError(f"{path}: an MLflow tracking URI, not --format {opts.fmt}")
         return dataclasses.replace(opts, fmt="mlflow"), "option"
     if opts.fmt is None:
-        fmt, why = detect.detect(Path(path), opts.max_bytes, finished=opts.finished)
+        with _readable(path):
+            fmt, why = detect.detect(Path(path), opts.max_bytes, finished=opts.finished)
         return dataclasses.replace(opts, fmt=fmt), f"detected: {why}"
     if opts.fmt not in PARSERS and opts.fmt not in MULTI_PARSERS:
         raise ConfigError(f"--format {opts.fmt!r}: allowed are {', '.join(base.FORMATS)}")
@@ -113,16 +115,22 @@ def _read_source(path: Path | str, opts: IngestOptions) -> list[ParsedLog]:
     not let us read, or a record claiming more bytes than memory holds, is one line."""
     from twoclocks_cli.ingest.quiet import quiet_libraries
 
+    with _readable(path), quiet_libraries():
+        if opts.fmt in MULTI_PARSERS:
+            return MULTI_PARSERS[opts.fmt](path if isinstance(path, str) else Path(path), opts)
+        return [PARSERS[opts.fmt](Path(path), opts)]
+
+
+@contextlib.contextmanager
+def _readable(path: Path | str):
+    """A file the OS will not let us read (mode 000, a name too long, gone meanwhile), or a
+    record claiming more bytes than memory holds, as one line."""
     try:
-        with quiet_libraries():
-            if opts.fmt in MULTI_PARSERS:
-                return MULTI_PARSERS[opts.fmt](path if isinstance(path, str) else Path(path),
-                                               opts)
-            return [PARSERS[opts.fmt](Path(path), opts)]
+        yield
     except MemoryError:
         raise ConfigError(f"{path}: a record claims more bytes than memory holds (a corrupt "
                           "file?); nothing was written") from None
-    except OSError as exc:  # unreadable (mode 000), a name too long, a folder gone meanwhile
+    except OSError as exc:
         raise ConfigError(f"{exc.filename or path}: cannot read ({exc.strerror or exc}); "
                           "nothing was written") from None
 
