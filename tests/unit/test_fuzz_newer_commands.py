@@ -316,3 +316,37 @@ def test_any_path_as_an_output(tmp_path_factory, sim_store, command, path):
                                                                     result.stderr)
         here.unchanged((command, path))
     assert _dump(here.db) == here.before
+
+
+INGEST_OPTIONS = {"--batch-prompts": ANY_INT, "--group-size": ANY_INT, "--seed": ANY_INT,
+                  "--lr": ANY_FLOAT}
+
+
+@settings(FUZZ, max_examples=30)
+@given(option=st.sampled_from(sorted(INGEST_OPTIONS)), data=st.data())
+def test_any_number_in_an_ingest_option(tmp_path_factory, sim_store, option, data):
+    """Imported with exactly that value in the run's column (exit 0), or refused in one line
+    with the store as it was (exit 2)."""
+    import json
+
+    value = data.draw(INGEST_OPTIONS[option])
+    here = _here(tmp_path_factory, sim_store)
+    (here.root / "log.csv").write_text("step,reward_mean\n1,0.1\n2,0.2\n")
+    here.files = here._files()
+    given_ = {"--batch-prompts": "2", "--group-size": "4", "--seed": "0", "--lr": "0.01"}
+    given_[option] = _float_text(value) if isinstance(value, float) else str(value)
+    args = ["ingest", "ROOT/log.csv", "--db", "DB", "--json"]
+    for k, v in given_.items():
+        args += [k, v]
+    result = here.run(args)
+    assert result.exit_code in (0, 2), (option, value, result.output[-2000:])
+    if result.exit_code == 2:
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"error: {option} "), (value, lines)
+        here.unchanged((option, value))
+        return
+    (run,) = json.loads(result.stdout)
+    column = {"--batch-prompts": "batch_prompts", "--group-size": "group_size",
+              "--seed": "seed", "--lr": "lr"}[option]
+    assert run[column] == value, (option, value, run)
+    assert run["batch_samples"] == run["batch_prompts"] * run["group_size"] <= 2**31 - 1
