@@ -1,5 +1,5 @@
-"""Third-party libraries read a user's source quietly: their own log lines (INFO chatter, a
-traceback before a refusal this command words in one line) are not the user's output."""
+"""Third-party libraries read a user's source quietly: their INFO and WARNING chatter (a
+migration's progress, deprecation notes) is not the user's output; their errors still are."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ LOGGERS = ("mlflow", "alembic", "sqlalchemy", "wandb", "tensorboard", "tensorflo
 
 @contextlib.contextmanager
 def quiet_libraries(names: tuple[str, ...] = LOGGERS) -> Iterator[None]:
-    """Raise the libraries' loggers above error while the block runs (every failure reaches
-    the user as this command's one line), and put their levels back after."""
+    """Silence the libraries' loggers below error while the block runs, and put their levels
+    back after."""
     loggers = [logging.getLogger(n) for n in names]
     before = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.CRITICAL + 1)
+        lg.setLevel(logging.ERROR)
     try:
         yield
     finally:
