@@ -149,6 +149,8 @@ def out_path_problem(path: Path, folder: bool = False) -> str | None:
     if folder and path.exists() and not path.is_dir():
         return "exists and is not a directory"
     parent = path.parent if str(path.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        return f"{str(parent)!r} is not a directory"
     if not parent.is_dir():
         return f"directory {str(parent)!r} does not exist"
     target = path if path.exists() else parent

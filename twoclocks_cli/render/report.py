@@ -454,13 +454,13 @@ def write_report(store, opts: ReportOptions) -> Path:
     out = Path(opts.out)
     check_runs(store, opts)
     check_options(store, opts)
+    data = gather(store, opts)  # refusals (an unknown metric, ...) come before the folder
     try:
         out.mkdir(exist_ok=True)  # in an existing parent: a typo must not grow a tree
     except OSError as exc:
         from twoclocks_cli.core.errors import ConfigError
 
         raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
-    data = gather(store, opts)
     images = _draw_all(data, out)
     (out / "analysis.json").write_text(json.dumps(
         {"analysis": data.analysis.to_json() if data.analysis else None,
