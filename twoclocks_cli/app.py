@@ -15,7 +15,14 @@ from twoclocks_cli.core.errors import TwoclocksError
 
 class _Group(TyperGroup):
     """Turns a TwoclocksError anywhere below into one line on stderr and its exit code; any
-    other exception into one line naming the log that holds its traceback (exit 1)."""
+    other exception into one line naming the log that holds its traceback (exit 1). Every
+    parameter of every command below goes through the shared number checks first."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from twoclocks_cli.options import harden
+
+        harden(self)
 
     def invoke(self, ctx: typer.Context):
         try:

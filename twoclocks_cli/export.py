@@ -86,13 +86,10 @@ def check_out(out: Path | None, fmt: str) -> None:
             raise ConfigError("--format parquet needs --out FILE (parquet is binary; only csv "
                               "and jsonl go to stdout)")
         return
-    parent = out.parent
-    if out.is_dir():
-        raise ConfigError(f"--out {out}: is a directory; name a file")
-    if not parent.is_dir():
-        raise ConfigError(f"--out {out}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise ConfigError(f"--out {out}: not writable")
+    from twoclocks_cli.options import out_path_problem
+
+    if why := out_path_problem(out):
+        raise ConfigError(f"--out {out}: {why}")
 
 
 def write(tab: Table, fmt: str, out: Path | None) -> int:
@@ -100,7 +97,10 @@ def write(tab: Table, fmt: str, out: Path | None) -> int:
     Returns the number of rows written."""
     if out is None:
         return _WRITERS[fmt](tab, sys.stdout)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
+    except OSError as exc:  # e.g. a read-only file system that os.access calls writable
+        raise ConfigError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # as a plain open() would create it
         with os.fdopen(fd, "wb" if fmt == "parquet" else "w", newline="" if fmt == "csv"

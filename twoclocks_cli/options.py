@@ -1,11 +1,188 @@
-"""Options shared by several commands, declared once (Typer `Annotated` style)."""
+"""Options shared by several commands, declared once (Typer `Annotated` style), and the one
+validation layer every option goes through before a command does any work: numbers finite and
+within what the store holds (`check_numbers`, attached to every parameter by the app), ranges
+(`within`), comma lists (`parse_numbers`) and output paths (`out_path`)."""
 
+import math
+import os
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 from twoclocks_cli.core.errors import ConfigError, StoreError
+
+INT64_MAX = 2**63 - 1  # the widest integer column (SQLite INTEGER, PostgreSQL BIGINT)
+MAX_LIST = 1_000  # values one option may list (batch grids, repeated --run)
+
+
+def option_name(param: click.Parameter) -> str:
+    """How the user spelled the parameter: its long option ('--budget'), or its metavar."""
+    opts = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+    return opts[0] if opts else getattr(param, "metavar", None) or (param.name or "").upper()
+
+
+def _number_problem(value) -> str | None:
+    """Why a converted option value cannot be used anywhere (non-finite, beyond INT64), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if isinstance(value, int) and not -INT64_MAX <= value <= INT64_MAX:
+        return f"must be between {-INT64_MAX:,} and {INT64_MAX:,}"
+    return None
+
+
+def check_numbers(param: click.Parameter, value):
+    """The check every parameter of every command gets: each number finite and within INT64,
+    at most MAX_LIST values for a repeated option (arguments take a shell glob's many files)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if len(values) > MAX_LIST and getattr(param, "param_type_name", "") == "option":
+        raise ConfigError(f"{option_name(param)}: {len(values):,} values; at most {MAX_LIST:,}")
+    for v in values:
+        if (why := _number_problem(v)) is not None:
+            raise ConfigError(f"{option_name(param)} {v!r}: {why}")
+    return value
+
+
+def harden(command: click.Command) -> None:
+    """Put `check_numbers` in front of every parameter's own callback, in `command` and every
+    subcommand, so no command sees a value it cannot use."""
+    for sub in getattr(command, "commands", {}).values():
+        harden(sub)
+    for param in command.params:
+        if getattr(param, "_checked", False):
+            continue
+        own = param.callback
+
+        def checked(ctx, p, value, own=own):
+            value = check_numbers(p, value)
+            return own(ctx, p, value) if own is not None else value
+
+        param.callback = checked
+        param._checked = True
+
+
+def _n(x) -> str:
+    """A bound as a person reads it: 1,000,000 for a whole number, 0.5 or 1e+30 otherwise."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e19 else f"{x:g}"
+
+
+def _range_text(low, high, low_open: bool, high_open: bool) -> str:
+    """'> 0', '>= 1', 'in (0, 1)', 'between 0 and 100,000': what a bounded value may be."""
+    if low is not None and high is not None:
+        if not low_open and not high_open:
+            return f"between {_n(low)} and {_n(high)}"
+        return f"in {'(' if low_open else '['}{_n(low)}, {_n(high)}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {_n(low)}"
+    return f"{'<' if high_open else '<='} {_n(high)}"
+
+
+def range_problem(value, low=None, high=None, low_open=False, high_open=False) -> str | None:
+    """Why `value` is outside the range (non-finite included), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    below = low is not None and (value <= low if low_open else value < low)
+    above = high is not None and (value >= high if high_open else value > high)
+    return f"must be {_range_text(low, high, low_open, high_open)}" if below or above else None
+
+
+def within(low=None, high=None, *, low_open: bool = False, high_open: bool = False):
+    """An option callback refusing values outside [low, high] (open ends when asked); None,
+    the value of an option not given, passes."""
+
+    def check(ctx, param, value):
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and (why := range_problem(v, low, high, low_open, high_open)):
+                raise ConfigError(f"{option_name(param)} {v!r}: {why}")
+        return value
+
+    return check
+
+
+def parse_numbers(text: str, option: str, low=None, high=None, *, low_open: bool = False,
+                  whole: bool = False, most: int = MAX_LIST) -> list[float]:
+    """A comma-separated list of numbers ('8,16,32'), each finite and within the range, at
+    least one and at most `most` of them."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: expected a comma-separated list of "
+                          "numbers") from None
+    if not values:
+        raise ConfigError(f"{option} {text!r}: give at least one number")
+    if len(values) > most:
+        raise ConfigError(f"{option}: {len(values):,} values; at most {most:,}")
+    for v in values:
+        if why := range_problem(v, low, high, low_open):
+            raise ConfigError(f"{option} {text!r}: {v:g} {why}")
+        if whole and v != int(v):
+            raise ConfigError(f"{option} {text!r}: {v:g} must be a whole number")
+    return values
+
+
+INT32_MAX = 2**31 - 1  # runs.seed, batch and step columns (INTEGER: 32-bit on PostgreSQL)
+SAMPLES = within(0, INT64_MAX, low_open=True)  # a sample budget or position (BIGINT samples)
+SAFETY = within(0, 1, low_open=True)  # a share of the failure clock's lower bound
+SEED = within(0, INT32_MAX)  # what numpy's generators and the runs.seed column both take
+COUNT = within(1, INT32_MAX)  # seeds, windows, steps: at least one, a column's worth at most
+
+
+TEMP_ROOM = 32  # bytes a temporary name beside an output adds to it ('.NAME.XXXXXXXX.part')
+
+
+def out_path_problem(path: Path, folder: bool = False) -> str | None:
+    """Why `path` cannot be written (an illegal or too long name, a missing or read-only
+    parent, a directory where a file is wanted), or None. Nothing is created here."""
+    from twoclocks_cli.core.limits import _name_max, path_problem
+
+    if why := path_problem(str(path), reserve=TEMP_ROOM):
+        return why
+    room = _name_max(path.absolute()) - TEMP_ROOM
+    if len(os.fsencode(path.name)) > room:
+        return (f"the file name is {len(os.fsencode(path.name))} bytes; at most {room} (room "
+                "for the temporary file written beside it)")
+    if not folder and path.is_dir():
+        return "is a directory; give a file name"
+    if folder and path.exists() and not path.is_dir():
+        return "exists and is not a directory"
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        return f"{str(parent)!r} is not a directory"
+    if not parent.is_dir():
+        return f"directory {str(parent)!r} does not exist"
+    target = path if path.exists() else parent
+    if not os.access(target, os.W_OK):
+        return "not writable"
+    return None
+
+
+def out_path(ctx, param, value):
+    """Option callback for an output file: refused before any work when it cannot be written."""
+    if value is not None and (why := out_path_problem(Path(value))):
+        raise ConfigError(f"{option_name(param)} {value}: {why}")
+    return value
+
+
+def in_paths(ctx, param, value):
+    """Option or argument callback for paths to read: each a path the OS can look up (no NUL,
+    no part or whole too long); whether it exists is the command's to say."""
+    from twoclocks_cli.core.limits import path_problem
+
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if v is not None and (why := path_problem(str(v))):
+            raise ConfigError(f"{option_name(param)} {str(v)[:80]}: {why}")
+    return value
+
+
+def out_folder(ctx, param, value):
+    """Option callback for an output folder (created later, by the command, in an existing
+    writable parent)."""
+    if value is not None and (why := out_path_problem(Path(value), folder=True)):
+        raise ConfigError(f"{option_name(param)} {value}: {why}")
+    return value
 
 
 def _db_value(value: str | None) -> str | None:

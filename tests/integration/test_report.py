@@ -101,7 +101,7 @@ def test_report_without_a_fit_still_renders_and_says_why(tmp_path, sqlite_url):
 
 @pytest.mark.parametrize("args, needle", [
     (["nope", "--out", "OUT"], "no sweep named 'nope'"),
-    (["one", "--out", "FILE"], "cannot create the folder"),
+    (["one", "--out", "FILE"], "is not a directory"),
     (["one", "--out", "OUT", "--smoothing", "spline"], "--smoothing 'spline'"),
     (["one", "--out", "OUT", "--metric", "nope"], "metric 'nope' not logged"),
 ])
@@ -118,6 +118,7 @@ def test_report_bad_input_is_one_line(tmp_path, sqlite_url, args, needle):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "o").exists()  # refused before the folder is made
 
 
 def _used(out) -> dict:

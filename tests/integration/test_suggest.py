@@ -123,7 +123,7 @@ def test_bad_input_is_one_line_and_writes_nothing(missed, tmp_path):
                           "--out", "directory")
     assert_one_line_error(
         twoclocks("suggest", "miss", "--db", url, "--out", str(tmp_path / "no" / "x.toml")),
-        "--out", "no such directory")
+        "--out", "does not exist")
     assert not out.exists() and list(tmp_path.iterdir()) == []
     # --budget not longer than the sweep's: no budget cells, said in a note
     doc = _suggest(url, "--budget", str(BUDGET))

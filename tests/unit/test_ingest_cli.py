@@ -201,9 +201,9 @@ def test_growing_log_with_path_identity_updates_one_run(sqlite_url, tmp_path):
 
 @pytest.mark.parametrize("opt, value, needle", [
     ("--lr", "-1", "--lr -1.0: must be a finite number > 0"),
-    ("--group-size", "0", "--group-size 0: must be in 1..2147483647"),
+    ("--group-size", "0", "--group-size 0: must be a whole number from 1 to 2,147,483,647"),
     ("--identity", "inode", "--identity 'inode': allowed are content, path"),
-    ("--max-bytes", "0", "--max-bytes 0: must be positive"),
+    ("--max-bytes", "0", "--max-bytes 0: must be >= 1"),
 ])
 def test_bad_option_values(sqlite_url, opt, value, needle):
     r = cli("ingest", FIX / "verl_old.log", "-f", "verl", opt, value, "--db", sqlite_url)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from twoclocks_cli.core.errors import ConfigError
 
 SMOOTHING = ("ma", "ema", "none")
+MAX_BOOTSTRAP = 20_000  # replicates: beyond this the intervals stop moving, the time does not
 
 
 @dataclass
@@ -50,6 +52,11 @@ class AnalysisOptions:
     stability: int = 0
 
     def __post_init__(self):
+        for f in fields(self):  # a stored or hand-made option set passes the CLI's bounds too
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{f.name.replace('_', '-')} {value}: must be a finite number")
+        self._check_rules()
         if self.smoothing not in SMOOTHING:
             raise ConfigError(f"--smoothing {self.smoothing!r}: allowed are {', '.join(SMOOTHING)}")
         if self.window < 1:
@@ -66,9 +73,31 @@ class AnalysisOptions:
             raise ConfigError(f"--drop-k {self.drop_k}: must be >= 1")
         if not 0 <= self.stability <= 100_000:
             raise ConfigError(f"--stability {self.stability}: must be between 0 and 100,000")
-        if self.bootstrap < 1:
-            raise ConfigError(f"--bootstrap {self.bootstrap}: must be >= 1")
+        if not 1 <= self.bootstrap <= MAX_BOOTSTRAP:
+            raise ConfigError(f"--bootstrap {self.bootstrap}: must be between 1 and "
+                              f"{MAX_BOOTSTRAP:,} (each replicate refits every batch)")
+        if not 0 <= self.seed <= 2**31 - 1:
+            raise ConfigError(f"--seed {self.seed}: must be between 0 and {2**31 - 1:,}")
+        if not 1 <= self.window <= 2**31 - 1:
+            raise ConfigError(f"--window {self.window}: must be between 1 and {2**31 - 1:,}")
         parse_target(self.target)
+
+    def _check_rules(self) -> None:
+        """The collapse rules' thresholds: shares in [0, 1], bounds > 0, a band low <= high."""
+        if not 0 <= self.drop_rho <= 1:
+            raise ConfigError(f"--drop-rho {self.drop_rho}: must be in [0, 1]")
+        if self.drop_delta < 0:
+            raise ConfigError(f"--drop-delta {self.drop_delta}: must be >= 0")
+        for name in ("drift_threshold", "length_max"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} {value}: must be > 0")
+        if self.truncated_max is not None and not 0 <= self.truncated_max <= 1:
+            raise ConfigError(f"--truncated-max {self.truncated_max}: must be in [0, 1]")
+        low, high = self.entropy_low, self.entropy_high
+        if low is not None and high is not None and low > high:
+            raise ConfigError(f"--entropy-low {low} > --entropy-high {high}: the band's low "
+                              "edge must not exceed its high edge")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -90,8 +119,11 @@ def parse_target(spec: str) -> tuple[str, float]:
             if not 0 < x <= 1:
                 raise ValueError
             return "frac", x
-        return "abs", float(text)
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError
+        return "abs", value
     except ValueError:
         raise ConfigError(
-            f"--target {spec!r}: give a number (absolute) or frac:X with 0 < X <= 1"
+            f"--target {spec!r}: give a finite number (absolute) or frac:X with 0 < X <= 1"
         ) from None

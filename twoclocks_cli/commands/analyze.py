@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from twoclocks_cli.core.numbers import count, num
-from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.options import DbOption, JsonOption, out_path
 from twoclocks_cli.render.tables import console
 
 
@@ -265,9 +265,11 @@ def analyze(
         bool, typer.Option("--theory/--no-theory", help="Theory B_crit for sim sweeps.")
     ] = True,
     csv: Annotated[
-        str | None, typer.Option("--csv", help="Write per-run clocks to this CSV.")
+        str | None, typer.Option("--csv", help="Write per-run clocks to this CSV.",
+                                  callback=out_path)
     ] = None,
-    plot: Annotated[str | None, typer.Option("--plot", help="Write a two-panel PNG here.")] = None,
+    plot: Annotated[str | None, typer.Option(
+        "--plot", help="Write a two-panel PNG here.", callback=out_path)] = None,
     save: Annotated[
         bool, typer.Option("--save/--no-save", "--store/--no-store", help=(
             "Save the result in the analyses table (an identical stored one is reused, not "

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.options import INT32_MAX, DbOption, JsonOption, in_paths, within
 
 FORMAT_HELP = (
     "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line), "
@@ -19,7 +19,7 @@ FORMAT_HELP = (
 def ingest(
     paths: Annotated[list[Path] | None, typer.Argument(
         help="Log files, TRL checkpoint folders, W&B run folders, TensorBoard run folders, "
-        "MLflow stores (mlflow.db or mlruns).")] = None,
+        "MLflow stores (mlflow.db or mlruns).", callback=in_paths)] = None,
     sources: Annotated[list[str] | None, typer.Option(
         "--from", help="A tracking store by URI: mlflow:sqlite:///mlflow.db or "
         "mlflow:./mlruns (repeatable).")] = None,
@@ -46,7 +46,8 @@ def ingest(
     skip_bad: Annotated[bool, typer.Option(
         "--skip-bad", help="Skip malformed lines (listed) instead of refusing the file.")] = False,
     max_bytes: Annotated[int, typer.Option(
-        "--max-bytes", help="Refuse files larger than this many bytes.")] = 512 * 1024 * 1024,
+        "--max-bytes", help="Refuse files larger than this many bytes.",
+        callback=within(1))] = 512 * 1024 * 1024,
     identity: Annotated[str, typer.Option(
         "--identity", help="A run is the same run when its file has the same 'content' "
         "(default) or the same 'path' (for a log that is still growing).")] = "content",
@@ -59,7 +60,8 @@ def ingest(
     poll: Annotated[float, typer.Option(
         "--poll", help="--follow: seconds between looks at the file.")] = 1.0,
     pid: Annotated[int | None, typer.Option(
-        "--pid", help="--follow: also stop when this process (the writer) has exited.")] = None,
+        "--pid", help="--follow: also stop when this process (the writer) has exited.",
+        callback=within(1, INT32_MAX))] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -71,8 +73,6 @@ def ingest(
 
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: allowed are {', '.join(FORMATS)}")
-    if max_bytes < 1:
-        raise ConfigError(f"--max-bytes {max_bytes}: must be positive")
     _check_options(sweep, lr, batch_prompts, group_size, seed)
     every = _sources(paths or [], sources or [])
     opts = IngestOptions(
@@ -143,13 +143,10 @@ def _check_follow(paths: list, idle: float, poll: float, pid: int | None) -> Non
     for name, v in (("--idle", idle), ("--poll", poll)):
         if not (math.isfinite(v) and 0 < v <= 86_400):
             raise ConfigError(f"{name} {v}: must be a number of seconds in (0, 86400]")
-    if pid is not None and pid < 1:
-        raise ConfigError(f"--pid {pid}: must be a positive process id")
 
 
 def _check_options(sweep: str, lr, batch_prompts, group_size, seed) -> None:
     """The run columns given on the command line, checked like a sweep config's."""
-    import math
     import re
 
     from twoclocks_cli.core.errors import ConfigError
@@ -157,10 +154,7 @@ def _check_options(sweep: str, lr, batch_prompts, group_size, seed) -> None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", sweep):
         raise ConfigError(f"--sweep {sweep!r}: a sweep name is 1-200 letters, digits, '.', '_' "
                           "or '-', starting with a letter or digit")
-    if lr is not None and not (math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"--lr {lr}: must be a finite number > 0")
-    for name, v in (("--batch-prompts", batch_prompts), ("--group-size", group_size)):
-        if v is not None and not 1 <= v <= 2**31 - 1:
-            raise ConfigError(f"{name} {v}: must be in 1..2147483647")
-    if seed is not None and not 0 <= seed <= 2**31 - 1:
-        raise ConfigError(f"--seed {seed}: must be in 0..2147483647")
+    from twoclocks_cli.ingest.base import check_params
+
+    check_params({"lr": lr, "batch_prompts": batch_prompts, "group_size": group_size,
+                  "seed": seed})

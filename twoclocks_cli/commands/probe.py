@@ -7,39 +7,40 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import DbOption, JsonOption
-
-
-def _floats(text: str, option: str) -> list[float]:
-    from twoclocks_cli.core.errors import ConfigError
-
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: a comma-separated list of numbers") from None
+from twoclocks_cli.options import (
+    COUNT,
+    SAMPLES,
+    SEED,
+    DbOption,
+    JsonOption,
+    parse_numbers,
+    within,
+)
 
 
 def probe(
     run_id: Annotated[int, typer.Argument(metavar="RUN", help="The run id to branch.")],
-    at: Annotated[float, typer.Option("--at", help="Branch at this many samples of the run.")],
+    at: Annotated[float, typer.Option("--at", help="Branch at this many samples of the run.",
+                                      callback=within(0, 2**63 - 1))],
     batches: Annotated[str, typer.Option(
         "--batches", help="Batch sizes of the branches, in samples (e.g. 8,16,32,64,128).")],
     branch_samples: Annotated[float, typer.Option(
-        "--branch-samples", help="Samples each branch may spend.")],
-    seeds: Annotated[int, typer.Option(help="Branches per batch size.")] = 3,
+        "--branch-samples", help="Samples each branch may spend.", callback=SAMPLES)],
+    seeds: Annotated[int, typer.Option(help="Branches per batch size.", callback=COUNT)] = 3,
     seed: Annotated[int, typer.Option(help="Seed of the sim branches' noise and of the "
-                                      "bootstrap.")] = 0,
+                                      "bootstrap.", callback=SEED)] = 0,
     truth: Annotated[bool, typer.Option(
         "--truth/--no-truth", help="Also the theory model's local B_crit from the same state "
         "(sim runs; a dense simulation, seconds to a minute).")] = False,
     eval_every: Annotated[int | None, typer.Option(
         "--eval-every", help="grpo: evaluate each branch every this many samples (default "
-        "--branch-samples / 8).")] = None,
+        "--branch-samples / 8).", callback=COUNT)] = None,
     window: Annotated[int, typer.Option(
-        "--window", help="grpo: moving-average window over a branch's evaluations.")] = 3,
+        "--window", help="grpo: moving-average window over a branch's evaluations.",
+        callback=COUNT)] = 3,
     target_frac: Annotated[float, typer.Option(
         "--target-frac", help="grpo: the gain target as a share of the best batch's median "
-        "gain.")] = 0.5,
+        "gain.", callback=within(0, 1, low_open=True))] = 0.5,
     executor: Annotated[str | None, typer.Option(
         "--executor", help="grpo: local, slurm, debug or auto (default: the run's sweep's).")
     ] = None,
@@ -62,7 +63,7 @@ def probe(
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
-    sizes = _floats(batches, "--batches")
+    sizes = parse_numbers(batches, "--batches", 1, 2**31 - 1)
     store = Store.open(db)
     run = store.get_run(run_id)
     if run.backend == "sim":

@@ -5,13 +5,15 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.options import SAFETY, SAMPLES, DbOption, JsonOption, out_folder
 from twoclocks_cli.render.jsonout import print_json
 
 
 def report(
     sweep: Annotated[str, typer.Argument(help="The sweep to report on.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for index.html and its PNGs.")],
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", help="Folder for index.html and its PNGs (in an existing folder).",
+        callback=out_folder)],
     metric: Annotated[str | None, typer.Option(
         "--metric", help="Progress metric (default: eval_accuracy when logged, else "
         "reward_mean).")] = None,
@@ -26,9 +28,11 @@ def report(
         help="Analyse afresh (defaults plus the options above) instead of reusing the latest "
         "stored analysis. Giving any analysis option implies it.")] = False,
     safety: Annotated[float, typer.Option(
-        "--safety", help="Schedule: switch at this fraction of the failure clock.")] = 0.8,
+        "--safety", help="Schedule: switch at this fraction of the failure clock.",
+        callback=SAFETY)] = 0.8,
     budget: Annotated[float | None, typer.Option(
-        "--budget", help="Schedule: total samples (default: the longest run's).")] = None,
+        "--budget", help="Schedule: total samples (default: the longest run's).",
+        callback=SAMPLES)] = None,
     run: Annotated[list[int] | None, typer.Option(
         "--run", help="An adaptive or scheduled run (id) to draw against the sweep's clocks: "
         "its batch over samples, its decisions and the local B_crit each acted on. "

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from twoclocks_cli.core.numbers import count
-from twoclocks_cli.options import DbOption, JsonOption
+from twoclocks_cli.options import SAFETY, SAMPLES, DbOption, JsonOption, out_path, within
 from twoclocks_cli.render.jsonout import print_json
 
 
@@ -40,11 +40,14 @@ def schedule(
     sweep: Annotated[
         str | None, typer.Argument(help="Sweep name (default: the only sweep).")
     ] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Write the phase list as TOML.")] = None,
-    safety: Annotated[float, typer.Option(help="Switch at safety x lower bound of N_fail.")] = 0.8,
+    out: Annotated[str | None, typer.Option(
+        "--out", help="Write the phase list as TOML.", callback=out_path)] = None,
+    safety: Annotated[float, typer.Option(
+        help="Switch at safety x lower bound of N_fail, in (0, 1].", callback=SAFETY)] = 0.8,
     budget: Annotated[
         float | None,
-        typer.Option(help="Samples the schedule runs to (default: the sweep's longest run)."),
+        typer.Option(help="Samples the schedule runs to (default: the sweep's longest run).",
+                     callback=SAMPLES),
     ] = None,
     reanalyze: Annotated[
         bool,
@@ -62,7 +65,8 @@ def schedule(
         ),
     ] = "sweep",
     stability: Annotated[int, typer.Option(help=(
-        "Seed resamples of the decision: how settled the schedule is (0: not measured)."))
+        "Seed resamples of the decision: how settled the schedule is (0: not measured)."),
+        callback=within(0, 100_000))
     ] = 200,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -72,8 +76,6 @@ def schedule(
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
-    if not 0 <= stability <= 100_000:
-        raise ConfigError(f"--stability {stability}: must be between 0 and 100,000")
     store = Store.open(db)
     name = store.sweep_named(sweep)
     result = schedule_sweep(store, name, safety=safety, budget=budget, reanalyze=reanalyze,

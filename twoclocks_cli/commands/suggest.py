@@ -22,24 +22,19 @@ def _check_budget(budget: float | None) -> int | None:
 
     if budget is None:
         return None
-    if not math.isfinite(budget) or budget <= 0 or budget != int(budget):
-        raise ConfigError(f"--budget {budget:g}: must be a whole, finite number of samples > 0")
+    if not (math.isfinite(budget) and 0 < budget <= 2**63 - 1) or budget != int(budget):
+        raise ConfigError(f"--budget {budget:g}: must be a whole number of samples from 1 to "
+                          f"{2**63 - 1:,}")
     return int(budget)
 
 
 def _check_out(out: Path | None) -> None:
     """Refuse an --out that cannot be written before any work is done (nothing is created)."""
     from twoclocks_cli.core.errors import ConfigError
+    from twoclocks_cli.options import out_path_problem
 
-    if out is None:
-        return
-    if out.is_dir():
-        raise ConfigError(f"--out {out}: is a directory; give a file name")
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError(f"--out {out}: no such directory {str(parent)!r}")
-    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise ConfigError(f"--out {out}: not writable")
+    if out is not None and (why := out_path_problem(out)):
+        raise ConfigError(f"--out {out}: {why}")
 
 
 def _write(out: Path, text: str) -> None:

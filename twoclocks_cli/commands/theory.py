@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import JsonOption
+from twoclocks_cli.options import COUNT, JsonOption, parse_numbers, within
+
+MAX_BATCH = 1e9  # samples per batch the model is asked about
 
 
 def theory_table(
@@ -98,17 +100,41 @@ def _parse_set(items: list[str]) -> dict:
     return out
 
 
+def _check_simulation(grid: list[float], seeds: int, budget: float) -> None:
+    """Refuse a --simulate grid whose rows or steps could not finish in reason (every row
+    steps until the smallest batch has spent the budget)."""
+    from twoclocks_cli.core.errors import ConfigError
+    from twoclocks_cli.core.limits import MAX_SIM_ROW_STEPS as MAX_ROW_STEPS
+    from twoclocks_cli.core.limits import MAX_SIM_ROWS as MAX_ROWS
+
+    rows = len(grid) * seeds
+    if rows > MAX_ROWS:
+        raise ConfigError(f"--seeds {seeds} x {len(grid)} batches = {rows:,} simulated runs; "
+                          f"at most {MAX_ROWS:,}")
+    work = rows * budget / min(grid)
+    if work > MAX_ROW_STEPS:
+        raise ConfigError(f"--simulate: {rows:,} runs x {budget / min(grid):,.0f} steps "
+                          f"(--budget / the smallest batch) = {work:.3g} steps; at most "
+                          f"{MAX_ROW_STEPS:.0e}: lower --budget or --seeds, or raise the "
+                          "smallest batch")
+
+
 def theory(
     batches: Annotated[
         str, typer.Option(help="Comma-separated batch sizes (samples).")
     ] = "16,32,64,128,256",
-    lr0: Annotated[float, typer.Option(help="Learning rate at the reference batch.")] = 0.01,
-    b0: Annotated[float, typer.Option(help="Reference batch (samples).")] = 32,
+    lr0: Annotated[float, typer.Option(help="Learning rate at the reference batch, in (0, 1].",
+                                       callback=within(0, 1, low_open=True))] = 0.01,
+    b0: Annotated[float, typer.Option(help="Reference batch (samples).",
+                                      callback=within(1, MAX_BATCH))] = 32,
     rule: Annotated[
         str, typer.Option(help="lr scaling: sqrt, linear, constant, or alpha=X.")
     ] = "sqrt",
-    target: Annotated[float, typer.Option(help="Target progress p = 1 - L/L0 in (0,1).")] = 0.9,
-    cap: Annotated[float | None, typer.Option(help="Per-step displacement cap.")] = None,
+    target: Annotated[float, typer.Option(
+        help="Target progress p = 1 - L/L0 in (0,1).",
+        callback=within(0, 1, low_open=True, high_open=True))] = 0.9,
+    cap: Annotated[float | None, typer.Option(
+        help="Per-step displacement cap (> 0).", callback=within(0, low_open=True))] = None,
     sets: Annotated[
         list[str] | None,
         typer.Option(
@@ -116,8 +142,10 @@ def theory(
         ),
     ] = None,
     simulate: Annotated[bool, typer.Option("--simulate", help="Add simulated clocks.")] = False,
-    seeds: Annotated[int, typer.Option(help="Seeds per batch when simulating.")] = 3,
-    budget: Annotated[float, typer.Option(help="Samples per simulated run.")] = 1e5,
+    seeds: Annotated[int, typer.Option(help="Seeds per batch when simulating.",
+                                       callback=COUNT)] = 3,
+    budget: Annotated[float, typer.Option(help="Samples per simulated run.",
+                                          callback=within(0, 2**63 - 1, low_open=True))] = 1e5,
     lr_scan: Annotated[
         str | None, typer.Option(help="Also give B_crit at lr0 times these factors, e.g. 0.3,3.")
     ] = None,
@@ -127,12 +155,7 @@ def theory(
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.theory import SCALING_RULES
 
-    try:
-        grid = [float(x) for x in batches.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--batches {batches!r}: expected comma-separated numbers") from None
-    if not grid or min(grid) < 1:
-        raise ConfigError(f"--batches {batches!r}: need at least one batch >= 1")
+    grid = parse_numbers(batches, "--batches", 1, MAX_BATCH, most=64)
     if rule in SCALING_RULES:
         alpha = SCALING_RULES[rule]
     elif rule.startswith("alpha="):
@@ -140,18 +163,14 @@ def theory(
             alpha = float(rule[6:])
         except ValueError:
             raise ConfigError(f"--rule {rule!r}: alpha=X needs a number") from None
+        if not -4 <= alpha <= 4:  # also refuses nan
+            raise ConfigError(f"--rule {rule!r}: alpha must be a number from -4 to 4")
     else:
         raise ConfigError(f"--rule {rule!r}: allowed are sqrt, linear, constant, alpha=X")
-    if not 0 < target < 1:
-        raise ConfigError(f"--target {target}: must be in (0, 1)")
-    if seeds < 1 or budget <= 0 or lr0 <= 0 or b0 < 1:
-        raise ConfigError("--seeds >= 1, --budget > 0, --lr0 > 0 and --b0 >= 1 are required")
-    try:
-        factors = tuple(float(x) for x in (lr_scan or "").split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"--lr-scan {lr_scan!r}: expected comma-separated numbers") from None
-    if any(f <= 0 for f in factors):
-        raise ConfigError(f"--lr-scan {lr_scan!r}: factors must be > 0")
+    factors = () if lr_scan is None else tuple(
+        parse_numbers(lr_scan, "--lr-scan", 0, 1 / lr0, low_open=True, most=16))
+    if simulate:
+        _check_simulation(grid, seeds, budget)
     out = theory_table(
         grid, lr0, b0, alpha, target, _parse_set(sets or []), simulate, seeds, budget, cap, factors
     )

@@ -15,6 +15,8 @@ INT32_MAX = 2**31 - 1  # runs.seed/batch_* and metrics.step are INTEGER (32-bit 
 INT64_MAX = 2**63 - 1  # metrics.samples is BIGINT
 MAX_CELLS = 10_000  # cells one sweep may plan
 MAX_RANGE_STEPS = 10_000  # progression steps a {start, stop, factor} batch range may take
+MAX_SIM_ROW_STEPS = 5e6  # simulated runs x steps one command may ask for (about a minute)
+MAX_SIM_ROWS = 10_000  # simulated runs side by side: each holds the model's state
 PATH_MAX = 4096  # Linux's PATH_MAX; NAME_MAX comes from the file system (usually 255)
 PATH_RESERVE = 160  # what twoclocks appends below a workdir (sweep folder, submissions, logs)
 

@@ -185,3 +185,48 @@ def flat_config(tree: Mapping, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+# a run's columns, whether given as options (--batch-prompts ...) or read from a source's config
+RUN_BOUNDS = {"batch_prompts": (1, STEP_MAX), "group_size": (1, STEP_MAX), "seed": (0, STEP_MAX)}
+
+
+def check_params(params: Mapping, where: str | None = None) -> None:
+    """The run's batch, group size, seed and lr within what the store and the matching CLI
+    option take, whether the options (`where` None) or the source's own config set them."""
+
+    def label(name: str, v) -> str:
+        option = f"--{name.replace('_', '-')}"
+        return f"{option} {short(v, 40)}" if where is None else \
+            f"{where}: {name} = {short(v, 40)}"
+
+    for name, (low, high) in RUN_BOUNDS.items():
+        v = params.get(name)
+        if v is None:
+            continue
+        whole = isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v == int(v))
+        if isinstance(v, bool) or not whole or not low <= v <= high:
+            raise ConfigError(f"{label(name, v)}: must be a whole number from {low} to "
+                              f"{high:,} (as --{name.replace('_', '-')} takes)")
+    lr = params.get("lr")
+    if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"{label('lr', lr)}: must be a finite number > 0")
+    p, g = params.get("batch_prompts"), params.get("group_size")
+    if p is not None and g is not None and int(p) * int(g) > STEP_MAX:
+        what = (f"--batch-prompts {int(p)} x --group-size {int(g)}" if where is None else
+                f"{where}: batch_prompts {int(p)} x group_size {int(g)}")
+        raise ConfigError(f"{what} = {int(p) * int(g):,} samples per step; the store holds at "
+                          f"most {STEP_MAX:,}")
+
+
+def check_axis(log: ParsedLog, samples: Mapping[int, int]) -> None:
+    """Every step and sample count of a parsed run within the store's columns (a reader that
+    took a step of 2^40 or a sample count beyond BIGINT is caught here, before any write)."""
+    for step in log.steps:
+        if not (isinstance(step, int) and 0 <= step <= STEP_MAX):
+            raise ConfigError(f"{log.where}: step {short(step, 40)}: must be a whole number "
+                              f"from 0 to {STEP_MAX:,}; nothing was written")
+    for value in (*samples.values(), *log.samples_at.values()):
+        if not (isinstance(value, int) and 0 <= value <= SAMPLES_MAX):
+            raise ConfigError(f"{log.where}: {short(value, 40)} samples: must be a whole number "
+                              f"from 0 to {SAMPLES_MAX:,}; nothing was written")

@@ -8,6 +8,7 @@ metrics upsert on (run, step, key), nothing changes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from dataclasses import asdict, dataclass, field
@@ -82,7 +83,8 @@ def with_format(path: Path | str, opts: IngestOptions) -> tuple[IngestOptions, s
             raise ConfigError(f"{path}: an MLflow tracking URI, not --format {opts.fmt}")
         return dataclasses.replace(opts, fmt="mlflow"), "option"
     if opts.fmt is None:
-        fmt, why = detect.detect(Path(path), opts.max_bytes, finished=opts.finished)
+        with _readable(path):
+            fmt, why = detect.detect(Path(path), opts.max_bytes, finished=opts.finished)
         return dataclasses.replace(opts, fmt=fmt), f"detected: {why}"
     if opts.fmt not in PARSERS and opts.fmt not in MULTI_PARSERS:
         raise ConfigError(f"--format {opts.fmt!r}: allowed are {', '.join(base.FORMATS)}")
@@ -92,13 +94,10 @@ def with_format(path: Path | str, opts: IngestOptions) -> tuple[IngestOptions, s
 def parse_source(path: Path | str, opts: IngestOptions) -> list[ParsedLog]:
     """Every run a source holds (one for a log file), each checked: bad lines, known metrics."""
     opts, how = with_format(path, opts)
-    if opts.fmt in MULTI_PARSERS:
-        logs = MULTI_PARSERS[opts.fmt](path if isinstance(path, str) else Path(path), opts)
-    elif opts.runs:
+    if opts.fmt not in MULTI_PARSERS and opts.runs:
         raise ConfigError(f"{path}: --run selects runs of a W&B, MLflow or TensorBoard "
                           f"source; a {opts.fmt} log is one run")
-    else:
-        logs = [PARSERS[opts.fmt](Path(path), opts)]
+    logs = _read_source(path, opts)
     for log in logs:
         log.fmt_from = how
         base.require_clean(log, opts.skip_bad)
@@ -109,6 +108,31 @@ def parse_source(path: Path | str, opts: IngestOptions) -> list[ParsedLog]:
                 f"{seen}); name them with --map STORE_KEY=COLUMN"
             )
     return logs
+
+
+def _read_source(path: Path | str, opts: IngestOptions) -> list[ParsedLog]:
+    """The runs a source holds, read with the libraries' own logging quiet; a file the OS will
+    not let us read, or a record claiming more bytes than memory holds, is one line."""
+    from twoclocks_cli.ingest.quiet import quiet_libraries
+
+    with _readable(path), quiet_libraries():
+        if opts.fmt in MULTI_PARSERS:
+            return MULTI_PARSERS[opts.fmt](path if isinstance(path, str) else Path(path), opts)
+        return [PARSERS[opts.fmt](Path(path), opts)]
+
+
+@contextlib.contextmanager
+def _readable(path: Path | str):
+    """A file the OS will not let us read (mode 000, a name too long, gone meanwhile), or a
+    record claiming more bytes than memory holds, as one line."""
+    try:
+        yield
+    except MemoryError:
+        raise ConfigError(f"{path}: a record claims more bytes than memory holds (a corrupt "
+                          "file?); nothing was written") from None
+    except OSError as exc:
+        raise ConfigError(f"{exc.filename or path}: cannot read ({exc.strerror or exc}); "
+                          "nothing was written") from None
 
 
 def parse_file(path: Path | str, opts: IngestOptions) -> ParsedLog:
@@ -132,12 +156,8 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
             notes.append(f"--{name.replace('_', '-')} {given} overrides {params[name]} "
                          f"from the {origin[name]}")
         params[name], origin[name] = given, "option"
+    base.check_params(params, log.where)
     p, g = params.get("batch_prompts"), params.get("group_size")
-    for name, v in (("batch_prompts", p), ("group_size", g)):
-        if v is not None and (int(v) != v or v < 1):
-            raise ConfigError(f"{log.where}: {name} = {v!r} must be a positive integer")
-    if params.get("lr") is not None and not params["lr"] > 0:
-        raise ConfigError(f"{log.where}: lr = {params['lr']!r} must be positive")
     if params.get("lr") is None:
         notes.append("the run's lr was not found in the log (pass --lr): its lr column stays "
                      "empty, and analyze cannot tell its setting from another lr's")
@@ -153,6 +173,7 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
         )
     for s in missing:
         samples[s] = (s + log.step_offset) * batch
+    base.check_axis(log, samples)
     digest = hashlib.sha256(log.fmt.encode() + b"\0")
     if log.run_key:  # one run of a source holding several
         digest.update(log.run_key.encode() + b"\0")

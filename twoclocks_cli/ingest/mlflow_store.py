@@ -7,11 +7,13 @@ every run of every experiment, or those `--experiment NAME` names, `--filter EXP
 are its cell (verl's MLflow logger writes `data/train_batch_size`, HF's `learning_rate`), its
 metric history its steps (the last value logged at a step wins; the count is reported). Only
 local stores are read: a server URI needs a network this command never uses. The store is only
-read; MLflow's file store adds its `.trash` folder when one is missing, as any MLflow client does.
+read: an SQLite store is opened read-only, and the empty `.trash` folder MLflow's file store
+makes in an `mlruns` folder lacking one is taken away again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -69,7 +71,8 @@ def tracking_uri(source: Path | str) -> tuple[str, Path]:
         if not is_sqlite_store(path):
             raise ConfigError(f"{path}: not an MLflow tracking store (an SQLite file without "
                               "MLflow's experiments, runs, metrics and params tables)")
-        return f"sqlite:///{path.resolve()}", path
+        # read-only: MLflow would otherwise migrate (write) a store that lacks its tables
+        return f"sqlite:///file:{path.resolve()}?mode=ro&uri=true", path
     if not is_file_store(path):
         raise ConfigError(f"{path}: not an MLflow mlruns folder (no experiment folder with a "
                           "meta.yaml in it)")
@@ -77,13 +80,10 @@ def tracking_uri(source: Path | str) -> tuple[str, Path]:
 
 
 def _client(uri: str):
-    """The mlflow client of a local store, quiet (its INFO lines are not this command's)."""
-    import logging
+    """The mlflow client of a local store."""
     import os
 
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # reading an existing mlruns
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
@@ -141,13 +141,54 @@ def _tracked(client, run, exp_name: str) -> scalars.TrackedRun:
     return tracked
 
 
+@contextlib.contextmanager
+def _scratch_cwd():
+    """Run MLflow in an empty temporary working directory: for the read-only `sqlite:///file:`
+    URI it makes the 'parent folder' of `file:/abs/path` relative to the working directory
+    (a `file:` tree the user never asked for); here that tree is made and removed unseen."""
+    import os
+    import tempfile
+
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="twoclocks-mlflow-") as tmp:
+        os.chdir(tmp)
+        try:
+            yield
+        finally:
+            os.chdir(here)
+
+
+@contextlib.contextmanager
+def _no_trash_left(trash: Path | None):
+    """Remove `trash` (the empty folder MLflow's file store makes on opening) after the block."""
+    try:
+        yield
+    finally:
+        if trash is not None:
+            with contextlib.suppress(OSError):  # not empty: not ours to remove
+                trash.rmdir()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, cut to a readable length."""
+    text = str(exc).strip().splitlines()
+    return (text[0][:200] if text else type(exc).__name__)
+
+
 def parse_runs(source: Path | str, opts: IngestOptions) -> list[ParsedLog]:
     """Every selected run of a local MLflow store."""
     uri, path = tracking_uri(source)
+    import yaml
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
 
+    from twoclocks_cli.ingest.quiet import quiet_libraries
+
+    trash = path.resolve() / ".trash" if path.is_dir() else None
+    made_trash = trash is not None and not trash.exists()
     try:
-        with warnings.catch_warnings():  # mlflow's own deprecation warnings are not the user's
+        with warnings.catch_warnings(), quiet_libraries(), _scratch_cwd(), \
+                _no_trash_left(trash if made_trash else None):
             warnings.simplefilter("ignore")
             client = _client(uri)
             exps = _experiments(client, source, opts)
@@ -158,5 +199,14 @@ def parse_runs(source: Path | str, opts: IngestOptions) -> list[ParsedLog]:
         first = str(exc.message if hasattr(exc, "message") else exc).strip().splitlines()
         raise ConfigError(f"{source}: {first[0] if first else 'MLflow refused the store'}") \
             from None
+    except (SQLAlchemyError, sqlite3.Error) as exc:  # e.g. tables that are not MLflow's
+        why = _first_line(exc)
+        if "readonly" in why:  # MLflow wanted to create or migrate its tables in it
+            why = "it lacks MLflow's current tables; it is only read, never migrated"
+        raise ConfigError(f"{source}: not a readable MLflow store ({why})") from None
+    except (ValueError, KeyError, AttributeError, TypeError, UnicodeDecodeError, OSError,
+            yaml.YAMLError) as exc:  # the file store parsing a broken meta.yaml or metric
+        raise ConfigError(f"{source}: MLflow cannot read the store ({type(exc).__name__}: "
+                          f"{_first_line(exc)})") from None
     chosen = scalars.select_runs(source, tracked, opts)
     return [scalars.to_log(r, path, "mlflow", opts) for r in chosen]

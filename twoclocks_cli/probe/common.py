@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import MAX_SIM_ROW_STEPS
 
 MAX_SEEDS = 64
+MAX_BATCHES = 64  # batch sizes one probe branches over
 
 
 def rule_exponent(rule) -> float:
@@ -38,3 +40,12 @@ def check_branches(batches: list[float], branch_samples: float, seeds: int) -> N
                           f"twice the largest batch ({2 * max(batches):g})")
     if not 1 <= seeds <= MAX_SEEDS:
         raise ConfigError(f"--seeds {seeds}: must be in 1..{MAX_SEEDS}")
+    if len(batches) > MAX_BATCHES:
+        raise ConfigError(f"--batches: {len(batches):,} batch sizes; at most {MAX_BATCHES}")
+    # every branch steps until the smallest batch has spent the budget (one vectorised loop)
+    work = len(batches) * seeds * branch_samples / min(batches)
+    if work > MAX_SIM_ROW_STEPS:
+        raise ConfigError(f"--branch-samples {branch_samples:g}: {len(batches) * seeds} branches "
+                          f"x {branch_samples / min(batches):,.0f} steps at batch "
+                          f"{min(batches):g} = {work:.3g} steps; at most {MAX_SIM_ROW_STEPS:.0e}"
+                          ": lower --branch-samples or --seeds, or raise the smallest batch")

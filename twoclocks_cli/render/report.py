@@ -440,17 +440,27 @@ def _draw_all(data: ReportData, out: Path) -> dict[str, str]:
     return images
 
 
+def check_options(store, opts: ReportOptions) -> None:
+    """Refuse an unknown sweep or invalid analysis options before the folder is made."""
+    from twoclocks_cli.clocks.options import AnalysisOptions
+
+    store.get_sweep(opts.sweep)
+    if opts.analysis is not None:
+        AnalysisOptions.from_json(opts.analysis)
+
+
 def write_report(store, opts: ReportOptions) -> Path:
     """Gather, draw and write `index.html`, the PNGs and `analysis.json` into `opts.out`."""
     out = Path(opts.out)
     check_runs(store, opts)
+    check_options(store, opts)
+    data = gather(store, opts)  # refusals (an unknown metric, ...) come before the folder
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(exist_ok=True)  # in an existing parent: a typo must not grow a tree
     except OSError as exc:
         from twoclocks_cli.core.errors import ConfigError
 
         raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
-    data = gather(store, opts)
     images = _draw_all(data, out)
     (out / "analysis.json").write_text(json.dumps(
         {"analysis": data.analysis.to_json() if data.analysis else None,

@@ -64,19 +64,32 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def _run(engine: Engine, fn, revision: str) -> None:
-    """Run alembic command `fn` to `revision` on one connection, mapping DB errors."""
+    """Run alembic command `fn` to `revision` on one connection, mapping DB errors and
+    alembic's refusals (e.g. a store stamped with a revision this version does not know)."""
+    from alembic.util import CommandError
+
     try:
         with engine.connect() as conn:
             fn(_config(conn), revision)
             conn.commit()
     except (OperationalError, DBAPIError) as exc:
         raise StoreError(describe_db_error(exc, engine.url)) from None
+    except CommandError as exc:
+        stamped = current_revision(engine)
+        if stamped is not None and stamped not in known_revisions():
+            raise StoreError(f"the store is at revision {stamped!r}, which this twoclocks does "
+                             "not know (written by a newer version?); upgrade twoclocks") from None
+        raise StoreError(f"cannot migrate to {revision!r}: {exc}") from None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate forward to `revision` (default: head); a database that is not ours is refused."""
     from alembic import command
 
+    if revision not in ("head", "heads") and revision not in known_revisions() \
+            and not revision.lstrip("+").isdigit():
+        allowed = ", ".join(["head", *sorted(known_revisions())])
+        raise StoreError(f"unknown revision {revision!r}: known revisions are {allowed}")
     with migration_lock(engine):
         _refuse_foreign(engine)
         _run(engine, command.upgrade, revision)

@@ -107,6 +107,8 @@ class Store(RegistryQueries, LifecycleQueries, AnalysisQueries):
             return list(s.scalars(query).all())
 
     def get_run(self, run_id: int) -> Run:
+        if not 0 < run_id <= 2**63 - 1:  # no row can hold it; SQLite would overflow on it
+            raise NotFoundError(f"no run with id {run_id}")
         with self.session() as s:
             run = s.get(Run, run_id, options=[selectinload(Run.sweep)])
             if run is None:

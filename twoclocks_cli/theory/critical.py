@@ -19,6 +19,8 @@ HUGE_BATCH = 1e10  # "B -> inf": per-coordinate noise sigma/sqrt(B) = 1e-5 sigma
 MAX_SMALL_SAMPLES = 5e4  # the B = 1 limit gives up here (target unreachable: no prediction)
 MAX_BIG_STEPS = 2e4  # the B -> inf limit gives up after this many steps
 WALL_FACTOR = 16  # a grid batch slower than this x E_min counts as "beyond the wall"
+PILOT_SEEDS = 16  # seeds of the yardstick's pilot (it runs its whole budget when hopeless)
+MAX_GRID_ROW_STEPS = 2e7  # simulated rows x steps the dense grid may take (about a minute)
 
 
 def _clock(result) -> float | None:
@@ -44,7 +46,7 @@ def predict_critical_batch(
     `start` (a one-row SimState): the *local* B_crit from that state — every simulation branches
     from it and counts samples from the branch point (Merrill et al.'s direct measurement)."""
 
-    def sweep(batches, n_seeds, budget):
+    def sweep(batches, n_seeds, budget, until_median=False):
         batches = np.asarray(batches, float)
         return simulate_sweep(
             cfg,
@@ -57,9 +59,15 @@ def predict_critical_batch(
             seed=seed,
             stop_at_target=True,
             start=start,
+            until_median=until_median,
         )
 
-    e_min = _clock(sweep([1.0], 4 * seeds, MAX_SMALL_SAMPLES))  # the yardstick: most seeds
+    # the yardstick, most seeds; only its median is used, settled once half of them got there.
+    # A pilot of a few seeds first: where even their median never gets there (the noise floor
+    # above the target, a diverging lr) the full yardstick would run its whole budget for it
+    pilot = _clock(sweep([1.0], PILOT_SEEDS, MAX_SMALL_SAMPLES, until_median=True))
+    e_min = None if pilot is None else \
+        _clock(sweep([1.0], 4 * seeds, MAX_SMALL_SAMPLES, until_median=True))
     out = {"b_crit": None, "e_min": e_min, "s_min": None}
     if e_min is None:
         return {
@@ -85,6 +93,12 @@ def predict_critical_batch(
             "method": "E_min/S_min limits",
         }
     grid = np.geomspace(1, 4096, 13)
+    # every row steps until the smallest batch spent the budget, refining 6 batches x seeds too
+    work = (grid.size * max(seeds // 4, 4) + 6 * seeds) * WALL_FACTOR * e_min
+    if work > MAX_GRID_ROW_STEPS:
+        return {**out, "mechanism": f"not simulated: E_min = {e_min:,.0f} samples makes the "
+                f"dense grid {work:.2g} steps (at most {MAX_GRID_ROW_STEPS:.0e}); a larger lr0 "
+                "or a smaller B0 reaches the target sooner", "method": "dense grid"}
     res = sweep(grid, max(seeds // 4, 4), WALL_FACTOR * e_min)
     batches, med = res.median_by_batch("n_prog")
     for i in range(1, len(batches)):

@@ -34,6 +34,12 @@ class SweepResult:
         return batches, np.array(med)
 
 
+def _medians_settled(n_prog: np.ndarray, batches: np.ndarray, seeds: int) -> bool:
+    """Whether more than half of each batch's rows (batch-major, `seeds` each) have a clock."""
+    reached = (~np.isnan(n_prog)).reshape(batches.size, seeds).sum(axis=1)
+    return bool(np.all(reached * 2 > seeds))
+
+
 def simulate_sweep(
     cfg: ModelConfig,
     batches,
@@ -45,11 +51,16 @@ def simulate_sweep(
     seed: int = 0,
     stop_at_target: bool = False,
     start: SimState | None = None,
+    until_median: bool = False,
 ) -> SweepResult:
     """Run len(batches) x seeds rows to `budget` samples each (or until all reach `target`).
 
     `start` (a one-row state): every row branches from it — same parameters, moments and drift
-    origin, fresh noise — and clocks and budget count the samples since the branch point."""
+    origin, fresh noise — and clocks and budget count the samples since the branch point.
+
+    `until_median` (with `stop_at_target`): stop once more than half of every batch's rows
+    reached the target; each batch's median clock is then settled (a row still going would
+    reach it later than all of those), the rest are left censored."""
     batches = np.asarray(batches, float)
     lrs = np.broadcast_to(np.asarray(lrs, float), batches.shape)
     caps = None if cap is None else np.broadcast_to(np.asarray(cap, float), batches.shape)
@@ -70,7 +81,7 @@ def simulate_sweep(
         active = state.samples + b <= budget + 1e-9
         if stop_at_target:
             active &= np.isnan(n_prog)
-        if not active.any():
+        if not active.any() or (until_median and _medians_settled(n_prog, batches, seeds)):
             break
         info = state.step(b, lr, cp, active, grad_terms=False)
         p = state.progress(info.loss)
