@@ -220,18 +220,29 @@ def spent(agg, tp: Throughput, price: float | None) -> Spent:
 
 def time_clocks(batches, throughputs: dict[float, Throughput], source: str,
                 cost: CostFile | None = None) -> TimeClocks | None:
-    """Both clocks of each batch row (result.BatchRow) in time and cost; None without any
-    throughput."""
+    """Both clocks of each batch row (result.BatchRow) in time and cost (money at the cost
+    file's price); None without any throughput."""
     if not throughputs:
         return None
-    price = cost.price_per_hour if cost is not None else None
+    return _timed(batches, throughputs, source, cost.price_per_hour if cost else None,
+                  None if cost is None else cost.model_dump())
+
+
+def retimed(time: TimeClocks, batches) -> TimeClocks | None:
+    """`time`'s throughput and price applied to other batch rows (a resample of the seeds)."""
+    tps = {b.batch_samples: b.throughput for b in time.batches}
+    return _timed(batches, tps, time.source, time.price_per_hour, time.cost_file)
+
+
+def _timed(batches, throughputs: dict, source: str, price: float | None,
+           cost_file: dict | None) -> TimeClocks:
     rows = [TimedBatch(b.batch_samples, throughputs[b.batch_samples],
                        spent(b.progress, throughputs[b.batch_samples], price),
                        spent(b.failure, throughputs[b.batch_samples], price))
             for b in batches if b.batch_samples in throughputs]
     missing = [b.batch_samples for b in batches if b.batch_samples not in throughputs]
     out = TimeClocks(source=source, price_per_hour=price, batches=rows,
-                     cost_file=None if cost is None else cost.model_dump())
+                     cost_file=cost_file)
     out.b_crit_time, out.b_crit_time_bound, out.note = b_crit_in_time(rows)
     if missing:
         out.note += (f"; no timing logged at B={', '.join(f'{b:g}' for b in missing)}: "

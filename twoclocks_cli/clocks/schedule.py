@@ -291,7 +291,7 @@ def _objective_lines(picks: dict, chosen: str) -> list[str]:
         parts = [f"B={p['batch']:g}"]
         for key, unit in (("samples", "samples"), ("seconds", "hours"), ("cost", "cost")):
             if p[key] is not None and ref[key]:
-                parts.append(f"{p[key] / ref[key]:.2g}x the {unit}")
+                parts.append(f"{p[key] / ref[key]:.2f}x the {unit}")
         parts.append(_spent_text(p))
         out.append(f"{obj} would pick " + ", ".join(parts))
     return out

@@ -29,7 +29,7 @@ def schedule_sweep(
                         objective=objective, time=time)
     if stability:
         st = measure(analysis, stability, analysis.options.seed, budget=budget, safety=safety,
-                     large_lr=large_lr).to_json()
+                     large_lr=large_lr, objective=objective, time=time).to_json()
         out["stability"] = st
         out["settled"] = st["settled"]
         out["rationale"].insert(0, f"decision {st['verdict']}")
@@ -87,6 +87,8 @@ def schedule(
     if objective not in OBJECTIVES:
         raise ConfigError(f"--objective {objective!r}: must be one of {', '.join(OBJECTIVES)}")
     cost_model = load_cost(cost) if cost is not None else None
+    if objective == "cost" and cost_model is not None and cost_model.price_per_hour is None:
+        raise ConfigError(f"--objective cost: {cost} has no price_per_hour: give one")
     store = Store.open(db)
     name = store.sweep_named(sweep)
     result = schedule_sweep(store, name, safety=safety, budget=budget, reanalyze=reanalyze,
