@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.integration.simsweep import make_sweep
@@ -99,3 +100,53 @@ def test_objectives_refused_without_what_they_need(db, tmp_path):
     # the sim runs logged no time_*: time needs a cost file (said once the data is read)
     assert_one_line_error(twoclocks("schedule", "--db", url, "--objective", "time",
                                     "--stability", "0"), "--cost FILE")
+
+
+def _verl_log(path: Path, prompts: int, rng) -> np.ndarray:
+    """A verl console log at `prompts` x 8 samples per step with `timing_s/*` per step; returns
+    the seconds per sample of each step, from the values as printed."""
+    head = (f"+ python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo "
+            f"data.train_batch_size={prompts} actor_rollout_ref.actor.optim.lr=1e-6 "
+            "actor_rollout_ref.rollout.n=8 'trainer.logger=[\"console\"]'")
+    lines, per_sample = [head], []
+    b = prompts * 8
+    for step in range(1, 41):
+        reward = 0.1 + 0.8 * (1 - np.exp(-step * b / 3000))
+        gen = round(5 + 0.01 * b * (1 + 0.2 * rng.random()), 4)
+        update = round(3 + 0.02 * b * (1 + 0.2 * rng.random()), 4)
+        lines.append(f"(TaskRunner pid=1) step:{step} - critic/score/mean:{reward:.4f} - "
+                     f"timing_s/gen:{gen} - timing_s/reward:0.5 - timing_s/update_actor:{update}")
+        per_sample.append((gen + 0.5 + update) / b)
+    path.write_text("\n".join(lines) + "\n")
+    return np.array(per_sample)
+
+
+def test_imported_verl_timings_give_the_time_clocks(tmp_path):
+    """verl's timing_s/gen, /reward, /update_actor imported as time_*: the seconds per sample
+    per batch are the median of what the logs printed, recomputed here, and time-to-target is
+    the sample clock times that."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    rng = np.random.default_rng(5)
+    expected = {}
+    for prompts in (16, 64):
+        log = tmp_path / f"verl_p{prompts}.log"
+        expected[prompts * 8] = _verl_log(log, prompts, rng)
+        proc = twoclocks("ingest", str(log), "--sweep", "verl", "--db", url)
+        assert proc.returncode == 0, proc.stderr
+    proc = twoclocks("analyze", "verl", "--db", url, "--stability", "0", "--bootstrap", "200",
+                     "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    time = doc["time"]
+    assert time["source"] == "measured"
+    clocks = {b["batch_samples"]: b["progress"]["median"] for b in doc["batches"]}
+    for b in time["batches"]:
+        want = expected[b["batch_samples"]]
+        tp = b["throughput"]
+        assert tp["steps"] == want.size
+        assert tp["seconds_per_sample"] == pytest.approx(float(np.median(want)))
+        assert tp["low"] <= tp["seconds_per_sample"] <= tp["high"]
+        assert b["progress"]["seconds"] == pytest.approx(
+            clocks[b["batch_samples"]] * float(np.median(want)))
+    # the larger batch is twice as cheap per sample here and reaches the target sooner
+    assert time["b_crit_time"] == 512 and time["b_crit_time_bound"] == "lower"

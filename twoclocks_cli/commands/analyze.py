@@ -97,10 +97,14 @@ def _spent(sp, money: bool = False) -> str:
             return f">= {sp.lower_bound / 3600:.3g} h"
         return "-"
     if money:
-        return f"{value:.4g} [{num(low, 4)}-{num(high, 4)}]"
-    hi = "censored" if high is None else f"{high / 3600:.3g}"
-    lo = "-" if low is None else f"{low / 3600:.3g}"
-    return f"{value / 3600:.3g} h [{lo}-{hi}]"
+        text, lo, hi = f"{value:.4g}", num(low, 4), num(high, 4)
+    else:
+        text = f"{value / 3600:.3g} h"
+        lo = None if low is None else f"{low / 3600:.3g}"
+        hi = None if high is None else f"{high / 3600:.3g}"
+    if low is None:  # one seed: no interval
+        return text
+    return f"{text} [{lo}-{'censored' if high is None else hi}]"
 
 
 def render_time(con, a) -> None:
