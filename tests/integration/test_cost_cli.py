@@ -150,3 +150,17 @@ def test_imported_verl_timings_give_the_time_clocks(tmp_path):
             clocks[b["batch_samples"]] * float(np.median(want)))
     # the larger batch is twice as cheap per sample here and reaches the target sooner
     assert time["b_crit_time"] == 512 and time["b_crit_time_bound"] == "lower"
+
+
+def test_report_shows_the_stored_time_clocks(db, tmp_path):
+    """An analysis saved with --cost keeps its clocks in time; the report prints them."""
+    url, _ = db
+    saved = twoclocks("analyze", "--db", url, "--cost", GPU, "--save", "--stability", "0",
+                      "--no-theory", "--bootstrap", "200", "--json")
+    assert saved.returncode == 0, saved.stderr
+    b_time = json.loads(saved.stdout)["time"]["b_crit_time"]
+    proc = twoclocks("report", "sim", "--db", url, "-o", str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "Clocks in time (cost file throughput, 20 per hour)" in page
+    assert f"B_crit in time: {b_time:g}" in page or f"B_crit in time: ≥ {b_time:g}" in page

@@ -11,7 +11,7 @@ batch past which time-to-target stops falling.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -87,8 +87,8 @@ def _problem(err: dict, path) -> str:
 class Throughput:
     """Seconds per sample at one batch size: median [interval], and what it rests on."""
 
-    batch_samples: float
-    seconds_per_sample: float | None
+    batch_samples: float | None = None
+    seconds_per_sample: float | None = None
     low: float | None = None
     high: float | None = None
     steps: int = 0  # logged steps it is the median of (0: from the cost file)
@@ -152,8 +152,9 @@ class TimeClocks:
         if not d:
             return None
         batches = [TimedBatch(batch_samples=b["batch_samples"],
-                              throughput=Throughput(**b["throughput"]),
-                              progress=Spent(**b["progress"]), failure=Spent(**b["failure"]))
+                              throughput=_known(Throughput, b.get("throughput")),
+                              progress=_known(Spent, b.get("progress")),
+                              failure=_known(Spent, b.get("failure")))
                    for b in d.get("batches") or []]
         return cls(source=d.get("source", ""), price_per_hour=d.get("price_per_hour"),
                    batches=batches, b_crit_time=d.get("b_crit_time"),
@@ -162,6 +163,12 @@ class TimeClocks:
 
     def at(self, batch: float) -> TimedBatch | None:
         return next((b for b in self.batches if b.batch_samples == batch), None)
+
+
+def _known(cls, data: dict | None):
+    """`cls` from the keys of `data` it knows (a document from another version reads)."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in (data or {}).items() if k in names})
 
 
 def step_seconds(times: list) -> np.ndarray:
