@@ -286,7 +286,8 @@ def _objective_lines(picks: dict, chosen: str) -> list[str]:
     if len(picks) < 2:
         return []
     ref = picks[chosen]
-    out = [f"objective {chosen}: B_small = {ref['batch']:g} minimises {chosen} to the target"]
+    how = "B_crit's rule" if chosen == "samples" else f"the least {chosen} to the target"
+    out = [f"objective {chosen}: B_small = {ref['batch']:g} ({how})"]
     for obj, p in picks.items():
         parts = [f"B={p['batch']:g}"]
         for key, unit in (("samples", "samples"), ("seconds", "hours"), ("cost", "cost")):
