@@ -21,6 +21,7 @@ from twoclocks_cli.clocks.stats import CONF
 from twoclocks_cli.core.errors import ConfigError
 
 OBJECTIVES = ("samples", "time", "cost")
+_BOOT_CELLS = 2_000_000  # resampled step times held at once by the throughput's bootstrap
 
 
 class CostFile(BaseModel):
@@ -195,8 +196,11 @@ def measured_throughput(batch: float, times_of_runs: list[list], rng,
     med = float(np.median(per_sample))
     if per_sample.size == 1:
         return Throughput(batch, med, steps=1)
-    boots = np.median(per_sample[rng.integers(0, per_sample.size,
-                                              size=(reps, per_sample.size))], axis=1)
+    n = per_sample.size
+    chunk = max(1, _BOOT_CELLS // n)  # long runs log many steps: bound the draws in memory
+    boots = np.concatenate([
+        np.median(per_sample[rng.integers(0, n, size=(min(chunk, reps - i), n))], axis=1)
+        for i in range(0, reps, chunk)])
     lo, hi = np.quantile(boots, [(1 - CONF) / 2, (1 + CONF) / 2])
     return Throughput(batch, med, float(lo), float(hi), steps=int(per_sample.size))
 
