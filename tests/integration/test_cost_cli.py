@@ -164,3 +164,35 @@ def test_report_shows_the_stored_time_clocks(db, tmp_path):
     page = (tmp_path / "rep" / "index.html").read_text()
     assert "Clocks in time (cost file throughput, 20 per hour)" in page
     assert f"B_crit in time: {b_time:g}" in page or f"B_crit in time: ≥ {b_time:g}" in page
+
+
+def test_imported_trl_step_time_gives_the_throughput(tmp_path):
+    """TRL logs seconds per step whole (`step_time`, stored as time_step_s): the throughput of
+    a run without the time_* parts is its median over the steps, per sample."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    rng = np.random.default_rng(11)
+    expected = {}
+    for prompts in (4, 16):
+        b = prompts * 8
+        step_time = np.round(2.0 + 0.01 * b * (1 + 0.3 * rng.random(30)), 4)
+        history = [{"step": s, "reward": round(0.1 + 0.8 * (1 - np.exp(-s * b / 1500)), 4),
+                    "learning_rate": 1e-6, "step_time": float(step_time[s - 1])}
+                   for s in range(1, 31)]
+        folder = tmp_path / f"trl{prompts}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps(
+            {"global_step": 30, "log_history": history}))
+        proc = twoclocks("ingest", str(folder / "trainer_state.json"), "--sweep", "trl",
+                         "--batch-prompts", str(prompts), "--group-size", "8", "--db", url)
+        assert proc.returncode == 0, proc.stderr
+        expected[b] = step_time / b
+    proc = twoclocks("analyze", "trl", "--db", url, "--stability", "0", "--bootstrap", "200",
+                     "--json")
+    assert proc.returncode == 0, proc.stderr
+    time = json.loads(proc.stdout)["time"]
+    assert time["source"] == "measured"
+    got = {b["batch_samples"]: b["throughput"] for b in time["batches"]}
+    assert set(got) == set(expected)
+    for b, want in expected.items():
+        assert got[b]["steps"] == want.size
+        assert got[b]["seconds_per_sample"] == pytest.approx(float(np.median(want)))

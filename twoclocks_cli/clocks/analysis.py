@@ -13,7 +13,13 @@ import math
 import numpy as np
 
 from twoclocks_cli.clocks import critical
-from twoclocks_cli.clocks.cost import CostFile, for_analysis, measured_throughput, time_clocks
+from twoclocks_cli.clocks.cost import (
+    STEP_TIME_KEY,
+    CostFile,
+    for_analysis,
+    measured_throughput,
+    time_clocks,
+)
 from twoclocks_cli.clocks.curves import smooth_curve
 from twoclocks_cli.clocks.options import AnalysisOptions, parse_target
 from twoclocks_cli.clocks.result import (
@@ -102,7 +108,7 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None,
         clipping=_clipping_table([r for r in run_rows if r.analysed]),
         warnings=warnings,
     ))
-    result.time = json_numbers(_time_clocks(result, signals, opts, cost))
+    result.time = json_numbers(_time_clocks(store, result, signals, opts, cost))
     if opts.stability:
         from twoclocks_cli.clocks.stability import measure
 
@@ -110,15 +116,20 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None,
     return result
 
 
-def _time_clocks(result: Analysis, signals, opts, cost: CostFile | None):
+def _time_clocks(store, result: Analysis, signals, opts, cost: CostFile | None):
     """Both clocks in time and cost: the throughput measured at each batch from its runs'
-    time_* metrics (own random stream, so no other interval moves), or the cost file's."""
+    time_* metrics (else the seconds per step a tracker logged, TRL's `step_time`; own random
+    stream, so no other interval moves), or the cost file's."""
     rng = np.random.default_rng(opts.seed)
+    untimed = [r.run_id for r in result.runs if r.in_family and r.analysed
+               and r.run_id in signals and not signals[r.run_id].times]
+    per_step = store.load_metric(untimed, STEP_TIME_KEY) if untimed else {}
     tps = {}
     for b in result.batches:
-        times = [signals[r.run_id].times for r in result.runs_at(b.batch_samples)
-                 if r.run_id in signals and signals[r.run_id].times]
-        tp = measured_throughput(b.batch_samples, times, rng, opts.bootstrap)
+        times = [signals[r.run_id].times or ([per_step[r.run_id]] if r.run_id in per_step
+                                             else [])
+                 for r in result.runs_at(b.batch_samples) if r.run_id in signals]
+        tp = measured_throughput(b.batch_samples, [t for t in times if t], rng, opts.bootstrap)
         if tp is not None:
             tps[b.batch_samples] = tp
     measured = time_clocks(result.batches, tps, "measured")

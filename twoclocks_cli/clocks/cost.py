@@ -2,7 +2,8 @@
 time and cost.
 
 A throughput per batch comes from the runs' own `time_*` metrics (the median seconds per sample
-of the logged steps at that batch, with a bootstrap interval over those steps), or from a cost
+of the logged steps at that batch, with a bootstrap interval over those steps; `time_step_s`
+where only the whole step's seconds are logged), or from a cost
 file (`CostFile`: a fixed overhead per step plus generation and update seconds per sample, and
 an optional price per hour). The clocks in samples times the seconds per sample give the clocks
 in seconds; the intervals multiply end to end (low x low, high x high). B_crit in time is the
@@ -21,6 +22,9 @@ from twoclocks_cli.clocks.stats import CONF
 from twoclocks_cli.core.errors import ConfigError
 
 OBJECTIVES = ("samples", "time", "cost")
+# seconds per optimizer step as a tracker logs it whole (TRL's step_time): the throughput's
+# source for runs without the time_gen_s/time_reward_s/time_update_s parts
+STEP_TIME_KEY = "time_step_s"
 _BOOT_CELLS = 2_000_000  # resampled step times held at once by the throughput's bootstrap
 
 
