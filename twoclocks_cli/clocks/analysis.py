@@ -13,6 +13,13 @@ import math
 import numpy as np
 
 from twoclocks_cli.clocks import critical
+from twoclocks_cli.clocks.cost import (
+    STEP_TIME_KEY,
+    CostFile,
+    for_analysis,
+    measured_throughput,
+    time_clocks,
+)
 from twoclocks_cli.clocks.curves import smooth_curve
 from twoclocks_cli.clocks.options import AnalysisOptions, parse_target
 from twoclocks_cli.clocks.result import (
@@ -36,8 +43,10 @@ UNITS = ("samples (one sampled completion); steps, prompts and seconds (cumulate
          "time_gen_s + time_reward_s + time_update_s, when logged) given beside")
 
 
-def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> Analysis:
-    """Analyse every run of `sweep` (partial runs included and marked)."""
+def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None,
+                  cost: CostFile | None = None) -> Analysis:
+    """Analyse every run of `sweep` (partial runs included and marked); the clocks in time and
+    cost from the runs' time_* metrics, or from `cost` (a cost file) when given."""
     opts = options or AnalysisOptions()
     store.get_sweep(sweep)  # NotFoundError listing the sweeps
     runs = store.list_runs(sweep)
@@ -99,11 +108,39 @@ def analyze_sweep(store, sweep: str, options: AnalysisOptions | None = None) -> 
         clipping=_clipping_table([r for r in run_rows if r.analysed]),
         warnings=warnings,
     ))
+    result.time = json_numbers(_time_clocks(store, result, signals, opts, cost))
     if opts.stability:
         from twoclocks_cli.clocks.stability import measure
 
         result.stability = json_numbers(measure(result, opts.stability, opts.seed).to_json())
     return result
+
+
+def _time_clocks(store, result: Analysis, signals, opts, cost: CostFile | None):
+    """Both clocks in time and cost: the throughput measured at each batch from its runs'
+    time_* metrics (else the seconds per step a tracker logged, TRL's `step_time`; own random
+    stream, so no other interval moves), or the cost file's."""
+    rng = np.random.default_rng(opts.seed)
+    untimed = [r.run_id for r in result.runs if r.in_family and r.analysed
+               and r.run_id in signals and not signals[r.run_id].times]
+    per_step = store.load_metric(untimed, STEP_TIME_KEY) if untimed else {}
+    tps = {}
+    for b in result.batches:
+        times = [signals[r.run_id].times or ([per_step[r.run_id]] if r.run_id in per_step
+                                             else [])
+                 for r in result.runs_at(b.batch_samples) if r.run_id in signals]
+        tp = measured_throughput(b.batch_samples, [t for t in times if t], rng, opts.bootstrap)
+        if tp is not None:
+            tps[b.batch_samples] = tp
+    measured = time_clocks(result.batches, tps, "measured")
+    if cost is None:
+        return measured
+    result.time = measured
+    out = for_analysis(result, cost)
+    if out is None:
+        result.warnings.append("the cost file gives a price but no timings, and no run logged "
+                               "time_* metrics: no time or cost clock")
+    return out
 
 
 def _check_logged(store, sweep, ids, key: str, option: str) -> None:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from twoclocks_cli.clocks.cost import TimeClocks
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.options import AnalysisOptions
 from twoclocks_cli.clocks.runclock import Clock
@@ -341,6 +342,8 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     analysis_id: int | None = None  # its row in the analyses table (None: not stored)
     stability: dict | None = None  # clocks.stability.Stability.to_json (None: not measured)
+    # both clocks in time and cost per batch (None: no run logged time_* and no cost file)
+    time: TimeClocks | None = None
 
     @classmethod
     def from_json(cls, d: dict) -> Analysis:
@@ -360,6 +363,7 @@ class Analysis:
             warnings=list(d.get("warnings") or []),
             analysis_id=d.get("analysis_id"),
             stability=d.get("stability"),
+            time=TimeClocks.from_json(d.get("time")),
         )
 
     def to_json(self) -> dict:
@@ -377,6 +381,7 @@ class Analysis:
             "clipping": None if self.clipping is None else [c.to_json() for c in self.clipping],
             "warnings": list(self.warnings),
             "stability": self.stability,
+            "time": None if self.time is None else self.time.to_json(),
             "analysis_id": self.analysis_id,
         }
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from twoclocks_cli.clocks.cost import OBJECTIVES, TimeClocks
 from twoclocks_cli.clocks.result import Analysis, BatchRow, Recommended
 from twoclocks_cli.core.errors import AnalysisError
 
@@ -58,6 +59,10 @@ class Schedule:
     phases: list[dict]
     predicted: dict
     rationale: list[str] = field(default_factory=list)
+    objective: str = "samples"  # the clock B_small minimises: samples | time | cost
+    # per objective, the batch it would pick and that batch's samples, seconds and cost to the
+    # target (only the objectives the throughput and price allow)
+    objectives: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -121,8 +126,14 @@ LARGE_LR = ("sweep", "hold")
 
 
 def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
-                  large_lr: str = "sweep") -> dict:
-    """The recommended phases of an analysed sweep (a JSON-ready dict; see `Schedule`)."""
+                  large_lr: str = "sweep", objective: str = "samples",
+                  time: TimeClocks | None = None) -> dict:
+    """The recommended phases of an analysed sweep (a JSON-ready dict; see `Schedule`).
+
+    `objective` names the clock B_small minimises: samples (B_crit's rule), or time or cost to
+    the target under `time` (default: the analysis's own, measured from its runs)."""
+    if objective not in OBJECTIVES:
+        raise AnalysisError(f"--objective {objective!r}: must be one of {', '.join(OBJECTIVES)}")
     if not 0 < safety <= 1:
         raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
     if large_lr not in LARGE_LR:
@@ -131,6 +142,11 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
     # an analysis stored before B_crit was recommended: scheduled as if no estimate exists
     rec = a.critical.recommended or Recommended(source=None, b_crit=None)
     b_small, why_small = _pick_small(rec, reached)
+    time = time if time is not None else a.time
+    picks = _objective_picks(time, by, reached, b_small, why_small)
+    if objective not in picks:
+        raise AnalysisError(_no_objective(a.sweep, objective, time))
+    b_small, why_small = picks[objective]["batch"], picks[objective]["why"]
     if budget is None:
         budget = a.longest_run
     rationale = [
@@ -140,6 +156,7 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
     ]
     for line in a.critical.disagreements:
         rationale.append(f"disagreement: {line}")
+    rationale += _objective_lines(picks, objective)
     lower, one_seed = _failure_lower_bound(by[b_small])
     s = safety * safety if one_seed else safety
     n_switch = s * lower if lower is not None else None
@@ -234,7 +251,72 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
             "failure_why": fail.why,
         },
         rationale=rationale,
+        objective=objective,
+        objectives={k: {x: v[x] for x in ("batch", "samples", "seconds", "cost")}
+                    for k, v in picks.items()},
     ).to_json()
+
+
+def _objective_picks(time: TimeClocks | None, by: dict[float, BatchRow], reached: list[float],
+                     b_samples: float, why_samples: str) -> dict:
+    """{objective: {batch, why, samples, seconds, cost}}: the batch each objective picks (samples:
+    B_crit's rule; time and cost: the least median time or cost to the target among the timed
+    batches that reached it) and what that batch spends to the target in each clock."""
+    def spend(b):
+        tb = time.at(b) if time is not None else None
+        return {"seconds": tb.progress.seconds if tb else None,
+                "cost": tb.progress.cost if tb else None}
+
+    def row(b, why):
+        return {"batch": b, "why": why, "samples": by[b].progress.median, **spend(b)}
+
+    picks = {"samples": row(b_samples, why_samples)}
+    for obj, unit in (("time", "seconds"), ("cost", "cost")):
+        timed = [b for b in reached if spend(b)[unit] is not None]
+        if timed:
+            best = min(timed, key=lambda b: (spend(b)[unit], b))
+            picks[obj] = row(best, f"the least median {obj} to the target among the timed "
+                                   f"batches that reached it ({time.source} throughput)")
+    return picks
+
+
+def _objective_lines(picks: dict, chosen: str) -> list[str]:
+    """What each objective would pick and what that costs in the other clocks, against the
+    chosen objective's pick ("time: 2,048 from the start, 1.9x the samples, 0.6x the hours")."""
+    if len(picks) < 2:
+        return []
+    ref = picks[chosen]
+    how = "B_crit's rule" if chosen == "samples" else f"the least {chosen} to the target"
+    out = [f"objective {chosen}: B_small = {ref['batch']:g} ({how})"]
+    for obj, p in picks.items():
+        parts = [f"B={p['batch']:g}"]
+        for key, unit in (("samples", "samples"), ("seconds", "hours"), ("cost", "cost")):
+            if p[key] is not None and ref[key]:
+                parts.append(f"{p[key] / ref[key]:.2f}x the {unit}")
+        parts.append(_spent_text(p))
+        out.append(f"{obj} would pick " + ", ".join(parts))
+    return out
+
+
+def _spent_text(p: dict) -> str:
+    """'10,240 samples, 1.3 h, 3.2 (cost)' to the target: what is known of it."""
+    bits = [f"{p['samples']:,.0f} samples" if p["samples"] is not None else None,
+            f"{p['seconds'] / 3600:.3g} h" if p["seconds"] is not None else None,
+            f"cost {p['cost']:.4g}" if p["cost"] is not None else None]
+    return "to the target: " + ", ".join(b for b in bits if b) if any(bits) else \
+        "to the target: not timed"
+
+
+def _no_objective(sweep: str, objective: str, time: TimeClocks | None) -> str:
+    """Why `objective` cannot be scheduled, with what would make it possible."""
+    if time is None:
+        return (f"--objective {objective}: sweep {sweep!r} has no throughput (no run logged "
+                "time_gen_s/time_reward_s/time_update_s): give --cost FILE with the seconds per "
+                "step")
+    if objective == "cost" and time.price_per_hour is None:
+        return ("--objective cost: no price: give --cost FILE with price_per_hour (and its "
+                "timings, or only the price to price the measured throughput)")
+    return (f"--objective {objective}: no timed batch of sweep {sweep!r} reached the target")
 
 
 def _failure_lower_bound(batch: BatchRow) -> tuple[float | None, bool]:

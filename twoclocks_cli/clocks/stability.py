@@ -76,6 +76,7 @@ def _decide(a, rows, rng, schedule_kw: dict):
     """(recommended B_crit, per-batch rows, the schedule or None) from resampled run rows."""
     from twoclocks_cli.clocks import critical
     from twoclocks_cli.clocks.analysis import batch_rows, progress_by_batch
+    from twoclocks_cli.clocks.cost import retimed
     from twoclocks_cli.clocks.result import Critical, Recommended
     from twoclocks_cli.clocks.schedule import make_schedule
 
@@ -92,6 +93,9 @@ def _decide(a, rows, rng, schedule_kw: dict):
                     mccandlish=critical.Estimate("mccandlish", None),
                     recommended=Recommended.of(rec, why))
     resampled = dataclasses.replace(a, runs=rows, batches=batches, critical=crit)
+    if schedule_kw.get("time") is not None:
+        # the throughput is the same, the clocks in samples resampled: their time follows
+        schedule_kw = {**schedule_kw, "time": retimed(schedule_kw["time"], batches)}
     try:
         plan = make_schedule(resampled, **schedule_kw)
     except AnalysisError:
@@ -115,12 +119,15 @@ def _interval(values: list[float]) -> list[float] | None:
 
 
 def measure(a, reps: int = RESAMPLES, seed: int = 0, budget: float | None = None,
-            safety: float = 0.8, large_lr: str = "sweep") -> Stability:
-    """Rerun the decision of analysis `a` on `reps` seed resamples (schedule options as given)."""
+            safety: float = 0.8, large_lr: str = "sweep", objective: str = "samples",
+            time=None) -> Stability:
+    """Rerun the decision of analysis `a` on `reps` seed resamples (schedule options as given;
+    `time`: the clocks in time the objective reads, default the analysis's own)."""
     if not 1 <= reps <= MAX_RESAMPLES:
         raise AnalysisError(f"--stability {reps}: must be between 1 and {MAX_RESAMPLES:,}")
     rng = np.random.default_rng(seed)
-    kw = {"budget": budget, "safety": safety, "large_lr": large_lr}
+    kw = {"budget": budget, "safety": safety, "large_lr": large_lr, "objective": objective,
+          "time": time if time is not None else a.time}
     kinds, points, shapes, switches = [], [], [], []
     collapsed: dict[float, list[bool]] = {}
     for _ in range(reps):

@@ -63,6 +63,8 @@ def render(a) -> None:
         f"failure clock vs batch: slope {num(inv.slope, 3)} "
         f"[{num(inv.low, 3)}, {num(inv.high, 3)}] over {inv.n} runs: {inv.verdict}"
     )
+    if a.time is not None:
+        render_time(con, a)
     if a.stability:
         render_stability(con, a.stability)
     rules: dict[str, int] = {}
@@ -84,6 +86,52 @@ def render(a) -> None:
         con.print(ct)
     for w in a.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def _spent(sp, money: bool = False) -> str:
+    """A clock in hours (or money): median [interval], or '>= bound' when censored."""
+    value, low, high = (sp.cost, sp.cost_low, sp.cost_high) if money else (
+        sp.seconds, sp.low, sp.high)
+    if value is None:
+        if not money and sp.lower_bound is not None:
+            return f">= {sp.lower_bound / 3600:.3g} h"
+        return "-"
+    if money:
+        text, lo, hi = f"{value:.4g}", num(low, 4), num(high, 4)
+    else:
+        text = f"{value / 3600:.3g} h"
+        lo = None if low is None else f"{low / 3600:.3g}"
+        hi = None if high is None else f"{high / 3600:.3g}"
+    if low is None:  # one seed: no interval
+        return text
+    return f"{text} [{lo}-{'censored' if high is None else hi}]"
+
+
+def render_time(con, a) -> None:
+    """Both clocks in hours and cost per batch (an analysis's time clocks), and B_crit in time
+    beside B_crit in samples."""
+    from rich.table import Table
+
+    tc = a.time
+    priced = tc.price_per_hour is not None
+    t = Table(title=f"clocks in time ({tc.source} throughput"
+              + (f", {tc.price_per_hour:g} per hour" if priced else "") + "): median [90%]")
+    cols = ["batch", "s/sample", "time to target", "time to failure"]
+    cols += ["cost to target", "cost to failure"] if priced else []
+    for col in cols:
+        t.add_column(col)
+    for b in tc.batches:
+        tp = b.throughput
+        rate = "-" if tp.seconds_per_sample is None else (
+            num(tp.seconds_per_sample, 4) if tp.low is None or tp.low == tp.high
+            else f"{num(tp.seconds_per_sample, 4)} [{num(tp.low, 4)}-{num(tp.high, 4)}]")
+        row = [num(b.batch_samples), rate, _spent(b.progress), _spent(b.failure)]
+        row += [_spent(b.progress, True), _spent(b.failure, True)] if priced else []
+        t.add_row(*row)
+    con.print(t)
+    where = "none" if tc.b_crit_time is None else (
+        (">= " if tc.b_crit_time_bound == "lower" else "") + num(tc.b_crit_time))
+    con.print(f"B_crit in time: {where} (in samples: {_est(a.critical.recommended)}): {tc.note}")
 
 
 def render_stability(con, st: dict) -> None:
@@ -275,6 +323,9 @@ def analyze(
             "Save the result in the analyses table (an identical stored one is reused, not "
             "stored twice); `schedule` and `report` then use it. Default: nothing is stored."))
     ] = False,
+    cost: Annotated[str | None, typer.Option("--cost", metavar="FILE", help=(
+        "Cost file (TOML) for the clocks in time and cost: step_overhead_s, gen_s_per_sample, "
+        "update_s_per_sample, price_per_hour (default: the runs' time_* metrics)."))] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -311,6 +362,9 @@ def analyze(
         seed=seed,
         theory=theory,
     )
+    from twoclocks_cli.clocks.cost import load_cost
+
+    cost_model = load_cost(cost) if cost is not None else None
     store = Store.open(db)
     if sweeps and len(sweeps) > 1:
         if csv or plot:
@@ -319,7 +373,7 @@ def analyze(
             raise ConfigError("--csv and --plot take one sweep; several sweeps are compared "
                               "side by side (drop --csv/--plot, or name one sweep)")
         names = [store.get_sweep(n).name for n in dict.fromkeys(sweeps)]  # NotFound first
-        analyses = [analyze_sweep(store, n, opts) for n in names]
+        analyses = [analyze_sweep(store, n, opts, cost_model) for n in names]
         if save:
             for n, a in zip(names, analyses, strict=True):
                 save_analysis(store, n, a)
@@ -331,7 +385,7 @@ def analyze(
             render_side_by_side(analyses)
         return
     name = store.sweep_named(sweeps[0] if sweeps else None)
-    result = analyze_sweep(store, name, opts)
+    result = analyze_sweep(store, name, opts, cost_model)
     if save:
         save_analysis(store, name, result)
     if csv:

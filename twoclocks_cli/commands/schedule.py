@@ -13,20 +13,23 @@ from twoclocks_cli.render.jsonout import print_json
 
 def schedule_sweep(
     store, sweep: str, safety: float = 0.8, budget: float | None = None, reanalyze: bool = False,
-    large_lr: str = "sweep", stability: int = 0,
+    large_lr: str = "sweep", stability: int = 0, objective: str = "samples", cost=None,
 ) -> dict:
     """The schedule of `sweep` from its latest stored analysis while that is current (else
     analysed again with its options; with defaults when never analysed or `reanalyze`), and,
     with `stability` resamples, how settled it is (its verdict first in the rationale)."""
     from twoclocks_cli.clocks import make_schedule
+    from twoclocks_cli.clocks.cost import for_analysis
     from twoclocks_cli.clocks.saved import analysis_for
     from twoclocks_cli.clocks.stability import measure
 
     analysis, how = analysis_for(store, sweep, {} if reanalyze else None)
-    out = make_schedule(analysis, budget=budget, safety=safety, large_lr=large_lr)
+    time = for_analysis(analysis, cost) if cost is not None else None
+    out = make_schedule(analysis, budget=budget, safety=safety, large_lr=large_lr,
+                        objective=objective, time=time)
     if stability:
         st = measure(analysis, stability, analysis.options.seed, budget=budget, safety=safety,
-                     large_lr=large_lr).to_json()
+                     large_lr=large_lr, objective=objective, time=time).to_json()
         out["stability"] = st
         out["settled"] = st["settled"]
         out["rationale"].insert(0, f"decision {st['verdict']}")
@@ -68,18 +71,31 @@ def schedule(
         "Seed resamples of the decision: how settled the schedule is (0: not measured)."),
         callback=within(0, 100_000))
     ] = 200,
+    objective: Annotated[str, typer.Option(help=(
+        "The clock the small batch minimises: samples (B_crit's rule), time or cost to the "
+        "target (measured time_* throughput, or --cost)."))] = "samples",
+    cost: Annotated[str | None, typer.Option("--cost", metavar="FILE", help=(
+        "Cost file (TOML): step_overhead_s, gen_s_per_sample, update_s_per_sample, "
+        "price_per_hour (examples/gpu-cost.toml)."))] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Recommend phases (until_samples, batch, lr, clip) from the analysed clocks of a sweep."""
     from twoclocks_cli.clocks import to_toml
+    from twoclocks_cli.clocks.cost import OBJECTIVES, load_cost
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"--objective {objective!r}: must be one of {', '.join(OBJECTIVES)}")
+    cost_model = load_cost(cost) if cost is not None else None
+    if objective == "cost" and cost_model is not None and cost_model.price_per_hour is None:
+        raise ConfigError(f"--objective cost: {cost} has no price_per_hour: give one")
     store = Store.open(db)
     name = store.sweep_named(sweep)
     result = schedule_sweep(store, name, safety=safety, budget=budget, reanalyze=reanalyze,
-                            large_lr=large_lr, stability=stability)
+                            large_lr=large_lr, stability=stability, objective=objective,
+                            cost=cost_model)
     if out:
         try:
             with open(out, "w") as fh:

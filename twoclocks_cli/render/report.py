@@ -382,6 +382,39 @@ def _one_clock(clock: dict) -> str:
     return f"≥ {num(at)} (censored)" if at is not None else "unknown"
 
 
+def _hours(seconds, low=None, high=None) -> str:
+    """Seconds as hours, with the interval when there is one."""
+    if seconds is None:
+        return "—"
+    text = f"{seconds / 3600:.3g} h"
+    if low is None:
+        return text
+    return f"{text} [{low / 3600:.3g}–{'censored' if high is None else f'{high / 3600:.3g}'}]"
+
+
+def _time_table(a) -> list[str]:
+    """Both clocks per batch in hours (and money with a price), and B_crit in time."""
+    tc = a.time
+    priced = tc.price_per_hour is not None
+    head = ["batch (samples)", "seconds per sample", "time to target", "time to failure"]
+    head += ["cost to target", "cost to failure"] if priced else []
+    rows = []
+    for b in tc.batches:
+        row = [num(b.batch_samples), num(b.throughput.seconds_per_sample),
+               _hours(b.progress.seconds, b.progress.low, b.progress.high),
+               _hours(b.failure.seconds, b.failure.low, b.failure.high)
+               if b.failure.seconds is not None or b.failure.lower_bound is None
+               else f"≥ {b.failure.lower_bound / 3600:.3g} h (censored)"]
+        row += [num(b.progress.cost), num(b.failure.cost)] if priced else []
+        rows.append(row)
+    where = "none" if tc.b_crit_time is None else (
+        ("≥ " if tc.b_crit_time_bound == "lower" else "") + num(tc.b_crit_time))
+    return [f"<h2>Clocks in time ({html.escape(tc.source)} throughput"
+            + (f", {tc.price_per_hour:g} per hour" if priced else "") + ")</h2>",
+            _table(head, rows),
+            f"<p>B_crit in time: {where} — {html.escape(tc.note)}</p>"]
+
+
 def _clock_tables(data: ReportData) -> list[str]:
     """The per-batch clock table and the per-run table (one notation for censored values)."""
     a = data.analysis
@@ -395,6 +428,8 @@ def _clock_tables(data: ReportData) -> list[str]:
               _clock_text(b.progress), _clock_text(b.failure)] for b in a.batches]))
     else:
         out.append(f"<p class='warn'>{html.escape(data.analysis_error or 'no batches')}</p>")
+    if a and a.time is not None:
+        out += _time_table(a)
     out.append("<h2>Runs</h2>")
     rows = {r.run_id: r for r in a.runs} if a else {}
     out.append(_table(

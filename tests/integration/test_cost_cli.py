@@ -1,0 +1,198 @@
+"""`analyze --cost` and `schedule --objective time|cost --cost` through the real CLI: the clocks in
+time in `--json`, the objective stated, and bad cost files refused in one line, store untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.integration.simsweep import make_sweep
+from tests.support.cli import assert_one_line_error, twoclocks
+from twoclocks_cli.store import Store
+
+pytestmark = [pytest.mark.one_worker, pytest.mark.subprocess]
+
+SIM = {"log_every": 4, "eval_every": 1, "checkpoint_every": 2000, "cap": 0.05}
+GPU = str(Path(__file__).resolve().parents[2] / "examples" / "gpu-cost.toml")
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    root = tmp_path_factory.mktemp("costcli")
+    url = f"sqlite:///{root / 'store.db'}"
+    store = Store.open(url)
+    make_sweep(store, "sim", [1, 4, 16], 2, 12_000, SIM, root / "work")
+    store.close()
+    return url, root / "store.db"
+
+
+def test_analyze_json_carries_time_and_cost_clocks(db):
+    url, _ = db
+    proc = twoclocks("analyze", "--db", url, "--cost", GPU, "--stability", "0", "--no-theory",
+                     "--bootstrap", "200", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)["time"]
+    assert doc["source"] == "cost file" and doc["price_per_hour"] == 20.0
+    for b in doc["batches"]:
+        sps = 20.0 / b["batch_samples"] + 0.05 + 0.03
+        assert b["throughput"]["seconds_per_sample"] == pytest.approx(sps)
+    seconds = {b["batch_samples"]: b["progress"]["seconds"] for b in doc["batches"]
+               if b["progress"]["seconds"] is not None}
+    assert doc["b_crit_time"] == min(seconds, key=seconds.get)
+    shown = twoclocks("analyze", "--db", url, "--cost", GPU, "--stability", "0", "--no-theory",
+                      "--bootstrap", "200")
+    assert shown.returncode == 0, shown.stderr
+    assert "B_crit in time:" in shown.stdout and "cost to target" in shown.stdout
+
+
+def test_schedule_states_its_objective(db):
+    url, _ = db
+    plain = json.loads(twoclocks("schedule", "--db", url, "--stability", "0", "--json").stdout)
+    assert plain["objective"] == "samples"
+    proc = twoclocks("schedule", "--db", url, "--objective", "cost", "--cost", GPU,
+                     "--stability", "20", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["objective"] == "cost"
+    assert out["b_small"] == out["objectives"]["cost"]["batch"]
+    assert set(out["objectives"]) == {"samples", "time", "cost"}
+    assert any(line.startswith("samples would pick") for line in out["rationale"])
+
+
+BAD = {
+    "negative.toml": ("step_overhead_s = -1\n", "step_overhead_s = -1", ">= 0"),
+    "unknown.toml": ("gpu_hours = 3\n", "unknown key 'gpu_hours'", "allowed are"),
+    "text.toml": ('gen_s_per_sample = "fast"\n', "gen_s_per_sample", "number"),
+    "zero-price.toml": ("price_per_hour = 0\n", "price_per_hour = 0", "> 0"),
+    "empty.toml": ("", "no key given", "price_per_hour"),
+    "broken.toml": ("step_overhead_s = \n", "not valid TOML", ""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_cost_file_is_one_line_and_the_store_unchanged(db, tmp_path, name):
+    url, path = db
+    text, *needles = BAD[name]
+    bad = tmp_path / name
+    bad.write_text(text)
+    before = path.read_bytes()
+    for cmd in (["analyze"], ["schedule", "--objective", "time"]):
+        proc = twoclocks(*cmd, "--db", url, "--cost", str(bad))
+        assert_one_line_error(proc, str(bad), *[n for n in needles if n])
+    assert path.read_bytes() == before
+
+
+def test_objectives_refused_without_what_they_need(db, tmp_path):
+    url, path = db
+    before = path.read_bytes()
+    assert_one_line_error(twoclocks("schedule", "--db", url, "--objective", "hours"),
+                          "--objective 'hours'", "samples, time, cost")
+    timing_only = tmp_path / "timing.toml"
+    timing_only.write_text("step_overhead_s = 5\n")
+    assert_one_line_error(twoclocks("schedule", "--db", url, "--objective", "cost", "--cost",
+                                    str(timing_only)), "price_per_hour")
+    assert_one_line_error(twoclocks("analyze", "--db", url, "--cost", str(tmp_path / "no.toml")),
+                          "cost file not found")
+    assert path.read_bytes() == before
+    # the sim runs logged no time_*: time needs a cost file (said once the data is read)
+    assert_one_line_error(twoclocks("schedule", "--db", url, "--objective", "time",
+                                    "--stability", "0"), "--cost FILE")
+
+
+def _verl_log(path: Path, prompts: int, rng) -> np.ndarray:
+    """A verl console log at `prompts` x 8 samples per step with `timing_s/*` per step; returns
+    the seconds per sample of each step, from the values as printed."""
+    head = (f"+ python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo "
+            f"data.train_batch_size={prompts} actor_rollout_ref.actor.optim.lr=1e-6 "
+            "actor_rollout_ref.rollout.n=8 'trainer.logger=[\"console\"]'")
+    lines, per_sample = [head], []
+    b = prompts * 8
+    for step in range(1, 41):
+        reward = 0.1 + 0.8 * (1 - np.exp(-step * b / 3000))
+        gen = round(5 + 0.01 * b * (1 + 0.2 * rng.random()), 4)
+        update = round(3 + 0.02 * b * (1 + 0.2 * rng.random()), 4)
+        lines.append(f"(TaskRunner pid=1) step:{step} - critic/score/mean:{reward:.4f} - "
+                     f"timing_s/gen:{gen} - timing_s/reward:0.5 - timing_s/update_actor:{update}")
+        per_sample.append((gen + 0.5 + update) / b)
+    path.write_text("\n".join(lines) + "\n")
+    return np.array(per_sample)
+
+
+def test_imported_verl_timings_give_the_time_clocks(tmp_path):
+    """verl's timing_s/gen, /reward, /update_actor imported as time_*: the seconds per sample
+    per batch are the median of what the logs printed, recomputed here, and time-to-target is
+    the sample clock times that."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    rng = np.random.default_rng(5)
+    expected = {}
+    for prompts in (16, 64):
+        log = tmp_path / f"verl_p{prompts}.log"
+        expected[prompts * 8] = _verl_log(log, prompts, rng)
+        proc = twoclocks("ingest", str(log), "--sweep", "verl", "--db", url)
+        assert proc.returncode == 0, proc.stderr
+    proc = twoclocks("analyze", "verl", "--db", url, "--stability", "0", "--bootstrap", "200",
+                     "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    time = doc["time"]
+    assert time["source"] == "measured"
+    clocks = {b["batch_samples"]: b["progress"]["median"] for b in doc["batches"]}
+    for b in time["batches"]:
+        want = expected[b["batch_samples"]]
+        tp = b["throughput"]
+        assert tp["steps"] == want.size
+        assert tp["seconds_per_sample"] == pytest.approx(float(np.median(want)))
+        assert tp["low"] <= tp["seconds_per_sample"] <= tp["high"]
+        assert b["progress"]["seconds"] == pytest.approx(
+            clocks[b["batch_samples"]] * float(np.median(want)))
+    # the larger batch is twice as cheap per sample here and reaches the target sooner
+    assert time["b_crit_time"] == 512 and time["b_crit_time_bound"] == "lower"
+
+
+def test_report_shows_the_stored_time_clocks(db, tmp_path):
+    """An analysis saved with --cost keeps its clocks in time; the report prints them."""
+    url, _ = db
+    saved = twoclocks("analyze", "--db", url, "--cost", GPU, "--save", "--stability", "0",
+                      "--no-theory", "--bootstrap", "200", "--json")
+    assert saved.returncode == 0, saved.stderr
+    b_time = json.loads(saved.stdout)["time"]["b_crit_time"]
+    proc = twoclocks("report", "sim", "--db", url, "-o", str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "Clocks in time (cost file throughput, 20 per hour)" in page
+    assert f"B_crit in time: {b_time:g}" in page or f"B_crit in time: ≥ {b_time:g}" in page
+
+
+def test_imported_trl_step_time_gives_the_throughput(tmp_path):
+    """TRL logs seconds per step whole (`step_time`, stored as time_step_s): the throughput of
+    a run without the time_* parts is its median over the steps, per sample."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    rng = np.random.default_rng(11)
+    expected = {}
+    for prompts in (4, 16):
+        b = prompts * 8
+        step_time = np.round(2.0 + 0.01 * b * (1 + 0.3 * rng.random(30)), 4)
+        history = [{"step": s, "reward": round(0.1 + 0.8 * (1 - np.exp(-s * b / 1500)), 4),
+                    "learning_rate": 1e-6, "step_time": float(step_time[s - 1])}
+                   for s in range(1, 31)]
+        folder = tmp_path / f"trl{prompts}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps(
+            {"global_step": 30, "log_history": history}))
+        proc = twoclocks("ingest", str(folder / "trainer_state.json"), "--sweep", "trl",
+                         "--batch-prompts", str(prompts), "--group-size", "8", "--db", url)
+        assert proc.returncode == 0, proc.stderr
+        expected[b] = step_time / b
+    proc = twoclocks("analyze", "trl", "--db", url, "--stability", "0", "--bootstrap", "200",
+                     "--json")
+    assert proc.returncode == 0, proc.stderr
+    time = json.loads(proc.stdout)["time"]
+    assert time["source"] == "measured"
+    got = {b["batch_samples"]: b["throughput"] for b in time["batches"]}
+    assert set(got) == set(expected)
+    for b, want in expected.items():
+        assert got[b]["steps"] == want.size
+        assert got[b]["seconds_per_sample"] == pytest.approx(float(np.median(want)))
