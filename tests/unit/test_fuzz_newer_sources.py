@@ -22,6 +22,8 @@ from tests.support import trackers as tk
 from tests.unit.test_fuzz_inputs import FUZZ
 from tests.unit.test_fuzz_newer_commands import Here
 
+pytestmark = pytest.mark.subprocess
+
 VERL = Path(__file__).parents[1] / "fixtures" / "ingest" / "verl_new.log"
 ROWS = [(s, {tk.REWARD: s / 8}) for s in range(4)]
 FAR = 2**40  # a step a 32-bit column cannot hold

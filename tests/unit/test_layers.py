@@ -24,8 +24,9 @@ FLOORS = [
     ["twoclocks_cli.config"],  # the planner asks the backends
     ["twoclocks_cli.suggest", "twoclocks_cli.probe"],  # they plan sweeps
     ["twoclocks_cli.launch"],
-    ["twoclocks_cli.render", "twoclocks_cli.export"],
+    ["twoclocks_cli.render"],
     ["twoclocks_cli.options", "twoclocks_cli.crash"],
+    ["twoclocks_cli.export"],  # checks its output path with the options' own rule
     ["twoclocks_cli.commands"],
     ["twoclocks_cli.app"],
     ["twoclocks_cli.__main__"],
