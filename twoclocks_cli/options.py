@@ -3,13 +3,17 @@ validation layer every option goes through before a command does any work: numbe
 within what the store holds (`check_numbers`, attached to every parameter by the app), ranges
 (`within`), comma lists (`parse_numbers`) and output paths (`out_path`)."""
 
+from __future__ import annotations
+
 import math
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import click
 import typer
+
+if TYPE_CHECKING:  # typer vendors click; the click package itself is not a dependency
+    import click
 
 from twoclocks_cli.core.errors import ConfigError, StoreError
 
