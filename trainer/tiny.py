@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainer.model_cache import MANIFEST, cache_root, cached_build, sha256
+from trainer.model_cache import MANIFEST, cache_root, cached_build, file_checksums, sha256
 from trainer.smollm2 import SMOLLM2_ID
 from twoclocks_cli.core.errors import ConfigError
 
@@ -283,7 +283,7 @@ def _train_and_save(target: Path, seed: int, tokenizer, recipe: TinyRecipe, t0: 
     )
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
-    files = {p.name: sha256(p) for p in sorted(target.iterdir()) if p.is_file()}
+    files = file_checksums(target)
     manifest = {
         "model_id": TINY_MODEL_ID, "version": BUILD_VERSION, "seed": seed, "files": files,
         "recipe": asdict(recipe), "params": sum(p.numel() for p in model.parameters()),

@@ -16,6 +16,8 @@ import pytest
 
 from tests.support import trackers as tk
 from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.stored import ingest as _ingest
+from tests.support.stored import metric_rows as _rows
 
 _MISSING = [m for m in ("wandb", "tensorboard", "torch", "mlflow")
             if importlib.util.find_spec(m) is None]
@@ -27,18 +29,6 @@ pytestmark = [
 
 P = 4  # prompts per step (tk.GROUP = 8 completions each)
 CHECKPOINT = 10  # the resumed part starts again after this step
-
-
-def _ingest(db: Path, *args: str) -> list[dict]:
-    proc = twoclocks("ingest", *args, "--db", f"sqlite:///{db}", "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def _rows(db: Path, run_id: int, key: str) -> list[tuple]:
-    with sqlite3.connect(db) as con:
-        return con.execute("select step, samples, value from metrics where run_id=? and key=? "
-                           "order by step", (run_id, key)).fetchall()
 
 
 def _status(db: Path, run_id: int) -> str:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.stored import ingest as _ingest
+from tests.support.stored import metric_rows as _rows
 
 pytestmark = pytest.mark.subprocess
 
@@ -26,18 +28,6 @@ def _dump(db: Path) -> list[str]:
         return []
     with sqlite3.connect(db) as con:
         return list(con.iterdump())
-
-
-def _ingest(db: Path, *args: str) -> list[dict]:
-    proc = twoclocks("ingest", *args, "--db", f"sqlite:///{db}", "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def _rows(db: Path, run_id: int, key: str) -> list[tuple]:
-    with sqlite3.connect(db) as con:
-        return con.execute("select step, samples, value from metrics where run_id=? and key=? "
-                           "order by step", (run_id, key)).fetchall()
 
 
 def _run(db: Path, run_id: int) -> tuple:

@@ -1,0 +1,23 @@
+"""What an import stored, read back with plain sqlite3 (an independent reader of the store)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from tests.support.cli import twoclocks
+
+
+def ingest(db: Path, *args: str) -> list[dict]:
+    """`twoclocks ingest ARGS --json` into the SQLite file `db`; its records (exit 0 asserted)."""
+    proc = twoclocks("ingest", *args, "--db", f"sqlite:///{db}", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def metric_rows(db: Path, run_id: int, key: str) -> list[tuple]:
+    """(step, samples, value) of one metric of one run, by step."""
+    with sqlite3.connect(db) as con:
+        return con.execute("select step, samples, value from metrics where run_id=? and key=? "
+                           "order by step", (run_id, key)).fetchall()
