@@ -1,5 +1,5 @@
 # The two set-up commands of the README: `make demo` (the main job) and `make test` (the tests).
-.PHONY: setup demo test test-fast test-vllm wheel-check bench
+.PHONY: setup demo test test-fast test-real test-vllm wheel-check bench
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,10 @@ test:
 test-fast: setup
 	TWOCLOCKS_TEST_LANE=fast $${TWOCLOCKS_VENV:-.venv}/bin/python -m pytest -q -p no:cacheprovider \
 	  -n $${TWOCLOCKS_TEST_WORKERS:-2} -m "not (slow or postgres or slurm or tiny_model or subprocess)"
+
+# The real-model lane: SmolLM2-135M against transformers, a few steps, kill -9 and resume.
+test-real: setup
+	$${TWOCLOCKS_VENV:-.venv}/bin/python -m pytest -q -p no:cacheprovider -n0 --durations=10 -m smollm2
 
 # The vLLM lane: vLLM's CPU build in a venv of its own (scripts/setup-vllm.sh), tests/vllm/.
 test-vllm:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.integration.test_adaptive_tiny import _events
-from tests.integration.test_train import TIMING, _metrics, _run_cell, _store_run
+from tests.support.cells import TIMING, finish, run_cell, step_metrics, store_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.tiny_model, pytest.mark.one_worker]
 
@@ -42,13 +42,8 @@ ADAPTIVE = {"rule": "branch", "batch_min": 2, "batch_max": 4, "adapt_every": 16,
 OWN = ("adaptive_", "phase", "eval_")
 
 
-def _finish(proc):
-    out, err = proc.communicate(timeout=900)
-    assert "STATUS completed" in out, err[-2000:]
-
-
 def _rows(url, run_id):
-    rows = _metrics(url, run_id)
+    rows = step_metrics(url, run_id)
     return {k: v for k, v in rows.items()
             if k[1] not in TIMING and not k[1].startswith(OWN)}
 
@@ -58,15 +53,15 @@ def branched(tiny_model, tmp_path_factory):
     """(store url, id) of one uninterrupted branching run, shared by the tests below."""
     folder = tmp_path_factory.mktemp("branched")
     url = f"sqlite:///{folder / 's.db'}"
-    run_id = _store_run(url, {**BASE, "batch_schedule": "adaptive", "adaptive": ADAPTIVE})
-    _finish(_run_cell(url, run_id, folder / "adaptive"))
+    run_id = store_run(url, {**BASE, "batch_schedule": "adaptive", "adaptive": ADAPTIVE})
+    finish(run_cell(url, run_id, folder / "adaptive"))
     return url, run_id
 
 
 def test_the_kept_branch_is_the_run_it_would_have_been_and_the_other_is_charged(
         branched, tmp_path):
     url, run_id = branched
-    rows = _metrics(url, run_id)
+    rows = step_metrics(url, run_id)
     events = _events(url, run_id)
     assert "branches 2 and 4 prompts, 64 samples each" in events[0]
     assert not any("samples each" in e for e in events[1:])
@@ -78,8 +73,8 @@ def test_the_kept_branch_is_the_run_it_would_have_been_and_the_other_is_charged(
     truth_cfg = {**BASE, "phases": [
         {"until_samples": 16, "prompts_per_batch": 2, "lr": rows[(1, "lr")][1]},
         {"prompts_per_batch": chosen, "lr": lr_after}]}
-    truth_id = _store_run(url, truth_cfg)
-    _finish(_run_cell(url, truth_id, tmp_path / "truth"))
+    truth_id = store_run(url, truth_cfg)
+    finish(run_cell(url, truth_id, tmp_path / "truth"))
     got, want = _rows(url, run_id), _rows(url, truth_id)
 
     charged = 64  # the branch not taken
@@ -108,8 +103,8 @@ def test_the_kept_branch_is_the_run_it_would_have_been_and_the_other_is_charged(
 
 def test_a_branching_run_killed_and_resumed_equals_an_uninterrupted_one(branched, tmp_path):
     url, ref_id = branched
-    killed_id = _store_run(url, {**BASE, "batch_schedule": "adaptive", "adaptive": ADAPTIVE})
-    victim = _run_cell(url, killed_id, tmp_path / "killed")
+    killed_id = store_run(url, {**BASE, "batch_schedule": "adaptive", "adaptive": ADAPTIVE})
+    victim = run_cell(url, killed_id, tmp_path / "killed")
     from twoclocks_cli.store import Store
 
     store = Store.open(url)
@@ -121,8 +116,8 @@ def test_a_branching_run_killed_and_resumed_equals_an_uninterrupted_one(branched
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
-    _finish(_run_cell(url, killed_id, tmp_path / "killed"))
-    a, b = _metrics(url, ref_id), _metrics(url, killed_id)
+    finish(run_cell(url, killed_id, tmp_path / "killed"))
+    a, b = step_metrics(url, ref_id), step_metrics(url, killed_id)
     assert set(a) == set(b)
     diff = [(k, a[k], b[k]) for k in a if k[1] not in TIMING and a[k] != b[k]]
     assert not diff, diff[:5]

