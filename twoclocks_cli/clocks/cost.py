@@ -294,4 +294,48 @@ def for_analysis(analysis, cost: CostFile | None = None) -> TimeClocks | None:
     if measured is None:
         return None
     tps = {b.batch_samples: b.throughput for b in measured.batches}
-    return time_clocks(analysis.batches, tps, "measured", cost)
+    # a stored analysis may hold a cost file's throughput: priced anew, it keeps its source
+    return time_clocks(analysis.batches, tps, measured.source or "measured", cost)
+
+
+@dataclass
+class Segment:
+    """The samples a phased run trained at one batch, from `start` up to the next segment's
+    start (the last one open-ended), and the throughput there (None: not known)."""
+
+    start: float
+    batch_samples: float
+    throughput: Throughput | None
+
+
+def phased_seconds(segments: list[Segment], samples: float, end: str) -> float | None:
+    """Seconds a phased run spends to reach `samples`: each segment's share of the samples
+    times its seconds per sample (`end`: "median", "low" or "high" of the throughput); None
+    when a segment on the way has no throughput."""
+    total = 0.0
+    for i, seg in enumerate(segments):
+        if samples <= seg.start:
+            break
+        stop = segments[i + 1].start if i + 1 < len(segments) else samples
+        tp = seg.throughput
+        rate = None if tp is None else tp.seconds_per_sample if end == "median" else (
+            getattr(tp, end) if getattr(tp, end) is not None else tp.seconds_per_sample)
+        if rate is None:
+            return None
+        total += (min(samples, stop) - seg.start) * rate
+    return total
+
+
+def phased_spent(samples: float | None, censored_at: float | None, segments: list[Segment],
+                 price: float | None) -> Spent:
+    """One clock of a phased run (one seed: its samples carry no interval) in seconds and
+    money; the interval is the throughputs' (all low, all high); `lower_bound` when censored."""
+    if not segments:
+        return Spent()
+    per_s = None if price is None else price / 3600.0
+    if samples is None:
+        bound = None if censored_at is None else phased_seconds(segments, censored_at, "low")
+        return Spent(lower_bound=bound)
+    seconds, low, high = (phased_seconds(segments, samples, e) for e in ("median", "low", "high"))
+    return Spent(seconds=seconds, low=low, high=high, cost=_times(seconds, per_s),
+                 cost_low=_times(low, per_s), cost_high=_times(high, per_s))
