@@ -220,7 +220,7 @@ def test_phase_summary_reads_the_recorded_phases(sqlite_url):
     got = phase_summary(store, rid)
     assert got == [
         {"phase": 0, "from_samples": 0.0, "to_samples": 96.0, "steps": 3,
-         "prompts_per_batch": 4, "lr": 0.75e-4},
+         "prompts_per_batch": 4, "batch_samples": 32.0, "lr": 0.75e-4},
         {"phase": 1, "from_samples": 96.0, "to_samples": 352.0, "steps": 2,
-         "prompts_per_batch": 16, "lr": 2e-4},
+         "prompts_per_batch": 16, "batch_samples": 128.0, "lr": 2e-4},
     ]
