@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.simsweep import make_sweep
 from tests.support.cli import assert_one_line_error, twoclocks
+from twoclocks_cli.core.numbers import num
 from twoclocks_cli.store import Store
 
 pytestmark = [pytest.mark.one_worker, pytest.mark.subprocess]
@@ -150,6 +151,24 @@ def test_imported_verl_timings_give_the_time_clocks(tmp_path):
             clocks[b["batch_samples"]] * float(np.median(want)))
     # the larger batch is twice as cheap per sample here and reaches the target sooner
     assert time["b_crit_time"] == 512 and time["b_crit_time_bound"] == "lower"
+    # saved with a price, the report's table gives each batch's seconds per sample and cost
+    # to the target with their intervals
+    price = tmp_path / "price.toml"
+    price.write_text("price_per_hour = 10.0\n")
+    saved = twoclocks("analyze", "verl", "--db", url, "--stability", "0", "--bootstrap", "200",
+                      "--cost", str(price), "--save", "--json")
+    assert saved.returncode == 0, saved.stderr
+    proc = twoclocks("report", "verl", "--db", url, "-o", str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "rep" / "index.html").read_text()
+    for b in json.loads(saved.stdout)["time"]["batches"]:
+        tp, prog = b["throughput"], b["progress"]
+        assert tp["seconds_per_sample"] == pytest.approx(float(np.median(
+            expected[b["batch_samples"]])))
+        assert prog["cost"] == pytest.approx(prog["seconds"] * 10.0 / 3600)
+        assert f"{num(tp['seconds_per_sample'])} [{num(tp['low'])}–{num(tp['high'])}]" in page
+        # one run per batch: its sample clock, so its cost, has no interval
+        assert prog["cost_low"] is None and f">{num(prog['cost'])}<" in page
 
 
 def test_report_shows_the_stored_time_clocks(db, tmp_path):
@@ -158,12 +177,27 @@ def test_report_shows_the_stored_time_clocks(db, tmp_path):
     saved = twoclocks("analyze", "--db", url, "--cost", GPU, "--save", "--stability", "0",
                       "--no-theory", "--bootstrap", "200", "--json")
     assert saved.returncode == 0, saved.stderr
-    b_time = json.loads(saved.stdout)["time"]["b_crit_time"]
+    doc = json.loads(saved.stdout)
+    b_time = doc["time"]["b_crit_time"]
     proc = twoclocks("report", "sim", "--db", url, "-o", str(tmp_path / "rep"))
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "rep" / "index.html").read_text()
     assert "Clocks in time (cost file throughput, 20 per hour)" in page
     assert f"B_crit in time: {b_time:g}" in page or f"B_crit in time: ≥ {b_time:g}" in page
+    # per batch: the cost file's exact seconds per sample, and the cost to the target with the
+    # interval of the two seeds' sample clocks
+    clocks = {b["batch_samples"]: b["progress"] for b in doc["batches"]}
+    spread = 0
+    for b in doc["time"]["batches"]:
+        sps = 20.0 / b["batch_samples"] + 0.08
+        assert f"<td>{num(sps)}</td>" in page
+        prog, samples = b["progress"], clocks[b["batch_samples"]]
+        if samples["low"] is not None and samples["high"] not in (None, samples["low"]):
+            spread += 1
+            assert prog["cost_low"] == pytest.approx(samples["low"] * sps * 20 / 3600)
+            assert f"{num(prog['cost'])} [{num(prog['cost_low'])}–{num(prog['cost_high'])}]" \
+                in page
+    assert spread  # some batch's seeds disagree: an interval was shown
 
 
 def test_imported_trl_step_time_gives_the_throughput(tmp_path):

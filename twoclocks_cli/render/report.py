@@ -392,6 +392,21 @@ def _hours(seconds, low=None, high=None) -> str:
     return f"{text} [{low / 3600:.3g}–{'censored' if high is None else f'{high / 3600:.3g}'}]"
 
 
+def _rate(tp) -> str:
+    """Seconds per sample with its interval (none for a cost file's exact figure)."""
+    if tp.low is None or tp.high is None or tp.low == tp.high:
+        return num(tp.seconds_per_sample)
+    return f"{num(tp.seconds_per_sample)} [{num(tp.low)}–{num(tp.high)}]"
+
+
+def _money(sp) -> str:
+    """A clock in money with its interval, when it has one."""
+    if sp.cost is None or sp.cost_low is None or sp.cost_low == sp.cost_high:
+        return num(sp.cost)
+    high = "censored" if sp.cost_high is None else num(sp.cost_high)
+    return f"{num(sp.cost)} [{num(sp.cost_low)}–{high}]"
+
+
 def _time_table(a) -> list[str]:
     """Both clocks per batch in hours (and money with a price), and B_crit in time."""
     tc = a.time
@@ -400,12 +415,12 @@ def _time_table(a) -> list[str]:
     head += ["cost to target", "cost to failure"] if priced else []
     rows = []
     for b in tc.batches:
-        row = [num(b.batch_samples), num(b.throughput.seconds_per_sample),
+        row = [num(b.batch_samples), _rate(b.throughput),
                _hours(b.progress.seconds, b.progress.low, b.progress.high),
                _hours(b.failure.seconds, b.failure.low, b.failure.high)
                if b.failure.seconds is not None or b.failure.lower_bound is None
                else f"≥ {b.failure.lower_bound / 3600:.3g} h (censored)"]
-        row += [num(b.progress.cost), num(b.failure.cost)] if priced else []
+        row += [_money(b.progress), _money(b.failure)] if priced else []
         rows.append(row)
     where = "none" if tc.b_crit_time is None else (
         ("≥ " if tc.b_crit_time_bound == "lower" else "") + num(tc.b_crit_time))
