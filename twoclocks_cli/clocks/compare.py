@@ -25,6 +25,7 @@ from twoclocks_cli.clocks.cost import (
     measured_throughput,
     modelled_throughput,
     phased_spent,
+    runtime_steps,
 )
 from twoclocks_cli.clocks.options import AnalysisOptions
 from twoclocks_cli.clocks.result import Analysis, BatchRow
@@ -420,6 +421,8 @@ def _own_times(store, run_id: int) -> list:
     if parts:
         return parts
     whole = store.load_metric([run_id], STEP_TIME_KEY).get(run_id)
+    if whole is None:
+        whole = runtime_steps(store, [run_id]).get(run_id)
     return [whole] if whole is not None else []
 
 

@@ -3,7 +3,8 @@ time and cost.
 
 A throughput per batch comes from the runs' own `time_*` metrics (the median seconds per sample
 of the logged steps at that batch, with a bootstrap interval over those steps; `time_step_s`
-where only the whole step's seconds are logged), or from a cost
+where only the whole step's seconds are logged; `time_total_s`, a run's whole training seconds,
+as one step of its mean duration where nothing finer is), or from a cost
 file (`CostFile`: a fixed overhead per step plus generation and update seconds per sample, and
 an optional price per hour). The clocks in samples times the seconds per sample give the clocks
 in seconds; the intervals multiply end to end (low x low, high x high). B_crit in time is the
@@ -25,6 +26,9 @@ OBJECTIVES = ("samples", "time", "cost")
 # seconds per optimizer step as a tracker logs it whole (TRL's step_time): the throughput's
 # source for runs without the time_gen_s/time_reward_s/time_update_s parts
 STEP_TIME_KEY = "time_step_s"
+# seconds of the whole training as a tracker logs it once, at its last step (TRL's
+# train_runtime): the source for runs that log no seconds per step at all
+RUNTIME_KEY = "time_total_s"
 _BOOT_CELLS = 2_000_000  # resampled step times held at once by the throughput's bootstrap
 
 
@@ -187,6 +191,21 @@ def step_seconds(times: list) -> np.ndarray:
         return np.array([])
     common = set(per_key[0]).intersection(*per_key[1:])
     return np.array([sum(d[k] for d in per_key) for k in sorted(common)], float)
+
+
+def runtime_steps(store, run_ids: list[int]) -> dict:
+    """{run: its whole training seconds as one step of the mean duration} for the runs that
+    logged RUNTIME_KEY: runtime / steps trained (the step it was logged at, the last)."""
+    from twoclocks_cli.store.store import Series
+
+    out = {}
+    for rid, s in (store.load_metric(run_ids, RUNTIME_KEY) if run_ids else {}).items():
+        ok = np.flatnonzero(np.isfinite(s.values) & (s.steps > 0))
+        if ok.size:
+            i = ok[-1]
+            out[rid] = Series(s.steps[i:i + 1], s.samples[i:i + 1],
+                              s.values[i:i + 1] / s.steps[i])
+    return out
 
 
 def measured_throughput(batch: float, times_of_runs: list[list], rng,
