@@ -430,10 +430,10 @@ def _no_time(store, a: Analysis, cost: CostFile | None) -> str:
     """Why there is no time clock, and what would give one."""
     ids = [r.run_id for r in a.runs]
     logged = set(store.metric_keys(ids)) & {*TIME_KEYS, STEP_TIME_KEY} if ids else set()
-    if logged and cost is None:
+    if logged:
         return (f"no time or cost clock: the stored analysis of {a.sweep!r} has none although "
                 f"its runs logged {', '.join(sorted(logged))}: run `twoclocks analyze "
-                f"{a.sweep} --save` again (or give --cost FILE)")
+                f"{a.sweep} --save` again (or give --cost FILE with the seconds per step)")
     given = "the cost file gives a price but no timings, and " if cost is not None else ""
     return (f"no time or cost clock: {given}no run logged time_* metrics (time_gen_s, "
             "time_reward_s, time_update_s or time_step_s): give --cost FILE with the seconds "
@@ -484,4 +484,8 @@ def _time_verdict(time: dict | None) -> list[str]:
         line += (f"; the {label} batch (B={b:g}) median did not reach it" if theirs is None
                  else f"; {_hours(theirs)} for the {label} batch (B={b:g}): "
                  f"{mine / theirs:.2f}x")
-    return [line + f" ({time['source']} throughput)"]
+    line += f" ({time['source']} throughput)"
+    own = time["schedule"]["logged_seconds"]["progress"]
+    if own is not None:  # what the run itself logged, on the machine as it then was
+        line += f"; its own logged time_* add up to {_hours(own)}"
+    return [line]
