@@ -259,3 +259,18 @@ def test_a_price_only_file_prices_the_measured_throughput(timed, tmp_path):
     assert time["source"] == "measured" and time["price_per_hour"] == 7.0
     for clock in (time["schedule"]["progress"], *[b["progress"] for b in time["batches"]]):
         assert clock["cost"] == pytest.approx(clock["seconds"] * 7.0 / 3600)
+
+
+def test_the_report_sets_the_run_beside_the_constants_in_hours(timed, tmp_path):
+    """`report --run`: the compared run's table gains the hours, compare's own numbers."""
+    url, ids, _, _, _ = timed
+    doc = _json("compare", "const", "--run", str(ids["grid"]), "--db", url)
+    proc = twoclocks("report", "const", "--run", str(ids["grid"]), "--db", url, "-o",
+                     str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "rep" / "index.html").read_text()
+    sched = doc["time"]["schedule"]["progress"]
+    h = [x / 3600 for x in (sched["seconds"], sched["low"], sched["high"])]
+    assert "<th>time to target</th>" in page
+    assert f"{h[0]:.3g} h [{h[1]:.3g}–{h[2]:.3g}]" in page
+    assert next(v for v in doc["verdict"] if v.startswith("time:")) in page

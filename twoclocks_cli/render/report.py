@@ -352,7 +352,14 @@ def _compared_html(data: ReportData, images: dict[str, str]) -> list[str]:
         rows = [[f"constant {k['batch_samples']}", _clock_text_json(k["progress"]),
                  _clock_text_json(k["failure"])] for k in c["constant"]]
         rows.append([f"run {rid}", _one_clock(run["progress"]), _one_clock(run["failure"])])
-        out.append(_table(["", "progress clock", "failure clock"], rows, left=1))
+        head = ["", "progress clock", "failure clock"]
+        if c.get("time"):  # the same rows in hours, at the analysis's throughput
+            timed = {b["batch_samples"]: b for b in c["time"]["batches"]}
+            spent = [timed.get(k["batch_samples"]) for k in c["constant"]] + [c["time"]["schedule"]]
+            for row, t in zip(rows, spent, strict=True):
+                row += [_spent_hours(t and t["progress"]), _spent_hours(t and t["failure"])]
+            head += ["time to target", "time to failure"]
+        out.append(_table(head, rows, left=1))
         traj = data.trajectories[rid]
         if traj.decisions:
             out.append(_table(
@@ -363,6 +370,16 @@ def _compared_html(data: ReportData, images: dict[str, str]) -> list[str]:
         if file:
             out.append(f"<img src='{html.escape(file)}' alt='run {rid}: batch over samples'>")
     return out
+
+
+def _spent_hours(sp: dict | None) -> str:
+    """A clock of compare's JSON in hours: median [interval], or ≥ its bound when censored."""
+    if sp is None:
+        return "—"
+    if sp["seconds"] is None and sp["lower_bound"] is not None:
+        return f"≥ {sp['lower_bound'] / 3600:.3g} h (censored)"
+    low = None if sp["low"] == sp["high"] else sp["low"]  # an exact throughput: no interval
+    return _hours(sp["seconds"], low, sp["high"])
 
 
 def _clock_text_json(agg: dict) -> str:
