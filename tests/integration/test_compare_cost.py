@@ -146,6 +146,23 @@ def test_without_timings_the_note_is_said_once(plain, tmp_path):
     assert path.read_bytes() == before
 
 
+def test_a_price_reprices_an_analysis_saved_with_a_cost_file(tmp_path):
+    """Saved with the GPU cost file, then compared with a file that gives only a price: the
+    stored timings stay (a batch off the grid too), at the new price."""
+    url, _, ids = _build(tmp_path)
+    _json("analyze", "const", "--db", url, "--save", "--cost", GPU, *ANALYZE)
+    price = tmp_path / "price.toml"
+    price.write_text("price_per_hour = 7.0\n")
+    doc = _json("compare", "const", "--run", str(ids["off"]), "--db", url, "--cost", str(price))
+    time = doc["time"]
+    assert time["source"] == "cost file" and time["price_per_hour"] == 7.0
+    assert time["cost_file"]["step_overhead_s"] == 20.0
+    n, switch = doc["schedule"]["progress"]["samples"], _switch(8)
+    seconds = switch * sps(8) + (n - switch) * sps(16)
+    assert time["schedule"]["progress"]["seconds"] == pytest.approx(seconds)
+    assert time["schedule"]["progress"]["cost"] == pytest.approx(seconds * 7.0 / 3600)
+
+
 def test_a_bad_cost_file_is_one_line_and_the_store_unchanged(plain, tmp_path):
     url, path, ids = plain
     before = path.read_bytes()

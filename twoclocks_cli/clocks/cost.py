@@ -313,7 +313,11 @@ def for_analysis(analysis, cost: CostFile | None = None) -> TimeClocks | None:
     if measured is None:
         return None
     tps = {b.batch_samples: b.throughput for b in measured.batches}
-    # a stored analysis may hold a cost file's throughput: priced anew, it keeps its source
+    if measured.cost_file and cost is not None:
+        # a stored analysis may hold a cost file's throughput: priced anew, it keeps that
+        # file's timings (and its source)
+        cost = CostFile.model_validate({**measured.cost_file,
+                                        "price_per_hour": cost.price_per_hour})
     return time_clocks(analysis.batches, tps, measured.source or "measured", cost)
 
 
