@@ -233,6 +233,9 @@ def _check_time_from_logged_timings(out: dict, db: str, run_id: int) -> None:
         else:
             assert got["seconds"] is None and got["lower_bound"] is not None
             assert got["lower_bound"] <= walk(sched[clock]["censored_at"]) * (1 + 1e-9)
+            if clock == "progress":
+                assert any(v.startswith("time: the schedule did not reach the target; it "
+                                        "trained >= ") for v in out["verdict"]), out["verdict"]
     store.close()
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from twoclocks_cli.clocks.cost import (
+    RUNTIME_KEY,
     STEP_TIME_KEY,
     CostFile,
     Segment,
@@ -429,20 +430,22 @@ def _own_times(store, run_id: int) -> list:
 def _no_time(store, a: Analysis, cost: CostFile | None) -> str:
     """Why there is no time clock, and what would give one."""
     ids = [r.run_id for r in a.runs]
-    logged = set(store.metric_keys(ids)) & {*TIME_KEYS, STEP_TIME_KEY} if ids else set()
+    timing = {*TIME_KEYS, STEP_TIME_KEY, RUNTIME_KEY}
+    logged = set(store.metric_keys(ids)) & timing if ids else set()
     if logged:
         return (f"no time or cost clock: the stored analysis of {a.sweep!r} has none although "
                 f"its runs logged {', '.join(sorted(logged))}: run `twoclocks analyze "
                 f"{a.sweep} --save` again (or give --cost FILE with the seconds per step)")
     given = "the cost file gives a price but no timings, and " if cost is not None else ""
     return (f"no time or cost clock: {given}no run logged time_* metrics (time_gen_s, "
-            "time_reward_s, time_update_s or time_step_s): give --cost FILE with the seconds "
-            "per step (examples/gpu-cost.toml)")
+            "time_reward_s, time_update_s, time_step_s or time_total_s): give --cost FILE with "
+            "the seconds per step (examples/gpu-cost.toml)")
 
 
 def _static_time(static: dict, time: dict) -> dict | None:
     """The static schedule's predicted clocks in time and cost, its phases at the sweep's
-    throughput (None: no static schedule, or a phase batch without one)."""
+    throughput (None: no static schedule; a clock stays None where a phase's batch has no
+    throughput or the prediction is unknown)."""
     if not static.get("phases") or static.get("predicted") is None:
         return None
     by = {b["batch_samples"]: b["throughput"] for b in time["batches"]}
@@ -469,17 +472,21 @@ def _time_verdict(time: dict | None) -> list[str]:
     """The schedule's time to the target beside the smallest and the largest timed batch's."""
     if time is None:  # the note is said once, beside the table (and in --json's time_note)
         return []
-    mine = time["schedule"]["progress"]["seconds"]
+    prog = time["schedule"]["progress"]
+    mine = prog["seconds"]
     if mine is None:
-        return ["time: the schedule's time to the target is unknown (it did not reach the "
-                "target, or a phase's batch has no throughput)"]
+        if prog["lower_bound"] is not None:
+            return [f"time: the schedule did not reach the target; it trained >= "
+                    f"{_hours(prog['lower_bound'])}"]
+        return ["time: the schedule's time to the target is unknown: a phase's batch has no "
+                "throughput"]
     if not time["batches"]:
         return [f"time: the schedule reached the target in {_hours(mine)}; no constant batch "
                 "is timed"]
     line = f"time: the schedule reached the target in {_hours(mine)}"
-    ends = [time["batches"][0], time["batches"][-1]]
-    for label, row in zip(("smallest", "largest"), ends[:1] if ends[0] is ends[1] else ends,
-                          strict=False):
+    first, last = time["batches"][0], time["batches"][-1]
+    ends = [("smallest", first)] + ([("largest", last)] if last is not first else [])
+    for label, row in ends:
         theirs, b = row["progress"]["seconds"], row["batch_samples"]
         line += (f"; the {label} batch (B={b:g}) median did not reach it" if theirs is None
                  else f"; {_hours(theirs)} for the {label} batch (B={b:g}): "
