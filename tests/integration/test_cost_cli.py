@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.simsweep import make_sweep
 from tests.support.cli import assert_one_line_error, twoclocks
+from twoclocks_cli.core.numbers import num
 from twoclocks_cli.store import Store
 
 pytestmark = [pytest.mark.one_worker, pytest.mark.subprocess]
@@ -150,6 +151,24 @@ def test_imported_verl_timings_give_the_time_clocks(tmp_path):
             clocks[b["batch_samples"]] * float(np.median(want)))
     # the larger batch is twice as cheap per sample here and reaches the target sooner
     assert time["b_crit_time"] == 512 and time["b_crit_time_bound"] == "lower"
+    # saved with a price, the report's table gives each batch's seconds per sample and cost
+    # to the target with their intervals
+    price = tmp_path / "price.toml"
+    price.write_text("price_per_hour = 10.0\n")
+    saved = twoclocks("analyze", "verl", "--db", url, "--stability", "0", "--bootstrap", "200",
+                      "--cost", str(price), "--save", "--json")
+    assert saved.returncode == 0, saved.stderr
+    proc = twoclocks("report", "verl", "--db", url, "-o", str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "rep" / "index.html").read_text()
+    for b in json.loads(saved.stdout)["time"]["batches"]:
+        tp, prog = b["throughput"], b["progress"]
+        assert tp["seconds_per_sample"] == pytest.approx(float(np.median(
+            expected[b["batch_samples"]])))
+        assert prog["cost"] == pytest.approx(prog["seconds"] * 10.0 / 3600)
+        assert f"{num(tp['seconds_per_sample'])} [{num(tp['low'])}–{num(tp['high'])}]" in page
+        # one run per batch: its sample clock, so its cost, has no interval
+        assert prog["cost_low"] is None and f">{num(prog['cost'])}<" in page
 
 
 def test_report_shows_the_stored_time_clocks(db, tmp_path):
@@ -158,12 +177,27 @@ def test_report_shows_the_stored_time_clocks(db, tmp_path):
     saved = twoclocks("analyze", "--db", url, "--cost", GPU, "--save", "--stability", "0",
                       "--no-theory", "--bootstrap", "200", "--json")
     assert saved.returncode == 0, saved.stderr
-    b_time = json.loads(saved.stdout)["time"]["b_crit_time"]
+    doc = json.loads(saved.stdout)
+    b_time = doc["time"]["b_crit_time"]
     proc = twoclocks("report", "sim", "--db", url, "-o", str(tmp_path / "rep"))
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "rep" / "index.html").read_text()
     assert "Clocks in time (cost file throughput, 20 per hour)" in page
     assert f"B_crit in time: {b_time:g}" in page or f"B_crit in time: ≥ {b_time:g}" in page
+    # per batch: the cost file's exact seconds per sample, and the cost to the target with the
+    # interval of the two seeds' sample clocks
+    clocks = {b["batch_samples"]: b["progress"] for b in doc["batches"]}
+    spread = 0
+    for b in doc["time"]["batches"]:
+        sps = 20.0 / b["batch_samples"] + 0.08
+        assert f"<td>{num(sps)}</td>" in page
+        prog, samples = b["progress"], clocks[b["batch_samples"]]
+        if samples["low"] is not None and samples["high"] not in (None, samples["low"]):
+            spread += 1
+            assert prog["cost_low"] == pytest.approx(samples["low"] * sps * 20 / 3600)
+            assert f"{num(prog['cost'])} [{num(prog['cost_low'])}–{num(prog['cost_high'])}]" \
+                in page
+    assert spread  # some batch's seeds disagree: an interval was shown
 
 
 def test_imported_trl_step_time_gives_the_throughput(tmp_path):
@@ -178,6 +212,8 @@ def test_imported_trl_step_time_gives_the_throughput(tmp_path):
         history = [{"step": s, "reward": round(0.1 + 0.8 * (1 - np.exp(-s * b / 1500)), 4),
                     "learning_rate": 1e-6, "step_time": float(step_time[s - 1])}
                    for s in range(1, 31)]
+        # the whole run's seconds beside: the per-step times are finer and win
+        history.append({"step": 30, "train_runtime": 999.0, "train_steps_per_second": 0.03})
         folder = tmp_path / f"trl{prompts}"
         folder.mkdir()
         (folder / "trainer_state.json").write_text(json.dumps(
@@ -196,3 +232,66 @@ def test_imported_trl_step_time_gives_the_throughput(tmp_path):
     for b, want in expected.items():
         assert got[b]["steps"] == want.size
         assert got[b]["seconds_per_sample"] == pytest.approx(float(np.median(want)))
+
+
+def _trl_state(prompts: int, seed: int, runtime: float, steps: int = 30) -> dict:
+    """A trainer_state.json as TRL < 0.20 writes it (no step_time): per-step GRPO entries, an
+    eval entry, and the Trainer's summary entry with the whole run's seconds."""
+    b = prompts * 8
+    history = []
+    for s in range(1, steps + 1):
+        acc = round(0.1 + 0.8 * (1 - np.exp(-s * b / 1500)) - 0.01 * seed, 4)
+        history.append({"completion_length": 40.5, "epoch": round(s / 300, 4),
+                        "grad_norm": 0.31, "kl": 0.0005 * s, "learning_rate": 1e-6,
+                        "loss": 0.0005 * s, "reward": round(acc + 0.9, 4), "reward_std": 0.31,
+                        "rewards/accuracy_reward": acc, "rewards/format_reward": 0.9,
+                        "step": s})
+        if s % 10 == 0:
+            history.append({"epoch": round(s / 300, 4), "eval_loss": 0.01,
+                            "eval_rewards/accuracy_reward": acc, "eval_runtime": 3.2,
+                            "step": s})
+    history.append({"epoch": round(steps / 300, 4), "step": steps, "total_flos": 0.0,
+                    "train_loss": 0.007, "train_runtime": runtime,
+                    "train_samples_per_second": round(steps * b / runtime, 3),
+                    "train_steps_per_second": round(steps / runtime, 3)})
+    return {"best_metric": None, "best_model_checkpoint": None, "epoch": steps / 300,
+            "eval_steps": 10, "global_step": steps, "is_hyper_param_search": False,
+            "is_local_process_zero": True, "is_world_process_zero": True,
+            "log_history": history, "logging_steps": 1, "max_steps": steps,
+            "num_input_tokens_seen": 0, "num_train_epochs": 1, "save_steps": 500,
+            "total_flos": 0.0, "train_batch_size": 8, "trial_name": None, "trial_params": None}
+
+
+def test_imported_trl_train_runtime_gives_the_throughput(tmp_path):
+    """An older TRL run logs no seconds per step, only its whole `train_runtime` (and
+    `train_steps_per_second`) at the end: its seconds per sample are runtime / steps / batch,
+    the median over the runs at a batch, and the time-to-target the sample clock times that."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    runtime = {(4, 0): 812.3, (4, 1): 845.9, (16, 0): 1503.2, (16, 1): 1466.0}
+    for (prompts, seed), seconds in runtime.items():
+        folder = tmp_path / f"trl-p{prompts}-s{seed}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps(
+            _trl_state(prompts, seed, seconds), indent=2))
+        proc = twoclocks("ingest", str(folder), "--sweep", "trl", "--batch-prompts",
+                         str(prompts), "--group-size", "8", "--seed", str(seed), "--db", url)
+        assert proc.returncode == 0, proc.stderr
+    proc = twoclocks("analyze", "trl", "--db", url, "--metric", "accuracy", "--target", "0.4",
+                     "--stability", "0", "--bootstrap", "200", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    time = doc["time"]
+    assert time["source"] == "measured"
+    clocks = {b["batch_samples"]: b["progress"]["median"] for b in doc["batches"]}
+    got = {b["batch_samples"]: b for b in time["batches"]}
+    assert set(got) == {32, 128}
+    for prompts in (4, 16):
+        b = prompts * 8
+        # runtime / steps, not 1 / train_steps_per_second: the Trainer rounds that to three
+        # decimals (0.02 steps/s for 1,466 s over 30 steps: 2% off)
+        per_run = [runtime[prompts, seed] / 30 / b for seed in (0, 1)]
+        tp = got[b]["throughput"]
+        assert tp["steps"] == 2  # one mean step per run
+        assert tp["seconds_per_sample"] == pytest.approx(float(np.median(per_run)))
+        assert got[b]["progress"]["seconds"] == pytest.approx(
+            clocks[b] * float(np.median(per_run)))

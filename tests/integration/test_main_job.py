@@ -184,6 +184,59 @@ def test_main_job_end_to_end(tmp_path):
     assert out["verdict"] and all(isinstance(v, str) for v in out["verdict"])
     table = _ok(twoclocks("compare", "mini", "--run", str(run_id), "--db", db)).stdout
     assert "schedule" in table and "constant" in table
+    _check_time_from_logged_timings(out, db, run_id)
+
+
+def _check_time_from_logged_timings(out: dict, db: str, run_id: int) -> None:
+    """The trainer logs each step's seconds (time_gen_s + time_reward_s + time_update_s): the
+    constant batches' seconds per sample are their median, and the schedule run's time to each
+    clock walks its logged steps at its batch's rate, both recomputed here from the store."""
+    import numpy as np
+
+    from twoclocks_cli.store import Store
+
+    time = out["time"]
+    assert time is not None and time["source"] == "measured", out.get("time_note")
+    store = Store.open(db)
+    keys = ("time_gen_s", "time_reward_s", "time_update_s")
+
+    def per_step(rid):
+        parts = [store.load_metric([rid], k)[rid] for k in keys]
+        batch = store.load_metric([rid], "batch_samples")[rid]
+        assert all(np.array_equal(p.steps, batch.steps) for p in parts)
+        return batch.samples, batch.values, sum(p.values for p in parts)
+
+    rate = {}
+    for row in time["batches"]:
+        b = row["batch_samples"]
+        runs = [r.id for r in store.list_runs("mini") if r.batch_samples == b
+                and r.id != run_id and not (r.config or {}).get("phases")]
+        per = np.concatenate([t / bs for _, bs, t in map(per_step, runs)])
+        rate[b] = float(np.median(per))
+        assert row["throughput"]["seconds_per_sample"] == pytest.approx(rate[b])
+        assert row["throughput"]["steps"] == per.size
+    samples, batch, seconds = per_step(run_id)
+
+    def walk(n):
+        """Seconds to `n` samples: each logged step's samples below n at its batch's rate."""
+        start = samples - batch
+        return sum(max(0.0, min(n, e) - s) * rate[b] for s, e, b in zip(start, samples, batch,
+                                                                       strict=True))
+
+    sched = out["schedule"]
+    for clock in ("progress", "failure"):
+        got = time["schedule"][clock]
+        if sched[clock]["samples"] is not None:
+            assert got["seconds"] == pytest.approx(walk(sched[clock]["samples"]))
+            own = float(np.interp(sched[clock]["samples"], samples, np.cumsum(seconds)))
+            assert time["schedule"]["logged_seconds"][clock] == pytest.approx(own)
+        else:
+            assert got["seconds"] is None and got["lower_bound"] is not None
+            assert got["lower_bound"] <= walk(sched[clock]["censored_at"]) * (1 + 1e-9)
+            if clock == "progress":
+                assert any(v.startswith("time: the schedule did not reach the target; it "
+                                        "trained >= ") for v in out["verdict"]), out["verdict"]
+    store.close()
 
 
 def test_train_config_toml_round_trips():
@@ -220,7 +273,7 @@ def test_phase_summary_reads_the_recorded_phases(sqlite_url):
     got = phase_summary(store, rid)
     assert got == [
         {"phase": 0, "from_samples": 0.0, "to_samples": 96.0, "steps": 3,
-         "prompts_per_batch": 4, "lr": 0.75e-4},
+         "prompts_per_batch": 4, "batch_samples": 32.0, "lr": 0.75e-4},
         {"phase": 1, "from_samples": 96.0, "to_samples": 352.0, "steps": 2,
-         "prompts_per_batch": 16, "lr": 2e-4},
+         "prompts_per_batch": 16, "batch_samples": 128.0, "lr": 2e-4},
     ]

@@ -26,6 +26,8 @@ def test_trl_old_key_names():
     assert log.sources["eval_accuracy"] == "eval_rewards/accuracy_reward"
     assert log.params == {"lr": 1e-06} and "peak" in log.params_from["lr"]
     assert "rewards/format_reward" in log.unmapped and log.bad_lines == []
+    # the Trainer's summary entry: the whole run's seconds, at its last step
+    assert log.steps[30]["time_total_s"] == 812.3 and log.sources["time_total_s"] == "train_runtime"
 
 
 def test_trl_new_key_names_and_nonfinite():

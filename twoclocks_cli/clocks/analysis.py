@@ -18,6 +18,7 @@ from twoclocks_cli.clocks.cost import (
     CostFile,
     for_analysis,
     measured_throughput,
+    runtime_steps,
     time_clocks,
 )
 from twoclocks_cli.clocks.curves import smooth_curve
@@ -124,6 +125,7 @@ def _time_clocks(store, result: Analysis, signals, opts, cost: CostFile | None):
     untimed = [r.run_id for r in result.runs if r.in_family and r.analysed
                and r.run_id in signals and not signals[r.run_id].times]
     per_step = store.load_metric(untimed, STEP_TIME_KEY) if untimed else {}
+    per_step.update(runtime_steps(store, [r for r in untimed if r not in per_step]))
     tps = {}
     for b in result.batches:
         times = [signals[r.run_id].times or ([per_step[r.run_id]] if r.run_id in per_step

@@ -3,7 +3,8 @@ time and cost.
 
 A throughput per batch comes from the runs' own `time_*` metrics (the median seconds per sample
 of the logged steps at that batch, with a bootstrap interval over those steps; `time_step_s`
-where only the whole step's seconds are logged), or from a cost
+where only the whole step's seconds are logged; `time_total_s`, a run's whole training seconds,
+as one step of its mean duration where nothing finer is), or from a cost
 file (`CostFile`: a fixed overhead per step plus generation and update seconds per sample, and
 an optional price per hour). The clocks in samples times the seconds per sample give the clocks
 in seconds; the intervals multiply end to end (low x low, high x high). B_crit in time is the
@@ -25,6 +26,9 @@ OBJECTIVES = ("samples", "time", "cost")
 # seconds per optimizer step as a tracker logs it whole (TRL's step_time): the throughput's
 # source for runs without the time_gen_s/time_reward_s/time_update_s parts
 STEP_TIME_KEY = "time_step_s"
+# seconds of the whole training as a tracker logs it once, at its last step (TRL's
+# train_runtime): the source for runs that log no seconds per step at all
+RUNTIME_KEY = "time_total_s"
 _BOOT_CELLS = 2_000_000  # resampled step times held at once by the throughput's bootstrap
 
 
@@ -189,6 +193,21 @@ def step_seconds(times: list) -> np.ndarray:
     return np.array([sum(d[k] for d in per_key) for k in sorted(common)], float)
 
 
+def runtime_steps(store, run_ids: list[int]) -> dict:
+    """{run: its whole training seconds as one step of the mean duration} for the runs that
+    logged RUNTIME_KEY: runtime / steps trained (the step it was logged at, the last)."""
+    from twoclocks_cli.store.store import Series
+
+    out = {}
+    for rid, s in (store.load_metric(run_ids, RUNTIME_KEY) if run_ids else {}).items():
+        ok = np.flatnonzero(np.isfinite(s.values) & (s.steps > 0))
+        if ok.size:
+            i = ok[-1]
+            out[rid] = Series(s.steps[i:i + 1], s.samples[i:i + 1],
+                              s.values[i:i + 1] / s.steps[i])
+    return out
+
+
 def measured_throughput(batch: float, times_of_runs: list[list], rng,
                         reps: int = 1000) -> Throughput | None:
     """Median seconds per sample over every logged step of the runs at `batch` (each run's
@@ -294,4 +313,52 @@ def for_analysis(analysis, cost: CostFile | None = None) -> TimeClocks | None:
     if measured is None:
         return None
     tps = {b.batch_samples: b.throughput for b in measured.batches}
-    return time_clocks(analysis.batches, tps, "measured", cost)
+    if measured.cost_file and cost is not None:
+        # a stored analysis may hold a cost file's throughput: priced anew, it keeps that
+        # file's timings (and its source)
+        cost = CostFile.model_validate({**measured.cost_file,
+                                        "price_per_hour": cost.price_per_hour})
+    return time_clocks(analysis.batches, tps, measured.source or "measured", cost)
+
+
+@dataclass
+class Segment:
+    """The samples a phased run trained at one batch, from `start` up to the next segment's
+    start (the last one open-ended), and the throughput there (None: not known)."""
+
+    start: float
+    batch_samples: float
+    throughput: Throughput | None
+
+
+def phased_seconds(segments: list[Segment], samples: float, end: str) -> float | None:
+    """Seconds a phased run spends to reach `samples`: each segment's share of the samples
+    times its seconds per sample (`end`: "median", "low" or "high" of the throughput); None
+    when a segment on the way has no throughput."""
+    total = 0.0
+    for i, seg in enumerate(segments):
+        if samples <= seg.start:
+            break
+        stop = segments[i + 1].start if i + 1 < len(segments) else samples
+        tp = seg.throughput
+        rate = None if tp is None else tp.seconds_per_sample if end == "median" else (
+            getattr(tp, end) if getattr(tp, end) is not None else tp.seconds_per_sample)
+        if rate is None:
+            return None
+        total += (min(samples, stop) - seg.start) * rate
+    return total
+
+
+def phased_spent(samples: float | None, censored_at: float | None, segments: list[Segment],
+                 price: float | None) -> Spent:
+    """One clock of a phased run (one seed: its samples carry no interval) in seconds and
+    money; the interval is the throughputs' (all low, all high); `lower_bound` when censored."""
+    if not segments:
+        return Spent()
+    per_s = None if price is None else price / 3600.0
+    if samples is None:
+        bound = None if censored_at is None else phased_seconds(segments, censored_at, "low")
+        return Spent(lower_bound=bound)
+    seconds, low, high = (phased_seconds(segments, samples, e) for e in ("median", "low", "high"))
+    return Spent(seconds=seconds, low=low, high=high, cost=_times(seconds, per_s),
+                 cost_low=_times(low, per_s), cost_high=_times(high, per_s))

@@ -29,6 +29,7 @@ TRL_KEYS: dict[str, tuple[str, ...]] = {
     "loss": ("loss",),
     "lr": ("learning_rate",),
     "time_step_s": ("step_time",),  # seconds per optimizer step (TRL >= 0.20)
+    "time_total_s": ("train_runtime",),  # seconds of the whole training (its summary entry)
     "num_tokens": ("num_tokens",),  # tokens seen so far, prompts and completions (running total)
 }
 
@@ -60,7 +61,7 @@ STORE_KEYS = (
     "truncated_frac", "time_gen_s", "time_reward_s", "time_update_s", "tokens_per_s", "loss",
     "nonfinite", "eval_n", "grad_l1_micro", "grad_l1_full", "grad_sign_dot", "grad_l1_diff",
     "time_step_s", "num_tokens", "sampler_abs_logratio", "sampler_kl_k3", "tis_weight_mean",
-    "tis_capped_frac",
+    "tis_capped_frac", "time_total_s",
 )
 
 # Columns a table may use for its x axes (besides what --map names).

@@ -352,7 +352,14 @@ def _compared_html(data: ReportData, images: dict[str, str]) -> list[str]:
         rows = [[f"constant {k['batch_samples']}", _clock_text_json(k["progress"]),
                  _clock_text_json(k["failure"])] for k in c["constant"]]
         rows.append([f"run {rid}", _one_clock(run["progress"]), _one_clock(run["failure"])])
-        out.append(_table(["", "progress clock", "failure clock"], rows, left=1))
+        head = ["", "progress clock", "failure clock"]
+        if c.get("time"):  # the same rows in hours, at the analysis's throughput
+            timed = {b["batch_samples"]: b for b in c["time"]["batches"]}
+            spent = [timed.get(k["batch_samples"]) for k in c["constant"]] + [c["time"]["schedule"]]
+            for row, t in zip(rows, spent, strict=True):
+                row += [_spent_hours(t and t["progress"]), _spent_hours(t and t["failure"])]
+            head += ["time to target", "time to failure"]
+        out.append(_table(head, rows, left=1))
         traj = data.trajectories[rid]
         if traj.decisions:
             out.append(_table(
@@ -363,6 +370,16 @@ def _compared_html(data: ReportData, images: dict[str, str]) -> list[str]:
         if file:
             out.append(f"<img src='{html.escape(file)}' alt='run {rid}: batch over samples'>")
     return out
+
+
+def _spent_hours(sp: dict | None) -> str:
+    """A clock of compare's JSON in hours: median [interval], or ≥ its bound when censored."""
+    if sp is None:
+        return "—"
+    if sp["seconds"] is None and sp["lower_bound"] is not None:
+        return f"≥ {sp['lower_bound'] / 3600:.3g} h (censored)"
+    low = None if sp["low"] == sp["high"] else sp["low"]  # an exact throughput: no interval
+    return _hours(sp["seconds"], low, sp["high"])
 
 
 def _clock_text_json(agg: dict) -> str:
@@ -392,6 +409,21 @@ def _hours(seconds, low=None, high=None) -> str:
     return f"{text} [{low / 3600:.3g}–{'censored' if high is None else f'{high / 3600:.3g}'}]"
 
 
+def _rate(tp) -> str:
+    """Seconds per sample with its interval (none for a cost file's exact figure)."""
+    if tp.low is None or tp.high is None or tp.low == tp.high:
+        return num(tp.seconds_per_sample)
+    return f"{num(tp.seconds_per_sample)} [{num(tp.low)}–{num(tp.high)}]"
+
+
+def _money(sp) -> str:
+    """A clock in money with its interval, when it has one."""
+    if sp.cost is None or sp.cost_low is None or sp.cost_low == sp.cost_high:
+        return num(sp.cost)
+    high = "censored" if sp.cost_high is None else num(sp.cost_high)
+    return f"{num(sp.cost)} [{num(sp.cost_low)}–{high}]"
+
+
 def _time_table(a) -> list[str]:
     """Both clocks per batch in hours (and money with a price), and B_crit in time."""
     tc = a.time
@@ -400,12 +432,12 @@ def _time_table(a) -> list[str]:
     head += ["cost to target", "cost to failure"] if priced else []
     rows = []
     for b in tc.batches:
-        row = [num(b.batch_samples), num(b.throughput.seconds_per_sample),
+        row = [num(b.batch_samples), _rate(b.throughput),
                _hours(b.progress.seconds, b.progress.low, b.progress.high),
                _hours(b.failure.seconds, b.failure.low, b.failure.high)
                if b.failure.seconds is not None or b.failure.lower_bound is None
                else f"≥ {b.failure.lower_bound / 3600:.3g} h (censored)"]
-        row += [num(b.progress.cost), num(b.failure.cost)] if priced else []
+        row += [_money(b.progress), _money(b.failure)] if priced else []
         rows.append(row)
     where = "none" if tc.b_crit_time is None else (
         ("≥ " if tc.b_crit_time_bound == "lower" else "") + num(tc.b_crit_time))
