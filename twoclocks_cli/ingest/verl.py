@@ -26,9 +26,9 @@ import math
 import re
 from pathlib import Path
 
+from twoclocks_cli.core.limits import INT64_MAX
 from twoclocks_cli.ingest import mapping
 from twoclocks_cli.ingest.base import (
-    SAMPLES_MAX,
     IngestOptions,
     NoStepsError,
     ParsedLog,
@@ -499,7 +499,7 @@ def _logged_samples(log: ParsedLog, records, present: set, opts: IngestOptions) 
     totals, total = {}, 0.0
     for step, v in counted:
         total = v if running else total + v
-        totals[step] = to_step(round(total), limit=SAMPLES_MAX)
+        totals[step] = to_step(round(total), limit=INT64_MAX)
     present.discard(key)
     how = "a running total" if running else "per-step counts, summed"
     short = _below_batch(totals, running, _batch(params), log.step_offset)
