@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import INT32_MAX
 
 
 class AdaptiveConfig(BaseModel):
@@ -32,7 +33,7 @@ class AdaptiveConfig(BaseModel):
         "schedule with the switch decided in-run from the drift.")
     adapt_every: int = Field(2048, gt=0, le=2**62, description="Samples between two decisions.")
     branch_samples: int = Field(
-        128, gt=0, le=2**31 - 1, description="rule branch: samples each branch spends (rounded up "
+        128, gt=0, le=INT32_MAX, description="rule branch: samples each branch spends (rounded up "
         "to whole steps of 2B). Every one is charged: the longer, the surer the comparison and "
         "the costlier.")
     max_backoff: int = Field(
@@ -60,8 +61,8 @@ class AdaptiveConfig(BaseModel):
     noise_ema: float = Field(
         0.01, gt=0, le=1, description="EMA weight of the newest step in the noise terms (as "
         "analyze's --noise-ema; one step's terms are noisy, so ~100 steps by default).")
-    batch_min: int = Field(1, gt=0, le=2**31 - 1, description="Smallest batch, in prompts.")
-    batch_max: int = Field(..., gt=0, le=2**31 - 1, description="Largest batch, in prompts "
+    batch_min: int = Field(1, gt=0, le=INT32_MAX, description="Smallest batch, in prompts.")
+    batch_max: int = Field(..., gt=0, le=INT32_MAX, description="Largest batch, in prompts "
                            "(also the failure guard's batch).")
     start_prompts: int | None = Field(
         None, gt=0, description="Batch of the first steps, in prompts (None: by `start`).")
@@ -86,7 +87,7 @@ class AdaptiveConfig(BaseModel):
                            "drift at its current rate.")
     safety: float = Field(0.8, gt=0, le=1, description="The guard fires at safety x threshold.")
     guard_warmup: int = Field(
-        1, ge=0, le=2**31 - 1, description="Decisions at which the guard does not fire (1: the "
+        1, ge=0, le=INT32_MAX, description="Decisions at which the guard does not fire (1: the "
         "first). Their drift is mostly the descent of the directions that matter away from the "
         "initial point, fast and saturating, not the noise-driven random walk the projection "
         "assumes: projected, it crossed the threshold at the first decision on the theory model.")

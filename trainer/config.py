@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainer.adaptive_config import AdaptiveConfig
 from twoclocks_cli.core import toml
 from twoclocks_cli.core.errors import ConfigError
-from twoclocks_cli.core.limits import INT32_MAX, INT64_MAX, Int32, path_problem, refuse_nul
+from twoclocks_cli.core.fields import Int32
+from twoclocks_cli.core.limits import INT32_MAX, INT64_MAX, path_problem, refuse_nul
 from twoclocks_cli.core.numbers import short
 
 # strict: a string, a bool or a float is never turned into a number of another type; finite only

@@ -81,7 +81,7 @@ def mismatch(recorded: dict, expected: dict, keys=("store", "run_id", "cell_id")
 
 
 def read_owner(path: Path) -> dict | None:
-    """The owner record of checkpoint directory `path` (None for an older checkpoint)."""
+    """The owner record of checkpoint directory `path` (None: it has no readable one)."""
     try:
         data = json.loads((Path(path) / OWNER).read_text())
     except (OSError, ValueError):
@@ -110,8 +110,8 @@ class CheckpointOwner:
         store or run, no owner record, or a changed config."""
         rec, expected = read_owner(path), self.record
         if rec is None:
-            return (f"checkpoint {path} names no run (written before checkpoints recorded "
-                    "their owner): resume refused; move it away or use another workdir")
+            return (f"checkpoint {path} names no run (no readable {OWNER}): resume refused; "
+                    "move it away or use another workdir")
         if mismatch(rec, expected, ("store", "run_id")):
             return (f"checkpoint {path} belongs to {describe(rec)}, not "
                     f"{describe(expected)}: resume refused; use another workdir")

@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # typer vendors click; the click package itself is not a depe
     import click
 
 from twoclocks_cli.core.errors import ConfigError, StoreError
+from twoclocks_cli.core.limits import INT32_MAX, INT64_MAX, name_max, path_problem
 
-INT64_MAX = 2**63 - 1  # the widest integer column (SQLite INTEGER, PostgreSQL BIGINT)
 MAX_LIST = 1_000  # values one option may list (batch grids, repeated --run)
 
 
@@ -127,7 +127,6 @@ def parse_numbers(text: str, option: str, low=None, high=None, *, low_open: bool
     return values
 
 
-INT32_MAX = 2**31 - 1  # runs.seed, batch and step columns (INTEGER: 32-bit on PostgreSQL)
 SAMPLES = within(0, INT64_MAX, low_open=True)  # a sample budget or position (BIGINT samples)
 SAFETY = within(0, 1, low_open=True)  # a share of the failure clock's lower bound
 SEED = within(0, INT32_MAX)  # what numpy's generators and the runs.seed column both take
@@ -140,11 +139,9 @@ TEMP_ROOM = 32  # bytes a temporary name beside an output adds to it ('.NAME.XXX
 def out_path_problem(path: Path, folder: bool = False) -> str | None:
     """Why `path` cannot be written (an illegal or too long name, a missing or read-only
     parent, a directory where a file is wanted), or None. Nothing is created here."""
-    from twoclocks_cli.core.limits import _name_max, path_problem
-
     if why := path_problem(str(path), reserve=TEMP_ROOM):
         return why
-    room = _name_max(path.absolute()) - TEMP_ROOM
+    room = name_max(path.absolute()) - TEMP_ROOM
     if len(os.fsencode(path.name)) > room:
         return (f"the file name is {len(os.fsencode(path.name))} bytes; at most {room} (room "
                 "for the temporary file written beside it)")
@@ -173,8 +170,6 @@ def out_path(ctx, param, value):
 def in_paths(ctx, param, value):
     """Option or argument callback for paths to read: each a path the OS can look up (no NUL,
     no part or whole too long); whether it exists is the command's to say."""
-    from twoclocks_cli.core.limits import path_problem
-
     for v in value if isinstance(value, (list, tuple)) else [value]:
         if v is not None and (why := path_problem(str(v))):
             raise ConfigError(f"{option_name(param)} {str(v)[:80]}: {why}")

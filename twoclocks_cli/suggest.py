@@ -398,10 +398,6 @@ def suggest_for(store, name: str, budget: int | None) -> tuple[dict, object, lis
 
     sweep = store.get_sweep(name)  # NotFoundError names the known sweeps
     a, how = analysis_for(store, name)
-    if a.critical.recommended is None:
-        # stored by an older version: the same options, analysed again
-        a, how = analysis_for(store, name, a.options)
-        how = "refreshed"
     if a.stability is None:
         from twoclocks_cli.clocks.stability import RESAMPLES, measure
 

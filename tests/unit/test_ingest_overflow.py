@@ -12,7 +12,9 @@ import json
 import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks
-from twoclocks_cli.ingest.base import SAMPLES_MAX, STEP_MAX, to_number, to_step
+from twoclocks_cli.core.limits import INT32_MAX as STEP_MAX
+from twoclocks_cli.core.limits import INT64_MAX as SAMPLES_MAX
+from twoclocks_cli.ingest.base import to_number, to_step
 
 pytestmark = pytest.mark.subprocess
 

@@ -6,7 +6,14 @@ import pytest
 from twoclocks_cli.clocks.analysis import batch_rows
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.options import AnalysisOptions
-from twoclocks_cli.clocks.result import Analysis, Critical, Invariance, RunRow, Target
+from twoclocks_cli.clocks.result import (
+    Analysis,
+    Critical,
+    Invariance,
+    Recommended,
+    RunRow,
+    Target,
+)
 from twoclocks_cli.clocks.runclock import Clock
 from twoclocks_cli.clocks.stability import SETTLED, measure
 from twoclocks_cli.core.errors import AnalysisError
@@ -29,8 +36,10 @@ def _analysis(rows):
     opts = AnalysisOptions()
     return Analysis(sweep="s", metric="eval_accuracy", target=Target("frac:0.5", 0.5), runs=rows,
                     batches=batch_rows(rows, np.random.default_rng(0), opts),
-                    critical=Critical(Estimate("empirical", None), Estimate("power", None),
-                                      Estimate("mccandlish", None), None),
+                    critical=Critical(empirical=Estimate("empirical", None),
+                                      power=Estimate("power", None),
+                                      mccandlish=Estimate("mccandlish", None),
+                                      recommended=Recommended(source=None, b_crit=None)),
                     invariance=Invariance(), options=opts)
 
 
@@ -85,7 +94,6 @@ def test_resampling_is_reproducible_and_bounded():
 
 
 def test_suggest_lists_the_cells_an_unsettled_decision_names():
-    from twoclocks_cli.clocks.result import Recommended
     from twoclocks_cli.suggest import plan_suggestions
 
     rows = _clear_sweep()

@@ -212,7 +212,27 @@ PLAN_REJECTIONS = [
     ({"store": ""}, ["'store'", "must not be empty"]),
     ({"grid__seeds": list(range(400)), "grid__clip_low": [0.1 * i for i in range(9)]},
      ["10,800 cells", "at most 10,000"]),
+    # the sweep name's rule is `ingest --sweep`'s: at most the 200 characters the column holds
+    ({"name": "n" * 201}, ["'name'", "at most 200"]),
+    ({"name": "-n"}, ["'name'", "letters, digits"]),
+    # ... and a planned run's name (the sweep's and its cell's) must fit the same column
+    ({"name": "n" * 190}, ["'name'", "a run's name", "-p2-g8-s0-", "206 characters", "at most 200"]),
 ]
+
+
+def test_a_sweep_name_ingest_takes_plans_too():
+    """One name rule: 184 characters leave a run's name (+16 here) the column's 200."""
+    cells = plan(parse_config(_doc(name="n" * 184), "s.toml"), "s.toml").cells
+    assert {len(c.name) for c in cells} == {200}
+
+
+def test_the_backend_field_takes_the_registrys_names():
+    from twoclocks_cli.backends import BACKENDS
+
+    for name in BACKENDS:
+        assert parse_config(_doc(backend=name), "s.toml").backend == name
+    with pytest.raises(ConfigError, match="'trl', 'command', 'grpo' or 'sim'"):
+        parse_config(_doc(backend="jax"), "s.toml")
 
 
 @pytest.mark.parametrize("over,needles", PLAN_REJECTIONS,

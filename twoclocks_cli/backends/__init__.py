@@ -28,12 +28,13 @@ from typing import Any, Protocol
 
 from twoclocks_cli.core.errors import ConfigError
 
-# name → "module:function"; imported only when a run of that backend executes.
+# name → "module:function"; imported only when a run of that backend executes. The one list of
+# backend names: the sweep config's `backend` field takes these, in this order.
 BACKENDS = {
-    "sim": "twoclocks_cli.backends.sim:run",
-    "grpo": "twoclocks_cli.backends.grpo:run",
     "trl": "twoclocks_cli.backends.trl:run",
     "command": "twoclocks_cli.backends.command:run",
+    "grpo": "twoclocks_cli.backends.grpo:run",
+    "sim": "twoclocks_cli.backends.sim:run",
 }
 
 

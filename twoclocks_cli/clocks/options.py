@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import INT32_MAX
 
 SMOOTHING = ("ma", "ema", "none")
 MAX_BOOTSTRAP = 20_000  # replicates: beyond this the intervals stop moving, the time does not
@@ -76,10 +77,10 @@ class AnalysisOptions:
         if not 1 <= self.bootstrap <= MAX_BOOTSTRAP:
             raise ConfigError(f"--bootstrap {self.bootstrap}: must be between 1 and "
                               f"{MAX_BOOTSTRAP:,} (each replicate refits every batch)")
-        if not 0 <= self.seed <= 2**31 - 1:
-            raise ConfigError(f"--seed {self.seed}: must be between 0 and {2**31 - 1:,}")
-        if not 1 <= self.window <= 2**31 - 1:
-            raise ConfigError(f"--window {self.window}: must be between 1 and {2**31 - 1:,}")
+        if not 0 <= self.seed <= INT32_MAX:
+            raise ConfigError(f"--seed {self.seed}: must be between 0 and {INT32_MAX:,}")
+        if not 1 <= self.window <= INT32_MAX:
+            raise ConfigError(f"--window {self.window}: must be between 1 and {INT32_MAX:,}")
         parse_target(self.target)
 
     def _check_rules(self) -> None:

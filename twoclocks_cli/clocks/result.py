@@ -2,10 +2,13 @@
 the plots, the adaptive calibration and the store's deletes read.
 
 An `Analysis` becomes JSON once, `Analysis.to_json` (the analyses table, `analyze --json`), and a
-stored document becomes an `Analysis` once, `Analysis.from_json` (`clocks.saved` loads it). This
-module is the only place that knows the document's keys; everyone else reads attributes. The
-document keeps the shape the analyses table already holds: unknown keys are ignored and missing
-ones take their defaults, so analyses stored by an older twoclocks still read.
+stored document becomes an `Analysis` once, `Analysis.from_json` (`clocks.saved` loads it). Both
+are pydantic's, from the dataclasses' fields: the fields are in the document's order, and the
+few places where the document's shape differs from the fields' (a row of an unanalysed run, the
+failure clock's counts nested under `failure`, the theory's own document) say so in a
+serializer beside the class. A key the document lacks takes its field's default, one it has
+that no field names is ignored. This module is the only place that knows the document's keys;
+everyone else reads attributes.
 """
 
 from __future__ import annotations
@@ -13,33 +16,43 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Annotated
 
 import numpy as np
+from pydantic import (
+    Field,
+    TypeAdapter,
+    field_serializer,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from twoclocks_cli.clocks.cost import TimeClocks
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.options import AnalysisOptions
 from twoclocks_cli.clocks.runclock import Clock
 from twoclocks_cli.clocks.stats import Aggregate
+from twoclocks_cli.core.numbers import Number
 
 
-def _take(cls, data: dict | None, **override):
-    """An instance of dataclass `cls` from the keys of `data` it knows (the rest dropped)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {k: v for k, v in (data or {}).items() if k in names}
-    kwargs.update(override)
-    return cls(**kwargs)
+@cache
+def _adapter(cls) -> TypeAdapter:
+    """Pydantic's reader and writer of dataclass `cls` (built once: building is slow)."""
+    return TypeAdapter(cls)
 
 
-def _aggregate(data: dict | None) -> Aggregate:
-    d = {"n": 0, "n_censored": 0, "median": None, "low": None, "high": None,
-         "lower_bound": None, "note": "", **(data or {})}
-    return _take(Aggregate, d)
+class _Document:
+    """A dataclass that is (part of) the analysis document: pydantic writes and reads it."""
 
+    def to_json(self) -> dict:
+        return _adapter(type(self)).dump_python(self, by_alias=True)
 
-def _clock(data: dict | None) -> Clock:
-    return _take(Clock, {"samples": None, "censored": True, **(data or {})})
+    @classmethod
+    def from_json(cls, d: dict):
+        return _adapter(cls).validate_python(d)
 
 
 def json_numbers(obj):
@@ -69,106 +82,101 @@ def _jsonable(obj):
 
 
 @dataclass(frozen=True)
-class Target:
+class Target(_Document):
     """The progress target: its spec (`frac:0.5`, `abs:0.3`) and the value it resolved to."""
 
     spec: str | None = None
-    value: float | None = None
-    initial: float | None = None  # median smoothed metric at the first point
-    best: float | None = None  # best smoothed metric of the sweep
-
-    def to_json(self) -> dict:
-        return asdict(self)
+    value: Number | None = None
+    initial: Number | None = None  # median smoothed metric at the first point
+    best: Number | None = None  # best smoothed metric of the sweep
 
 
-# a run's identity and status, first in its row of the document
-_IDENTITY = ("run_id", "name", "batch_samples", "batch_prompts", "group_size", "lr", "clip_low",
-             "clip_high", "seed", "status", "partial", "in_family")
-# the row of a run without a finite value of the metric: its clocks are empty, in this order
-_UNANALYSED = _IDENTITY + ("points", "last_samples", "progress", "failure", "noise_scale",
-                           "sign_noise_scale", "started_above")
+# the row of a run without a finite value of the metric: its identity and status, then its
+# empty clocks, in this order
+_UNANALYSED = ("run_id", "name", "batch_samples", "batch_prompts", "group_size", "lr",
+               "clip_low", "clip_high", "seed", "status", "partial", "in_family", "points",
+               "last_samples", "progress", "failure", "noise_scale", "sign_noise_scale",
+               "started_above")
 
 
 @dataclass
-class RunRow:
+class RunRow(_Document):
     """One run of the analysis: its cell, status and both clocks (`runclock.RunClocks`)."""
 
     run_id: int | None = None
     name: str | None = None
-    batch_samples: float | None = None
+    batch_samples: Number | None = None
     batch_prompts: int | None = None
     group_size: int | None = None
-    lr: float | None = None
-    clip_low: float | None = None
-    clip_high: float | None = None
+    lr: Number | None = None
+    clip_low: Number | None = None
+    clip_high: Number | None = None
     seed: int | None = None
     status: str | None = None
     partial: bool = False
     in_family: bool = True  # analysed with the sweep's main setting
     points: int = 0
-    first_samples: float | None = None
-    last_samples: float | None = None
-    initial: float | None = None
-    final: float | None = None
-    best: float | None = None
-    progress: Clock = field(default_factory=lambda: Clock(None, True))
-    failure: Clock = field(default_factory=lambda: Clock(None, True))
+    first_samples: Number | None = None
+    last_samples: Number | None = None
+    initial: Number | None = None
+    final: Number | None = None
+    best: Number | None = None
+    progress: Clock = field(default_factory=Clock)
+    failure: Clock = field(default_factory=Clock)
     started_above: bool = False
-    noise_scale: float | None = None
-    sign_noise_scale: float | None = None
+    noise_scale: Number | None = None
+    sign_noise_scale: Number | None = None
 
     @property
     def analysed(self) -> bool:
         """Whether the run had finite values of the metric (else its clocks are empty)."""
         return self.points > 0
 
-    @classmethod
-    def from_json(cls, d: dict) -> RunRow:
-        return _take(cls, d, progress=_clock(d.get("progress")), failure=_clock(d.get("failure")))
-
-    def to_json(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["progress"], out["failure"] = self.progress.to_json(), self.failure.to_json()
+    @model_serializer(mode="wrap")
+    def _row(self, handler) -> dict:
+        out = handler(self)
         return out if self.analysed else {k: out[k] for k in _UNANALYSED}
 
 
+# the failure clock's counts, written inside the document's `failure` object
+_FAILURE_COUNTS = ("n_failed", "n_dips", "runs_with_dips", "drift_at_failure")
+
+
 @dataclass
-class BatchRow:
+class BatchRow(_Document):
     """Both clocks at one batch size, aggregated over its seeds."""
 
-    batch_samples: float
+    batch_samples: Number
     batch_prompts: list = field(default_factory=list)
     lr: list = field(default_factory=list)
     n_runs: int = 0
     partial: bool = False
-    progress: Aggregate = field(default_factory=lambda: _aggregate(None))
-    failure: Aggregate = field(default_factory=lambda: _aggregate(None))
-    n_failed: int | None = None  # seeds whose failure clock fired (None: stored before it was)
-    # the drift logged at each failed seed's failure: median and interval over those seeds
-    # (equal across batches if a drift threshold sets the failure clock)
-    drift_at_failure: Aggregate = field(default_factory=lambda: _aggregate(None))
+    progress: Aggregate = field(default_factory=Aggregate)
+    failure: Aggregate = field(default_factory=Aggregate)
+    n_failed: int = 0  # seeds whose failure clock fired
     n_dips: int = 0  # falls that recovered, over every seed (not failures)
     runs_with_dips: int = 0
+    # the drift logged at each failed seed's failure: median and interval over those seeds
+    # (equal across batches if a drift threshold sets the failure clock)
+    drift_at_failure: Aggregate = field(default_factory=Aggregate)
 
+    @model_serializer(mode="wrap")
+    def _nest(self, handler) -> dict:
+        out = handler(self)
+        out["failure"].update((k, out.pop(k)) for k in _FAILURE_COUNTS)
+        return out
+
+    @model_validator(mode="before")
     @classmethod
-    def from_json(cls, d: dict) -> BatchRow:
-        fail = d.get("failure") or {}
-        return _take(cls, d, progress=_aggregate(d.get("progress")), failure=_aggregate(fail),
-                     n_failed=fail.get("n_failed"), n_dips=fail.get("n_dips") or 0,
-                     runs_with_dips=fail.get("runs_with_dips") or 0,
-                     drift_at_failure=_aggregate(fail.get("drift_at_failure")))
-
-    def to_json(self) -> dict:
-        return {"batch_samples": self.batch_samples, "batch_prompts": list(self.batch_prompts),
-                "lr": list(self.lr), "n_runs": self.n_runs, "partial": self.partial,
-                "progress": self.progress.to_json(),
-                "failure": {**self.failure.to_json(), "n_failed": self.n_failed,
-                            "n_dips": self.n_dips, "runs_with_dips": self.runs_with_dips,
-                            "drift_at_failure": self.drift_at_failure.to_json()}}
+    def _unnest(cls, d):
+        if isinstance(d, dict):
+            fail = d.get("failure") or {}
+            d = {**d, **{k: fail[k] for k in _FAILURE_COUNTS if k in fail}}
+        return d
 
 
 @dataclass
-class Recommended(Estimate):
+class Recommended(_Document, Estimate):
     """The estimate the schedule follows, and the documented rule's reason for it (`source`
     None: no estimate, `why` says why)."""
 
@@ -183,11 +191,8 @@ class Recommended(Estimate):
                    bound=chosen.bound, e_min=chosen.e_min, placement=chosen.placement,
                    seeds=chosen.seeds, why=why)
 
-    @classmethod
-    def from_json(cls, d: dict) -> Recommended:
-        return _take(cls, {"source": None, "b_crit": None, **d}, seeds=d.get("seeds") or 0)
-
-    def to_json(self) -> dict:
+    @model_serializer(mode="plain")
+    def _kept(self) -> dict:
         out = {"b_crit": self.b_crit, "low": self.low, "high": self.high, "bound": self.bound,
                "source": self.source, "placement": self.placement}
         if self.source is not None:
@@ -197,92 +202,66 @@ class Recommended(Estimate):
 
 
 @dataclass(frozen=True)
-class NoiseSummary:
+class NoiseSummary(_Document):
     """A gradient-noise scale over runs (median, range) and what it was measured on."""
 
-    value: float | None = None
-    low: float | None = None
-    high: float | None = None
+    value: Number | None = None
+    low: Number | None = None
+    high: Number | None = None
     n_runs: int = 0
     note: str = ""
 
-    def to_json(self) -> dict:
-        if self.value is None:
-            return {"value": None, "n_runs": self.n_runs, "note": self.note}
-        return {"value": self.value, "low": self.low, "high": self.high, "n_runs": self.n_runs,
-                "note": self.note}
+    @model_serializer(mode="wrap")
+    def _range(self, handler) -> dict:
+        out = handler(self)
+        if self.value is None:  # no range without a value
+            del out["low"], out["high"]
+        return out
 
 
 @dataclass(frozen=True)
-class Theory:
+class Theory(_Document):
     """The theory model's B_crit for a sim sweep (or at a probe's branch point).
 
     The prediction is the theory module's own document (`theory.predict_critical_batch`; which
     keys it has depends on the branch that answered): it is kept whole in `doc` and written back
     as it came; the attributes are what twoclocks reads of it."""
 
-    b_crit: float | None = None
+    b_crit: Number | None = None
     method: str | None = None
     mechanism: str | None = None
     note: str | None = None
     doc: dict = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def from_json(cls, d: dict) -> Theory:
-        return cls(b_crit=d.get("b_crit"), method=d.get("method"), mechanism=d.get("mechanism"),
-                   note=d.get("note"), doc=dict(d))
-
-    def to_json(self) -> dict:
+    @model_serializer(mode="plain")
+    def _doc(self) -> dict:
         return dict(self.doc)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read(cls, d):
+        if isinstance(d, dict):
+            d = {**{k: d.get(k) for k in ("b_crit", "method", "mechanism", "note")},
+                 "doc": dict(d)}
+        return d
 
-@dataclass
-class Critical:
+
+@dataclass(kw_only=True)
+class Critical(_Document):
     """Every B_crit estimate side by side, the recommended one and the disagreements."""
 
-    empirical: Estimate
-    power: Estimate
-    mccandlish: Estimate
-    # None: an analysis stored before twoclocks recommended one (`suggest` redoes it)
-    recommended: Recommended | None
+    empirical: Estimate = field(default_factory=lambda: Estimate("empirical"))
+    power: Estimate = field(default_factory=lambda: Estimate("power"))
+    mccandlish: Estimate = field(default_factory=lambda: Estimate("mccandlish"))
     noise_scale: NoiseSummary = field(default_factory=NoiseSummary)
     sign_noise_scale: NoiseSummary = field(default_factory=NoiseSummary)
     theory: Theory | None = None
+    recommended: Recommended = field(default_factory=Recommended)
     disagreements: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, d: dict | None) -> Critical:
-        d = d or {}
-
-        def est(name):
-            return _take(Estimate, {"source": name, "b_crit": None, **(d.get(name) or {})})
-
-        rec = d.get("recommended")
-        theory = d.get("theory")
-        return cls(
-            empirical=est("empirical"),
-            power=est("power"),
-            mccandlish=est("mccandlish"),
-            recommended=None if rec is None else Recommended.from_json(rec),
-            noise_scale=_take(NoiseSummary, d.get("noise_scale")),
-            sign_noise_scale=_take(NoiseSummary, d.get("sign_noise_scale")),
-            theory=None if theory is None else Theory.from_json(theory),
-            disagreements=list(d.get("disagreements") or []),
-        )
-
-    def to_json(self) -> dict:
-        out = {
-            "empirical": self.empirical.to_json(),
-            "power": self.power.to_json(),
-            "mccandlish": self.mccandlish.to_json(),
-            "noise_scale": {**self.noise_scale.to_json(), "b_simple": self.noise_scale.value},
-            "sign_noise_scale": self.sign_noise_scale.to_json(),
-            "theory": None if self.theory is None else self.theory.to_json(),
-        }
-        if self.recommended is not None:
-            out["recommended"] = self.recommended.to_json()
-        out["disagreements"] = list(self.disagreements)
-        return out
+    @field_serializer("noise_scale", mode="wrap")
+    def _b_simple(self, value: NoiseSummary, handler) -> dict:
+        return {**handler(value), "b_simple": value.value}  # the noise scale's other name
 
     @property
     def theory_b_crit(self) -> float | None:
@@ -290,100 +269,76 @@ class Critical:
 
 
 @dataclass(frozen=True)
-class Invariance:
+class Invariance(_Document):
     """The slope of log N_fail on log B and its equivalence verdict."""
 
-    slope: float | None = None
-    low: float | None = None
-    high: float | None = None
+    slope: Number | None = None
+    low: Number | None = None
+    high: Number | None = None
     n: int = 0
     verdict: str = ""
-    margin: float | None = None
     note: str | None = None  # runs left out of the slope, when any
+    margin: Number | None = None
 
-    def to_json(self) -> dict:
-        out = {"slope": self.slope, "low": self.low, "high": self.high, "n": self.n,
-               "verdict": self.verdict}
-        if self.note is not None:
-            out["note"] = self.note
-        out["margin"] = self.margin
+    @model_serializer(mode="wrap")
+    def _noted(self, handler) -> dict:
+        out = handler(self)
+        if self.note is None:
+            del out["note"]
         return out
 
 
 @dataclass(frozen=True)
-class ClipRow:
+class ClipRow(_Document):
     """One (clip range, batch size) of the clipping table: median clocks over its runs."""
 
-    clip_low: float | None = None
-    clip_high: float | None = None
-    batch_samples: float | None = None
+    clip_low: Number | None = None
+    clip_high: Number | None = None
+    batch_samples: Number | None = None
     n_runs: int = 0
-    progress_median: float | None = None
-    failure_median: float | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
+    progress_median: Number | None = None
+    failure_median: Number | None = None
 
 
-@dataclass
-class Analysis:
+@dataclass(kw_only=True)
+class Analysis(_Document):
     """One sweep's analysis: both clocks per run and per batch size, B_crit, invariance."""
 
-    sweep: str
-    metric: str
-    target: Target
-    runs: list[RunRow]
-    batches: list[BatchRow]
-    critical: Critical
-    invariance: Invariance
+    sweep: str = ""
     options: AnalysisOptions = field(default_factory=AnalysisOptions)
+    metric: str = ""
+    target: Target = field(default_factory=Target)
     units: str | None = None  # what the clocks count, in words
+    runs: list[RunRow] = field(default_factory=list)
+    batches: list[BatchRow] = field(default_factory=list)
+    critical: Annotated[Critical, Field(alias="critical_batch")] = field(default_factory=Critical)
+    invariance: Annotated[Invariance, Field(alias="failure_invariance")] = field(
+        default_factory=Invariance)
     clipping: list[ClipRow] | None = None  # None: one clip range only
     warnings: list[str] = field(default_factory=list)
-    analysis_id: int | None = None  # its row in the analyses table (None: not stored)
     stability: dict | None = None  # clocks.stability.Stability.to_json (None: not measured)
     # both clocks in time and cost per batch (None: no run logged time_* and no cost file)
     time: TimeClocks | None = None
+    analysis_id: int | None = None  # its row in the analyses table (None: not stored)
 
+    # the options and the time clocks keep their own readers and writers
+    @field_serializer("options")
+    def _options_out(self, value: AnalysisOptions) -> dict:
+        return value.to_json()
+
+    @field_validator("options", mode="before")
     @classmethod
-    def from_json(cls, d: dict) -> Analysis:
-        """The analysis a JSON document (the analyses table's, `analyze --json`) holds."""
-        clipping = d.get("clipping")
-        return cls(
-            sweep=d.get("sweep", ""),
-            metric=d.get("metric", ""),
-            target=_take(Target, d.get("target")),
-            runs=[RunRow.from_json(r) for r in d.get("runs") or []],
-            batches=[BatchRow.from_json(b) for b in d.get("batches") or []],
-            critical=Critical.from_json(d.get("critical_batch")),
-            invariance=_take(Invariance, d.get("failure_invariance")),
-            options=AnalysisOptions.from_json(d.get("options")),
-            units=d.get("units"),
-            clipping=None if clipping is None else [_take(ClipRow, c) for c in clipping],
-            warnings=list(d.get("warnings") or []),
-            analysis_id=d.get("analysis_id"),
-            stability=d.get("stability"),
-            time=TimeClocks.from_json(d.get("time")),
-        )
+    def _options_in(cls, value):
+        return AnalysisOptions.from_json(value) if isinstance(value, dict) else value
 
-    def to_json(self) -> dict:
-        """The JSON document (the `--json` output; stored without its `analysis_id`)."""
-        return {
-            "sweep": self.sweep,
-            "options": self.options.to_json(),
-            "metric": self.metric,
-            "target": self.target.to_json(),
-            "units": self.units,
-            "runs": [r.to_json() for r in self.runs],
-            "batches": [b.to_json() for b in self.batches],
-            "critical_batch": self.critical.to_json(),
-            "failure_invariance": self.invariance.to_json(),
-            "clipping": None if self.clipping is None else [c.to_json() for c in self.clipping],
-            "warnings": list(self.warnings),
-            "stability": self.stability,
-            "time": None if self.time is None else self.time.to_json(),
-            "analysis_id": self.analysis_id,
-        }
+    @field_serializer("time")
+    def _time_out(self, value: TimeClocks | None) -> dict | None:
+        return None if value is None else value.to_json()
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_in(cls, value):
+        return TimeClocks.from_json(value) if isinstance(value, dict) else value
 
     def dumps(self) -> str:
         """The document as strict JSON text (`analyze --json`)."""

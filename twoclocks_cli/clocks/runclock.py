@@ -16,6 +16,7 @@ import numpy as np
 from twoclocks_cli.clocks import collapse
 from twoclocks_cli.clocks.curves import Curve, clean, first_crossing, smooth_curve
 from twoclocks_cli.clocks.options import AnalysisOptions
+from twoclocks_cli.core.numbers import Number
 
 GRAD_KEYS = ("grad_sq_micro", "grad_sq_full", "grad_micro_size", "grad_full_size")
 SIGN_KEYS = ("grad_l1_micro", "grad_l1_full", "grad_sign_dot", "grad_micro_size", "grad_full_size")
@@ -26,18 +27,18 @@ TIME_KEYS = ("time_gen_s", "time_reward_s", "time_update_s")  # summed: wall-clo
 class Clock:
     """One clock of one run, in samples (and steps, prompts, seconds beside)."""
 
-    samples: float | None  # the crossing / collapse; None when censored or flagged
-    censored: bool  # True: not reached by `censored_at`
-    censored_at: float | None = None
-    steps: float | None = None
-    prompts: float | None = None
-    seconds: float | None = None
+    samples: Number | None = None  # the crossing / collapse; None when censored or flagged
+    censored: bool = True  # True: not reached by `censored_at`
+    censored_at: Number | None = None
+    steps: Number | None = None
+    prompts: Number | None = None
+    seconds: Number | None = None
     reason: str | None = None  # why there is no number, in words (or a flag on a number)
     rule: str | None = None  # failure clock: the rule that fired first
     rules: dict = field(default_factory=dict)  # failure clock: every rule's firing time
     at_eval_resolution: bool = False  # failure at the first or second logged point
     collapsed: bool = False  # progress clock: censored by a collapse before the target
-    drift: float | None = None  # failure clock: the drift (opts.drift_key) logged at the failure
+    drift: Number | None = None  # failure clock: the drift (opts.drift_key) logged at the failure
     # failure clock: the falls of the drop rule that recovered (collapse.Fall.to_json each)
     dips: list = field(default_factory=list)
 

@@ -132,15 +132,9 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
 
     `objective` names the clock B_small minimises: samples (B_crit's rule), or time or cost to
     the target under `time` (default: the analysis's own, measured from its runs)."""
-    if objective not in OBJECTIVES:
-        raise AnalysisError(f"--objective {objective!r}: must be one of {', '.join(OBJECTIVES)}")
-    if not 0 < safety <= 1:
-        raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
-    if large_lr not in LARGE_LR:
-        raise AnalysisError(f"--large-lr {large_lr!r}: must be one of {', '.join(LARGE_LR)}")
+    _check_choices(objective, safety, large_lr)
     by, grid, reached = _grid(a)
-    # an analysis stored before B_crit was recommended: scheduled as if no estimate exists
-    rec = a.critical.recommended or Recommended(source=None, b_crit=None)
+    rec = a.critical.recommended
     b_small, why_small = _pick_small(rec, reached)
     time = time if time is not None else a.time
     picks = _objective_picks(time, by, reached, b_small, why_small)
@@ -154,96 +148,29 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
         f"grid = {[f'{b:g}' for b in grid]}; reached the target: {[f'{b:g}' for b in reached]}",
         f"B_small = {b_small:g}: {why_small}",
     ]
-    for line in a.critical.disagreements:
-        rationale.append(f"disagreement: {line}")
+    rationale += [f"disagreement: {line}" for line in a.critical.disagreements]
     rationale += _objective_lines(picks, objective)
-    lower, one_seed = _failure_lower_bound(by[b_small])
-    s = safety * safety if one_seed else safety
-    n_switch = s * lower if lower is not None else None
-
-    def fail_key(b):
-        f = by[b].failure.median
-        return math.inf if f is None else f
-
-    later = [b for b in reached if b > b_small and fail_key(b) > fail_key(b_small)]
-    b_large = max(later, key=lambda b: (fail_key(b), b)) if later else b_small
-    small = _setting(a, b_small)
-    phases = []
-    stop = None  # where the last phase ends because a failure is predicted there
-    if n_switch is not None and n_switch >= budget:
-        rationale.append(
-            f"the failure safety point {n_switch:,.0f} samples of B={b_small:g} lies past the "
-            f"budget {budget:,.0f}: one phase to the budget")
-        n_switch = None
-    if n_switch is None:
-        if not rationale[-1].startswith("the failure safety point"):
-            rationale.append(
-                f"no run at B={b_small:g} failed within the budget: one phase, no switch needed")
-        phases.append({"until_samples": budget, **_phase_keys(small)})
+    plan = _phases(a, by, reached, b_small, budget, safety, large_lr, rationale)
+    two = len(plan.phases) > 1
+    prog = _predicted_progress(by, b_small, plan.n_switch if two else None)
+    if two and large_lr == "hold":
+        fail = Predicted(None, f"the large phase runs B={plan.b_large:g} at B_small's lr, which "
+                         "the sweep did not measure")
     else:
-        n_failed = by[b_small].n_failed
-        basis = (
-            f"the one failed seed's clock {lower:,.0f} (the switch point rests on one seed: "
-            f"stricter safety {safety:g}^2 = {s:.3g})"
-            if one_seed
-            else f"the {int(100 * 0.9)}% lower bound {lower:,.0f} of N_fail at B={b_small:g} "
-            f"({'?' if n_failed is None else n_failed} seeds failed)"
-        )
-        if b_large == b_small:
-            stop = n_switch
-            rationale.append(
-                f"no larger batch that reached the target fails later than B={b_small:g}: one "
-                f"phase, which ends at {s:.3g} x {basis} = {n_switch:,.0f} samples (keep that "
-                "checkpoint: training on fails)"
-            )
-            phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
-        else:
-            rationale.append(f"N_switch = {s:.3g} x {basis} = {n_switch:,.0f} samples")
-            fl = by[b_large].failure.median
-            rationale.append(
-                f"B_large = {b_large:g}: the latest failure clock ("
-                + ("censored: no seed failed" if fl is None else f"{fl:,.0f} samples")
-                + ") among the larger batches that reached the target"
-            )
-            phases.append({"until_samples": round(n_switch), **_phase_keys(small)})
-            large = _phase_keys(_setting(a, b_large))
-            if large_lr == "hold":
-                rationale.append(
-                    f"large phase lr = B_small's {small['lr']:.4g} (--large-lr hold; B={b_large:g} "
-                    f"ran at {large['lr']:.4g} in the sweep): a setting the sweep did not measure"
-                )
-                large["lr"] = small["lr"]
-                stop_at, why_stop = None, "its failure is not predicted (a setting the sweep " \
-                    "did not measure): it runs to the budget"
-            else:
-                stop_at, why_stop = _large_phase_stop(by, b_small, b_large, n_switch, s)
-            if stop_at is not None and stop_at < budget:
-                stop = stop_at
-            elif stop_at is not None:
-                why_stop += f", past the budget {budget:,.0f}: it runs to the budget"
-            rationale.append(f"the large phase ends at "
-                             f"{stop if stop is not None else budget:,.0f} samples: {why_stop}")
-            phases.append({"until_samples": round(stop) if stop is not None else budget,
-                           **large})
-    prog = _predicted_progress(by, b_small, n_switch if len(phases) > 1 else None)
-    if len(phases) > 1 and large_lr == "hold":
-        fail = Predicted(None, f"the large phase runs B={b_large:g} at B_small's lr, which the "
-                         "sweep did not measure")
-    else:
-        fail = _predicted_failure(by, b_small, b_large, n_switch, len(phases) > 1)
+        fail = _predicted_failure(by, b_small, plan.b_large, plan.n_switch, two)
     return Schedule(
         sweep=a.sweep,
         b_crit=rec.b_crit,
         b_crit_text=rec.text(),
         b_crit_source=rec.source,
         b_small=b_small,
-        b_large=b_large,
-        n_switch=n_switch if len(phases) > 1 else None,
-        stop_before_samples=stop,
-        safety=s,
+        b_large=plan.b_large,
+        n_switch=plan.n_switch if two else None,
+        stop_before_samples=plan.stop,
+        safety=plan.safety,
         budget=budget,
         large_lr=large_lr,
-        phases=phases,
+        phases=plan.phases,
         predicted={
             "progress_samples": prog.samples,
             "progress_why": prog.why,
@@ -255,6 +182,106 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
         objectives={k: {x: v[x] for x in ("batch", "samples", "seconds", "cost")}
                     for k, v in picks.items()},
     ).to_json()
+
+
+def _check_choices(objective: str, safety: float, large_lr: str) -> None:
+    """The schedule's options, refused in one line each before anything is computed."""
+    if objective not in OBJECTIVES:
+        raise AnalysisError(f"--objective {objective!r}: must be one of {', '.join(OBJECTIVES)}")
+    if not 0 < safety <= 1:
+        raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
+    if large_lr not in LARGE_LR:
+        raise AnalysisError(f"--large-lr {large_lr!r}: must be one of {', '.join(LARGE_LR)}")
+
+
+@dataclass
+class _Phases:
+    """The schedule's phases and what placed them."""
+
+    phases: list[dict]
+    b_large: float
+    n_switch: float | None  # the switch point (or where the one phase ends), None: none
+    stop: float | None  # where the last phase ends because a failure is predicted there
+    safety: float  # the safety factor applied (squared when the bound rests on one seed)
+
+
+def _phases(a: Analysis, by: dict[float, BatchRow], reached: list[float], b_small: float,
+            budget: float, safety: float, large_lr: str, rationale: list[str]) -> _Phases:
+    """One phase at B_small, or a switch to a larger batch that fails later at `safety` x
+    B_small's failure lower bound; the reasons are appended to `rationale`."""
+    lower, one_seed = _failure_lower_bound(by[b_small])
+    s = safety * safety if one_seed else safety
+    n_switch = s * lower if lower is not None else None
+
+    def fail_key(b):
+        f = by[b].failure.median
+        return math.inf if f is None else f
+
+    later = [b for b in reached if b > b_small and fail_key(b) > fail_key(b_small)]
+    b_large = max(later, key=lambda b: (fail_key(b), b)) if later else b_small
+    small = _setting(a, b_small)
+    if n_switch is not None and n_switch >= budget:
+        rationale.append(
+            f"the failure safety point {n_switch:,.0f} samples of B={b_small:g} lies past the "
+            f"budget {budget:,.0f}: one phase to the budget")
+        n_switch = None
+    if n_switch is None:
+        if not rationale[-1].startswith("the failure safety point"):
+            rationale.append(
+                f"no run at B={b_small:g} failed within the budget: one phase, no switch needed")
+        return _Phases([{"until_samples": budget, **_phase_keys(small)}], b_large, None, None, s)
+    basis = (
+        f"the one failed seed's clock {lower:,.0f} (the switch point rests on one seed: "
+        f"stricter safety {safety:g}^2 = {s:.3g})"
+        if one_seed
+        else f"the {int(100 * 0.9)}% lower bound {lower:,.0f} of N_fail at B={b_small:g} "
+        f"({by[b_small].n_failed} seeds failed)"
+    )
+    first = {"until_samples": round(n_switch), **_phase_keys(small)}
+    if b_large == b_small:
+        rationale.append(
+            f"no larger batch that reached the target fails later than B={b_small:g}: one "
+            f"phase, which ends at {s:.3g} x {basis} = {n_switch:,.0f} samples (keep that "
+            "checkpoint: training on fails)"
+        )
+        return _Phases([first], b_large, n_switch, n_switch, s)
+    rationale.append(f"N_switch = {s:.3g} x {basis} = {n_switch:,.0f} samples")
+    fl = by[b_large].failure.median
+    rationale.append(
+        f"B_large = {b_large:g}: the latest failure clock ("
+        + ("censored: no seed failed" if fl is None else f"{fl:,.0f} samples")
+        + ") among the larger batches that reached the target"
+    )
+    large, stop = _large_phase(a, by, (b_small, b_large), n_switch, s, budget, large_lr, small,
+                               rationale)
+    return _Phases([first, large], b_large, n_switch, stop, s)
+
+
+def _large_phase(a: Analysis, by: dict[float, BatchRow], batches: tuple[float, float],
+                 n_switch: float, s: float, budget: float, large_lr: str, small: dict,
+                 rationale: list[str]) -> tuple[dict, float | None]:
+    """The second phase (B_large from `n_switch` on) and where it stops short of the budget
+    (None: it runs to the budget); the reasons are appended to `rationale`."""
+    b_small, b_large = batches
+    large = _phase_keys(_setting(a, b_large))
+    if large_lr == "hold":
+        rationale.append(
+            f"large phase lr = B_small's {small['lr']:.4g} (--large-lr hold; B={b_large:g} "
+            f"ran at {large['lr']:.4g} in the sweep): a setting the sweep did not measure"
+        )
+        large["lr"] = small["lr"]
+        stop_at, why_stop = None, "its failure is not predicted (a setting the sweep " \
+            "did not measure): it runs to the budget"
+    else:
+        stop_at, why_stop = _large_phase_stop(by, b_small, b_large, n_switch, s)
+    stop = None
+    if stop_at is not None and stop_at < budget:
+        stop = stop_at
+    elif stop_at is not None:
+        why_stop += f", past the budget {budget:,.0f}: it runs to the budget"
+    rationale.append(f"the large phase ends at "
+                     f"{stop if stop is not None else budget:,.0f} samples: {why_stop}")
+    return {"until_samples": round(stop) if stop is not None else budget, **large}, stop
 
 
 def _objective_picks(time: TimeClocks | None, by: dict[float, BatchRow], reached: list[float],
@@ -323,8 +350,6 @@ def _failure_lower_bound(batch: BatchRow) -> tuple[float | None, bool]:
     """(lower bound of N_fail, rests on one seed). None when no seed failed."""
     fail = batch.failure
     n_failed = batch.n_failed
-    if n_failed is None:  # an analysis stored before n_failed existed
-        n_failed = fail.n - fail.n_censored
     if n_failed <= 0:
         return None, False
     if n_failed == 1 or fail.low is None:

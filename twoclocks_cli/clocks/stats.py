@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from twoclocks_cli.core.numbers import Number
+
 CONF = 0.9  # two-sided interval level for every bootstrap / t interval below
 
 
@@ -17,13 +19,13 @@ CONF = 0.9  # two-sided interval level for every bootstrap / t interval below
 class Aggregate:
     """One clock at one batch size over its seeds."""
 
-    n: int
-    n_censored: int
-    median: float | None  # None when the median seed is censored
-    low: float | None
-    high: float | None  # None when the upper bound is censored
-    lower_bound: float | None  # when censored: the clock is at least this
-    note: str
+    n: int = 0
+    n_censored: int = 0
+    median: Number | None = None  # None when the median seed is censored
+    low: Number | None = None
+    high: Number | None = None  # None when the upper bound is censored
+    lower_bound: Number | None = None  # when censored: the clock is at least this
+    note: str = ""
 
     def to_json(self) -> dict:
         return dict(self.__dict__)

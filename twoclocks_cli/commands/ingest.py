@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import INT32_MAX, DbOption, JsonOption, in_paths, within
+from twoclocks_cli.core.limits import INT32_MAX, SWEEP_NAME
+from twoclocks_cli.options import DbOption, JsonOption, in_paths, within
 
 FORMAT_HELP = (
     "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line), "
@@ -151,7 +152,7 @@ def _check_options(sweep: str, lr, batch_prompts, group_size, seed) -> None:
 
     from twoclocks_cli.core.errors import ConfigError
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", sweep):
+    if not re.fullmatch(SWEEP_NAME, sweep):
         raise ConfigError(f"--sweep {sweep!r}: a sweep name is 1-200 letters, digits, '.', '_' "
                           "or '-', starting with a letter or digit")
     from twoclocks_cli.ingest.base import check_params

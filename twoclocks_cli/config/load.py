@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from twoclocks_cli.config.models import SweepConfig
 from twoclocks_cli.core import toml
 from twoclocks_cli.core.errors import ConfigError
-from twoclocks_cli.core.limits import refuse_nul
+from twoclocks_cli.core.limits import NAME_CHARS, refuse_nul
 from twoclocks_cli.core.numbers import short
 
 
@@ -125,7 +125,7 @@ def describe(error: dict, data: dict, source: str) -> str:
         return f"{source}: key {dotted!r} is required ({_doc(keys)})"
     text = _message(error)
     if kind == "string_pattern_mismatch":
-        text = "must be letters, digits, '.', '_' or '-' (at most 100)"
+        text = f"must be letters, digits, '.', '_' or '-' (at most {NAME_CHARS})"
     return f"{source}: key {dotted!r} = {short(value)}: {text}"
 
 

@@ -7,9 +7,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from twoclocks_cli.core.limits import INT64_MAX, Int32
+from twoclocks_cli.backends import BACKENDS
+from twoclocks_cli.core.fields import Int32
+from twoclocks_cli.core.limits import INT64_MAX, SWEEP_NAME
 
 Alpha = Annotated[float, Field(ge=-4, le=4)]  # a larger exponent overflows lr at any grid
+BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]  # the backends' registry
 
 
 class _Strict(BaseModel):
@@ -166,9 +169,9 @@ OPTION_TABLES = ("trainer", "sim", "trl", "command")
 class SweepConfig(_Strict):
     """One sweep: a name, a backend, a sample budget, an lr scaling rule and a grid."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+    name: str = Field(pattern=f"^{SWEEP_NAME}$",
                       description="Sweep name: letters, digits, . _ - (unique in the store).")
-    backend: Literal["trl", "command", "grpo", "sim"] = Field(
+    backend: BackendName = Field(
         description="Which backend runs the cells: grpo (the embedded trainer), sim (the theory "
         "model), trl (a TRL GRPOTrainer, [trl]) or command (any trainer's command line, "
         "[command]).")

@@ -32,6 +32,7 @@ from twoclocks_cli.core.limits import (
     INT32_MAX,
     MAX_CELLS,
     MAX_RANGE_STEPS,
+    NAME_CHARS,
     PATH_RESERVE,
     path_problem,
 )
@@ -313,6 +314,10 @@ def _resolve(cfg: SweepConfig, backend: SweepBackend, combo: dict, source: str,
         raise ConfigError(f"{source}: a cell option cannot be stored as JSON: {exc}") from None
     steps = backend.steps(cfg.sample_budget, samples)
     name = f"{cfg.name}-p{prompts}-g{g}-s{seed}-{cid[:6]}"
+    if len(name) > NAME_CHARS:  # the sweep's name leaves its runs' names no room
+        raise ConfigError(f"{source}: key 'name' = {short(cfg.name)}: a run's name (the sweep's "
+                          f"and '{name[len(cfg.name):]}') would be {len(name)} characters; at "
+                          f"most {NAME_CHARS}")
     return Cell(cell_id=cid, name=name, prompts=prompts, group_size=g, batch_samples=samples,
                 lr=lr, clip_low=low, clip_high=high, seed=seed, steps=steps,
                 samples=steps * samples, config=cell)

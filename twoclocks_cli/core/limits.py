@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import Field
+from typing import Any
 
 from twoclocks_cli.core.errors import ConfigError
 
@@ -19,12 +17,13 @@ MAX_SIM_ROW_STEPS = 5e6  # simulated runs x steps one command may ask for (about
 MAX_SIM_ROWS = 10_000  # simulated runs side by side: each holds the model's state
 PATH_MAX = 4096  # Linux's PATH_MAX; NAME_MAX comes from the file system (usually 255)
 PATH_RESERVE = 160  # what twoclocks appends below a workdir (sweep folder, submissions, logs)
+NAME_CHARS = 200  # sweeps.name and runs.name are VARCHAR(200)
+# a sweep name, from a sweep config or `ingest --sweep`: a letter or digit, then letters, digits,
+# '.', '_' or '-', as long as the column holds
+SWEEP_NAME = rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_CHARS - 1}}}"
 
-# at most INT32_MAX; give a lower bound on the field itself (a second Ge here would override it)
-Int32 = Annotated[int, Field(le=INT32_MAX)]
 
-
-def _name_max(path: Path) -> int:
+def name_max(path: Path) -> int:
     """NAME_MAX of the file system the nearest existing ancestor of `path` lives on."""
     for parent in (path, *path.parents):
         try:
@@ -41,10 +40,10 @@ def path_problem(value: str, reserve: int = 0) -> str | None:
     if "\x00" in value:
         return "must not contain a NUL character"
     path = Path(value).expanduser()
-    name_max = _name_max(path.absolute())
+    longest = name_max(path.absolute())
     for part in path.parts:
-        if len(os.fsencode(part)) > name_max:
-            return f"a path component is {len(os.fsencode(part))} bytes; at most {name_max}"
+        if len(os.fsencode(part)) > longest:
+            return f"a path component is {len(os.fsencode(part))} bytes; at most {longest}"
     total = len(os.fsencode(str(path.absolute()))) + reserve
     if total > PATH_MAX:
         room = f" (twoclocks adds up to {reserve} below it)" if reserve else ""

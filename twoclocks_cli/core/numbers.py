@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 
+# a number of a JSON document as it was written: read back through pydantic, an int stays an
+# int (a `float` field would make it one)
+Number = int | float
+
 
 def num(x, digits: int = 4) -> str:
     """A number for a person: thousands separators and no decimals from 1,000 up (10175.3 ->

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import INT32_MAX, INT64_MAX
 from twoclocks_cli.core.numbers import short
 
 FORMATS = ("trl", "verl", "csv", "jsonl", "wandb", "wandb-csv", "mlflow", "tensorboard")
@@ -139,12 +140,8 @@ def to_number(value) -> float:
     raise ValueError(f"not a number: {value!r}")
 
 
-STEP_MAX = 2**31 - 1  # metrics.step is INTEGER (32-bit on PostgreSQL)
-SAMPLES_MAX = 2**63 - 1  # metrics.samples is BIGINT
-
-
-def to_step(value, limit: int = STEP_MAX) -> int:
-    """A step index (or, with limit=SAMPLES_MAX, a sample count): a non-negative integer
+def to_step(value, limit: int = INT32_MAX) -> int:
+    """A step index (or, with limit=INT64_MAX, a sample count): a non-negative integer
     (12, 12.0 or '12') the store's column holds; ValueError otherwise."""
     if isinstance(value, int) and not isinstance(value, bool):
         v: float | int = value  # exact: no float rounding of a huge int
@@ -188,7 +185,7 @@ def flat_config(tree: Mapping, prefix: str = "") -> dict:
 
 
 # a run's columns, whether given as options (--batch-prompts ...) or read from a source's config
-RUN_BOUNDS = {"batch_prompts": (1, STEP_MAX), "group_size": (1, STEP_MAX), "seed": (0, STEP_MAX)}
+RUN_BOUNDS = {"batch_prompts": (1, INT32_MAX), "group_size": (1, INT32_MAX), "seed": (0, INT32_MAX)}
 
 
 def check_params(params: Mapping, where: str | None = None) -> None:
@@ -212,21 +209,21 @@ def check_params(params: Mapping, where: str | None = None) -> None:
     if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ConfigError(f"{label('lr', lr)}: must be a finite number > 0")
     p, g = params.get("batch_prompts"), params.get("group_size")
-    if p is not None and g is not None and int(p) * int(g) > STEP_MAX:
+    if p is not None and g is not None and int(p) * int(g) > INT32_MAX:
         what = (f"--batch-prompts {int(p)} x --group-size {int(g)}" if where is None else
                 f"{where}: batch_prompts {int(p)} x group_size {int(g)}")
         raise ConfigError(f"{what} = {int(p) * int(g):,} samples per step; the store holds at "
-                          f"most {STEP_MAX:,}")
+                          f"most {INT32_MAX:,}")
 
 
 def check_axis(log: ParsedLog, samples: Mapping[int, int]) -> None:
     """Every step and sample count of a parsed run within the store's columns (a reader that
     took a step of 2^40 or a sample count beyond BIGINT is caught here, before any write)."""
     for step in log.steps:
-        if not (isinstance(step, int) and 0 <= step <= STEP_MAX):
+        if not (isinstance(step, int) and 0 <= step <= INT32_MAX):
             raise ConfigError(f"{log.where}: step {short(step, 40)}: must be a whole number "
-                              f"from 0 to {STEP_MAX:,}; nothing was written")
+                              f"from 0 to {INT32_MAX:,}; nothing was written")
     for value in (*samples.values(), *log.samples_at.values()):
-        if not (isinstance(value, int) and 0 <= value <= SAMPLES_MAX):
+        if not (isinstance(value, int) and 0 <= value <= INT64_MAX):
             raise ConfigError(f"{log.where}: {short(value, 40)} samples: must be a whole number "
-                              f"from 0 to {SAMPLES_MAX:,}; nothing was written")
+                              f"from 0 to {INT64_MAX:,}; nothing was written")

@@ -202,10 +202,11 @@ def to_log(run: TrackedRun, path: Path, fmt: str, opts: IngestOptions) -> Parsed
 
 
 def _samples(log: ParsedLog, step: int, value: float) -> int:
-    from twoclocks_cli.ingest.base import SAMPLES_MAX, to_step
+    from twoclocks_cli.core.limits import INT64_MAX
+    from twoclocks_cli.ingest.base import to_step
 
     try:
-        return to_step(value, limit=SAMPLES_MAX)
+        return to_step(value, limit=INT64_MAX)
     except ValueError as exc:
         raise ConfigError(f"{log.where}: step {step}: samples {exc}") from None
 

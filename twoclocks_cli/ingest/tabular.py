@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import INT64_MAX
 from twoclocks_cli.ingest import mapping, verl
 from twoclocks_cli.ingest.base import (
-    SAMPLES_MAX,
     IngestOptions,
     ParsedLog,
     decode_text,
@@ -203,7 +203,7 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
                 break
         if bad is None and samples_col and not _missing(record.get(samples_col)):
             try:
-                log.samples[step] = to_step(record[samples_col], limit=SAMPLES_MAX)
+                log.samples[step] = to_step(record[samples_col], limit=INT64_MAX)
             except (ValueError, TypeError):
                 bad = f"column {samples_col!r} is {record[samples_col]!r}, not a sample count"
         if bad:

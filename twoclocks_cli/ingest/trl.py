@@ -111,62 +111,13 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     data = read_bytes(path, opts.max_bytes)
     log = new_log(path, "trl", data)
     text = decode_text(path, data)
-    try:
-        state = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{path}:{exc.lineno}: invalid JSON ({exc.msg}, column {exc.colno})"
-        ) from None
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply") from None
-    if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
-        raise ConfigError(f"{path}: no 'log_history' list; is this a TRL trainer_state.json?")
+    state = _state(path, text)
     offsets = _array_item_offsets(text, "log_history")
     history = state["log_history"]
     lines = [text.count("\n", 0, off) + 1 for off in offsets]
     if len(lines) != len(history):
         lines, offsets = [0] * len(history), [0] * len(history)
-
-    def key_line(i: int, key: str) -> int | str:
-        """The line of `key` inside entry i (where the user must look), else the entry's line."""
-        if not lines[i]:
-            return f"log_history[{i}]"
-        at = text.find(json.dumps(key) + ":", offsets[i])
-        return text.count("\n", 0, at) + 1 if at >= 0 else lines[i]
-
-    records: list[tuple[int, int, dict[str, float], dict]] = []
-    present: set[str] = set()
-    for i, (entry, line) in enumerate(zip(history, lines, strict=True)):
-        where = line or f"log_history[{i}]"
-        if not isinstance(entry, dict):
-            log.bad(where, f"log_history[{i}] is not an object")
-            continue
-        if "step" not in entry:
-            log.bad(where, f"log_history[{i}] has no 'step'")
-            continue
-        try:
-            step = to_step(entry["step"])
-        except ValueError as exc:
-            log.bad(where, f"log_history[{i}]: {exc}")
-            continue
-        numbers, others = {}, {}
-        for k, v in entry.items():
-            if k in _NOT_METRICS:
-                continue
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                try:
-                    numbers[k] = to_number(v)
-                except ValueError as exc:  # 10**400: beyond a float
-                    log.bad(where, f"log_history[{i}] {k!r}: {exc}")
-                    numbers = None
-                    break
-            elif v is not None:
-                others[k] = v
-        if numbers is None:
-            continue
-        present.update(numbers)
-        records.append((i, step, numbers, others))
-
+    records, present = _records(history, lines, log)
     if not opts.column_map:
         _refuse_other_trainers(path, present)
     per_device = state.get("train_batch_size")
@@ -185,11 +136,85 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         wrong = sorted(k for k in others if k in wanted)
         if wrong:
             k = wrong[0]
-            log.bad(key_line(i, k), f"step {step}: {k!r} is {others[k]!r}, not a number")
+            where = _key_line(text, lines[i], offsets[i], k) if lines[i] else f"log_history[{i}]"
+            log.bad(where, f"step {step}: {k!r} is {others[k]!r}, not a number")
             continue
         log.put(step, mapping.apply(numbers, picks))
     log.sources = picks
     log.unmapped = mapping.unmapped(present, picks)
+    _peak_lr(log, opts)
+    return log
+
+
+def _state(path: Path, text: str) -> dict:
+    """The trainer_state.json document, refused in one line unless it holds a log_history."""
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}:{exc.lineno}: invalid JSON ({exc.msg}, column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply") from None
+    if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
+        raise ConfigError(f"{path}: no 'log_history' list; is this a TRL trainer_state.json?")
+    return state
+
+
+def _key_line(text: str, line: int, offset: int, key: str) -> int:
+    """The line of `key` inside the entry at `offset` (where the user must look), else the
+    entry's `line`."""
+    at = text.find(json.dumps(key) + ":", offset)
+    return text.count("\n", 0, at) + 1 if at >= 0 else line
+
+
+def _records(history: list, lines: list[int], log: ParsedLog
+             ) -> tuple[list[tuple[int, int, dict[str, float], dict]], set[str]]:
+    """(entry index, step, numbers, other values) of each usable log_history entry, and every
+    numeric key logged; an unusable entry is a bad line of `log`."""
+    records: list[tuple[int, int, dict[str, float], dict]] = []
+    present: set[str] = set()
+    for i, (entry, line) in enumerate(zip(history, lines, strict=True)):
+        where = line or f"log_history[{i}]"
+        if not isinstance(entry, dict):
+            log.bad(where, f"log_history[{i}] is not an object")
+            continue
+        if "step" not in entry:
+            log.bad(where, f"log_history[{i}] has no 'step'")
+            continue
+        try:
+            step = to_step(entry["step"])
+        except ValueError as exc:
+            log.bad(where, f"log_history[{i}]: {exc}")
+            continue
+        split = _split_entry(entry, i, where, log)
+        if split is None:
+            continue
+        present.update(split[0])
+        records.append((i, step, *split))
+    return records, present
+
+
+def _split_entry(entry: dict, i: int, where, log: ParsedLog) -> tuple[dict, dict] | None:
+    """(numbers, other non-null values) of log_history entry `i`; None (a bad line) when a
+    number is beyond a float."""
+    numbers, others = {}, {}
+    for k, v in entry.items():
+        if k in _NOT_METRICS:
+            continue
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                numbers[k] = to_number(v)
+            except ValueError as exc:  # 10**400: beyond a float
+                log.bad(where, f"log_history[{i}] {k!r}: {exc}")
+                return None
+        elif v is not None:
+            others[k] = v
+    return numbers, others
+
+
+def _peak_lr(log: ParsedLog, opts: IngestOptions) -> None:
+    """Without --lr, the run's lr is the peak learning_rate logged (said in a note)."""
     lrs = [v["lr"] for v in log.steps.values() if "lr" in v]
     if opts.lr is None and lrs:
         log.params["lr"] = max(lrs)
@@ -198,4 +223,3 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
             f"lr = {max(lrs):.3g}, the peak learning_rate logged: the configured lr (before "
             "warm-up and decay) is not in trainer_state.json; pass --lr to set it"
         )
-    return log

@@ -24,11 +24,12 @@ from __future__ import annotations
 import ast
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from twoclocks_cli.core.limits import INT64_MAX
 from twoclocks_cli.ingest import mapping
 from twoclocks_cli.ingest.base import (
-    SAMPLES_MAX,
     IngestOptions,
     NoStepsError,
     ParsedLog,
@@ -254,92 +255,131 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     log = new_log(path, "verl", data)
     text = data.decode("utf-8", errors="replace")
     del data
-    known = {c for cands in mapping.VERL_KEYS.values() for c in cands} | set(
-        opts.column_map.values()) | set(_SAMPLES_KEYS)
-    header: list[tuple[str, str]] = []
-    records: list[tuple[int, dict[str, float]]] = []
-    present: set[str] = set()
-    initial: dict[str, float] = {}
-    final: dict[str, float] = {}
-    rounded_lr = 0
-    pending: _QuotedValidation | None = None
-
-    def validation(printed: str, number: int) -> None:
-        v = _VAL_DICT.search(printed)
-        got = _validation_dict(v.group(2)) if v else {}
-        if not got and not (v and v.group(2).strip() == "{}"):
-            log.notes.append(f"line {number}: validation metrics that could not be read (cut "
-                             "off, or broken by other output): not imported")
-        elif v:
-            (initial if v.group(1) == "Initial" else final).update(got)
-
-    common: set[str] | None = None  # the training keys every step line so far logged
-    for number, segment, unterminated in _lines(text, log, opts.finished):
-        prefix, line = _split_prefix(segment)
-        if pending is not None and prefix == pending.prefix:
-            if _continues(line) and len(pending.parts) < _MAX_VAL_LINES:
-                pending.parts.append(line)
-                if pending.done():
-                    validation(pending.text() or "", pending.number)
-                    pending = None
-                continue
-            validation(pending.text() or "", pending.number)  # cut short: said in a note
-            pending = None
-        q = _VAL_QUOTED.match(line)
-        if q:
-            pending = _QuotedValidation(prefix, number, line)
-            if not q.group(1) or pending.done():  # one line: `"Initial ...: {...}"`
-                validation(pending.text() or "", number)
-                pending = None
-            continue
-        v = _VAL_DICT.search(line)
-        if v:
-            validation(line, number)
-            continue
-        m = _STEP.search(line)
-        if m is None or not (m.group(2).startswith(" - ")
-                             or (m.group(1).isdigit() and not m.group(2).strip())):
-            if not records and line:
-                header.append((prefix, line, number))
-            continue
-        rounded: set[str] = set()
-        try:
-            step = to_step(m.group(1))
-            values = _parse_step_line(m.group(2), rounded)
-        except ValueError as exc:
-            if unterminated:  # a step line cut off mid-write, not a malformed one
-                _note_cut(log, number, segment, "")
-            else:
-                log.bad(number, f"malformed step line: {exc}")
-            continue
-        train = {k for k in values if not _is_eval(k)}
-        if unterminated and common and not common <= train:
-            lacks = sorted(common - train)
-            _note_cut(log, number, segment, f", without {', '.join(lacks[:3])}"
-                      + (f" and {len(lacks) - 3} more" if len(lacks) > 3 else "")
-                      + " that every other step line has")
-            continue
-        if train:
-            common = train if common is None else common & train
-        for key in rounded & set(_LR_KEYS):  # an lr of 0.000 is a rounding, not a value
-            values.pop(key)
-            rounded_lr += 1
-        present.update(values)
-        records.append((step, {k: v for k, v in values.items()  # keep only what can map
-                               if k in known or k.startswith(("val", "test_score"))}))
-    if pending is not None:
-        validation(pending.text() or "", pending.number)
-    if not records and not initial and not final:
+    scan = _scan(text, log, opts)
+    records, present = scan.records, scan.present
+    if not records and not scan.initial and not scan.final:
         raise NoStepsError(
             f"{path}: no `step:N - key:value` line: the run logged no training step (did it "
             "crash before its first step?); nothing to import (--skip-bad skips such a file "
             "and imports the others)"
         )
     mapping.refuse_not_rl(path, present)
-    before = _before_training(records, initial)
+    before = _before_training(records, scan.initial)
     present.update(before)
-    _add_validation(records, final, present)
-    _note_gaps(log, records, rounded_lr)
+    _add_validation(records, scan.final, present)
+    _note_gaps(log, records, scan.rounded_lr)
+    picks = _settings(log, scan.header, records, present, opts)
+    if before and not log.step_offset:  # step 0 is before any update: the evaluation's step
+        row = next((r for s, r in records if s == 0), None)
+        if row is None:
+            records.insert(0, (0, before))
+        else:
+            row.update(before)
+        before = {}
+    _logged_samples(log, records, present, opts)
+    _store(log, records, before, picks, present)
+    return log
+
+
+@dataclass
+class _Scan:
+    """What one pass over a log's lines found: the lines before the first step, each step
+    line's values, every key logged, the validation dicts."""
+
+    header: list[tuple[str, str, int]] = field(default_factory=list)
+    records: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    present: set[str] = field(default_factory=set)
+    initial: dict[str, float] = field(default_factory=dict)
+    final: dict[str, float] = field(default_factory=dict)
+    rounded_lr: int = 0  # lr values printed as 0.000 (left out)
+    common: set[str] | None = None  # the training keys every step line so far logged
+
+    def validation(self, log: ParsedLog, printed: str, number: int) -> None:
+        """Keep the `Initial`/`Final validation metrics` dict printed at line `number`."""
+        v = _VAL_DICT.search(printed)
+        got = _validation_dict(v.group(2)) if v else {}
+        if not got and not (v and v.group(2).strip() == "{}"):
+            log.notes.append(f"line {number}: validation metrics that could not be read (cut "
+                             "off, or broken by other output): not imported")
+        elif v:
+            (self.initial if v.group(1) == "Initial" else self.final).update(got)
+
+
+def _scan(text: str, log: ParsedLog, opts: IngestOptions) -> _Scan:
+    """One pass over the log's lines (a quoted validation dict may span several of them)."""
+    known = {c for cands in mapping.VERL_KEYS.values() for c in cands} | set(
+        opts.column_map.values()) | set(_SAMPLES_KEYS)
+    scan = _Scan()
+    pending: _QuotedValidation | None = None
+    for number, segment, unterminated in _lines(text, log, opts.finished):
+        prefix, line = _split_prefix(segment)
+        if pending is not None and prefix == pending.prefix:
+            if _continues(line) and len(pending.parts) < _MAX_VAL_LINES:
+                pending.parts.append(line)
+                if pending.done():
+                    scan.validation(log, pending.text() or "", pending.number)
+                    pending = None
+                continue
+            scan.validation(log, pending.text() or "", pending.number)  # cut short: a note
+            pending = None
+        q = _VAL_QUOTED.match(line)
+        if q:
+            pending = _QuotedValidation(prefix, number, line)
+            if not q.group(1) or pending.done():  # one line: `"Initial ...: {...}"`
+                scan.validation(log, pending.text() or "", number)
+                pending = None
+            continue
+        if _VAL_DICT.search(line):
+            scan.validation(log, line, number)
+            continue
+        m = _STEP.search(line)
+        if m is None or not (m.group(2).startswith(" - ")
+                             or (m.group(1).isdigit() and not m.group(2).strip())):
+            if not scan.records and line:
+                scan.header.append((prefix, line, number))
+            continue
+        _step_line(scan, log, m, (number, segment, unterminated), known)
+    if pending is not None:
+        scan.validation(log, pending.text() or "", pending.number)
+    return scan
+
+
+def _step_line(scan: _Scan, log: ParsedLog, m: re.Match, where: tuple[int, str, bool],
+               known: set[str]) -> None:
+    """Add step line `m` (at `where`: its number, text, whether its newline is missing) to the
+    scan: a malformed one is a bad line, one cut off mid-write a note."""
+    number, segment, unterminated = where
+    rounded: set[str] = set()
+    try:
+        step = to_step(m.group(1))
+        values = _parse_step_line(m.group(2), rounded)
+    except ValueError as exc:
+        if unterminated:  # a step line cut off mid-write, not a malformed one
+            _note_cut(log, number, segment, "")
+        else:
+            log.bad(number, f"malformed step line: {exc}")
+        return
+    train = {k for k in values if not _is_eval(k)}
+    if unterminated and scan.common and not scan.common <= train:
+        lacks = sorted(scan.common - train)
+        _note_cut(log, number, segment, f", without {', '.join(lacks[:3])}"
+                  + (f" and {len(lacks) - 3} more" if len(lacks) > 3 else "")
+                  + " that every other step line has")
+        return
+    if train:
+        scan.common = train if scan.common is None else scan.common & train
+    for key in rounded & set(_LR_KEYS):  # an lr of 0.000 is a rounding, not a value
+        values.pop(key)
+        scan.rounded_lr += 1
+    scan.present.update(values)
+    scan.records.append((step, {k: v for k, v in values.items()  # keep only what can map
+                                if k in known or k.startswith(("val", "test_score"))}))
+
+
+def _settings(log: ParsedLog, header: list, records: list, present: set[str],
+              opts: IngestOptions) -> dict[str, str]:
+    """The run's settings from the printed config and the logged lr, and which logged key
+    each store name is read from (returned)."""
     params, origin, broken = _header_params(header)
     _default_group_size(header, params, origin, log, present)
     log.params.update(params)
@@ -350,14 +390,13 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         log.batch_hint = (f"the printed config dict (line {broken[0]}) could not be read "
                           "(another process's output inside it, or a NUL byte)")
     _first_update_at_zero(log, records, picks)
-    if before and not log.step_offset:  # step 0 is before any update: the evaluation's step
-        row = next((r for s, r in records if s == 0), None)
-        if row is None:
-            records.insert(0, (0, before))
-        else:
-            row.update(before)
-        before = {}
-    _logged_samples(log, records, present, opts)
+    return picks
+
+
+def _store(log: ParsedLog, records: list, before: dict[str, float], picks: dict[str, str],
+           present: set[str]) -> None:
+    """Put every step's values into `log` under store names; `before` (an evaluation before
+    training that has no step of its own) at step 0."""
     evals = set()
 
     def store_names(values: dict[str, float]) -> dict[str, float]:
@@ -388,7 +427,6 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
         picks = {**picks, "eval_accuracy": "val-core/<source>/reward/mean@N or val/test_score"}
     log.sources = {**picks, **log.sources}
     log.unmapped = mapping.unmapped(present, picks, ignore=evals)
-    return log
 
 
 def _is_eval(key: str) -> bool:
@@ -499,7 +537,7 @@ def _logged_samples(log: ParsedLog, records, present: set, opts: IngestOptions) 
     totals, total = {}, 0.0
     for step, v in counted:
         total = v if running else total + v
-        totals[step] = to_step(round(total), limit=SAMPLES_MAX)
+        totals[step] = to_step(round(total), limit=INT64_MAX)
     present.discard(key)
     how = "a running total" if running else "per-step counts, summed"
     short = _below_batch(totals, running, _batch(params), log.step_offset)

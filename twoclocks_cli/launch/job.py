@@ -2,8 +2,8 @@
 
 Marks the run running (job id, host, attempt), runs its backend with a private workdir, and
 marks the outcome. The workdir's run.json names the run (store, run id, cell, config hash); a
-workdir of another run is refused (the cell fails in one line; one without run.json, from an
-older twoclocks, is claimed: sweep folders are unique per registration). On timeout or
+workdir of another run is refused (the cell fails in one line; one without run.json is new and
+claimed: sweep folders are unique per registration). On timeout or
 preemption submitit calls `checkpoint`, which requeues the same callable; the backend resumes
 from its checkpoint in `workdir` and the writer's upsert keeps replayed steps from duplicating
 rows.

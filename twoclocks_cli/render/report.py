@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from twoclocks_cli.clocks.result import Analysis, Recommended, RunRow
+from twoclocks_cli.clocks.result import Analysis, RunRow
 from twoclocks_cli.clocks.stats import Aggregate
 from twoclocks_cli.core.errors import AnalysisError, TwoclocksError
 from twoclocks_cli.core.numbers import num
@@ -202,8 +202,7 @@ def _summary(data: ReportData) -> str:
         return f'<p class="warn">No analysis: {html.escape(data.analysis_error or "")}</p>'
     crit, inv = a.critical, a.invariance
     mc, ns = crit.mccandlish, crit.noise_scale
-    # an analysis stored before B_crit was recommended shows no estimate
-    rec = crit.recommended or Recommended(source=None, b_crit=None)
+    rec = crit.recommended
     theory_note = crit.theory.note if crit.theory is not None else None
     cards = [
         ("progress metric", f"{a.metric} → {num(a.target.value)}", f"target {a.target.spec}"),

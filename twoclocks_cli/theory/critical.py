@@ -77,21 +77,32 @@ def predict_critical_batch(
             "method": "simulation",
         }
     if cap is not None:
-        big = _clock(sweep([HUGE_BATCH], 2, HUGE_BATCH * MAX_BIG_STEPS))
-        if big is None:
-            return {
-                **out,
-                "mechanism": "target not reached as B -> inf with this cap",
-                "method": "E_min/S_min limits",
-            }
-        s_min = big / HUGE_BATCH
+        return _capped(sweep, out, e_min)
+    return _dense_grid(sweep, out, e_min, seeds, cfg.optimizer)
+
+
+def _capped(sweep, out: dict, e_min: float) -> dict:
+    """Under a step cap: B_crit = E_min / S_min, S_min from one huge batch's steps."""
+    big = _clock(sweep([HUGE_BATCH], 2, HUGE_BATCH * MAX_BIG_STEPS))
+    if big is None:
         return {
             **out,
-            "b_crit": e_min / s_min,
-            "s_min": s_min,
-            "mechanism": "step cap (clipping) limits steps",
+            "mechanism": "target not reached as B -> inf with this cap",
             "method": "E_min/S_min limits",
         }
+    s_min = big / HUGE_BATCH
+    return {
+        **out,
+        "b_crit": e_min / s_min,
+        "s_min": s_min,
+        "mechanism": "step cap (clipping) limits steps",
+        "method": "E_min/S_min limits",
+    }
+
+
+def _dense_grid(sweep, out: dict, e_min: float, seeds: int, optimizer: str) -> dict:
+    """Without a cap: the first batch of a dense grid whose samples-to-target reach 2 E_min,
+    refined between its neighbours (or the wall where the target stops being reached)."""
     grid = np.geomspace(1, 4096, 13)
     # every row steps until the smallest batch spent the budget, refining 6 batches x seeds too
     work = (grid.size * max(seeds // 4, 4) + 6 * seeds) * WALL_FACTOR * e_min
@@ -116,8 +127,8 @@ def predict_critical_batch(
                 **out,
                 "b_crit": float(b),
                 "mechanism": "gradient noise scale (sign-like Adam steps)"
-                if cfg.optimizer == "adam"
-                else f"gradient noise ({cfg.optimizer}: progress per sample falls with B)",
+                if optimizer == "adam"
+                else f"gradient noise ({optimizer}: progress per sample falls with B)",
                 "method": "E(B)=2E_min, dense grid",
             }
     return {**out, "mechanism": "no doubling up to B=4096", "method": "dense grid"}

@@ -10,9 +10,9 @@ from functools import cached_property
 import numpy as np
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import INT32_MAX
 
 OPTIMIZERS = ("adam", "sgd", "normalized")
-INT32_MAX = 2**31 - 1  # steps and counts the store's INTEGER columns hold
 MAX_DIMS = 10_000_000  # dim + flat_dims: the state is a few float64 arrays of this length
 _FLOATS = ("h_min", "h_max", "theta0", "sigma", "collapse_samples", "beta1", "beta2", "adam_eps",
            "cap", "cap_per_clip", "micro_fraction")
