@@ -26,28 +26,7 @@ def theory_table(
     lr = th.scaled_lr(lr0, b0, batches, alpha)
     c = th.step_constant(lr0, cfg.sigma, b0)
     h = cfg.h[: cfg.dim]
-    offset = cfg.dim * cfg.theta0**2
-    fail = th.failure_clock(
-        cfg.optimizer, lr, batches, cfg.sigma, cfg.flat_dims, cfg.drift_threshold, offset
-    )
-    rows = []
-    for i, b in enumerate(batches):
-        rows.append(
-            {
-                "batch": b,
-                "lr": float(lr[i]),
-                "first_order_drift_per_sample_hmax": float(
-                    th.first_order_drift_per_sample(c, h.max())
-                ),
-                "curvature_penalty_per_sample_hmax": float(
-                    th.curvature_penalty_per_sample(c, h.max(), cfg.theta0, b)
-                ),
-                "stationary_floor_idealised": float(
-                    np.sum(th.stationary_floor(c, cfg.sigma, h, b))
-                ),
-                "failure_clock_predicted": float(fail[i]),
-            }
-        )
+    rows = _rows(cfg, batches, lr, c)
     out = {
         "model": cfg.to_dict(),
         "lr0": lr0,
@@ -74,3 +53,32 @@ def theory_table(
                 row[f"simulated_{which}"] = None if np.isnan(m) else float(m)
         out["simulation"] = {"seeds": seeds, "budget": budget}
     return out
+
+
+def _rows(cfg, batches: list[float], lr, c: float) -> list[dict]:
+    """Per batch: its lr, the first-order drift and curvature penalty per sample at h_max, the
+    idealised stationary floor and the predicted failure clock."""
+    import numpy as np
+
+    from twoclocks_cli import theory as th
+
+    h = cfg.h[: cfg.dim]
+    offset = cfg.dim * cfg.theta0**2
+    fail = th.failure_clock(
+        cfg.optimizer, lr, batches, cfg.sigma, cfg.flat_dims, cfg.drift_threshold, offset
+    )
+    return [
+        {
+            "batch": b,
+            "lr": float(lr[i]),
+            "first_order_drift_per_sample_hmax": float(
+                th.first_order_drift_per_sample(c, h.max())
+            ),
+            "curvature_penalty_per_sample_hmax": float(
+                th.curvature_penalty_per_sample(c, h.max(), cfg.theta0, b)
+            ),
+            "stationary_floor_idealised": float(np.sum(th.stationary_floor(c, cfg.sigma, h, b))),
+            "failure_clock_predicted": float(fail[i]),
+        }
+        for i, b in enumerate(batches)
+    ]
