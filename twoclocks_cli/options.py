@@ -5,8 +5,11 @@ within what the store holds (`check_numbers`, attached to every parameter by the
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import os
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -231,3 +234,40 @@ def parse_keys(text: str | None) -> list[str] | None:
     if not keys:
         raise ConfigError(f"--keys {text!r}: name at least one metric key")
     return list(dict.fromkeys(keys))
+
+
+def model_options(model) -> list[inspect.Parameter]:
+    """A Typer option for every field of the dataclass `model` whose metadata carries a help text
+    (`clocks.options.cli`): the field's type, its default (the metadata's `cli_default` where the
+    command's differs) and help; a bool is a --name/--no-name flag. The model stays the one
+    source of each option's default and help."""
+    hints = typing.get_type_hints(model)
+    params = []
+    for f in dataclasses.fields(model):
+        if "help" not in f.metadata:
+            continue
+        flag = f.name.replace("_", "-")
+        decls = (f"--{flag}/--no-{flag}",) if hints[f.name] is bool else ()
+        option = typer.Option(*decls, help=f.metadata["help"])
+        params.append(inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[hints[f.name], option],
+            default=f.metadata.get("cli_default", f.default)))
+    return params
+
+
+def with_model_options(model, after: str):
+    """Decorator: the command takes `model`'s options (`model_options`) after its parameter
+    `after`, and receives them in its `**options`."""
+
+    def decorate(command):
+        own = inspect.signature(command, eval_str=True).parameters.values()
+        params = []
+        for p in own:
+            if p.kind is not inspect.Parameter.VAR_KEYWORD:
+                params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            if p.name == after:
+                params += model_options(model)
+        command.__signature__ = inspect.Signature(params)
+        return command
+
+    return decorate

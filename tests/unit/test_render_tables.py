@@ -78,13 +78,13 @@ def test_a_long_row_is_one_line_and_a_number_has_separators_in_a_log(tmp_path):
 
 def test_b_crit_estimates_read_with_separators():
     from twoclocks_cli.clocks.critical import Estimate
-    from twoclocks_cli.commands.analyze import _est
+    from twoclocks_cli.render.analysis import estimate_text
 
-    assert _est(Estimate("empirical", 10240.0, bound="lower")) == ">= 10,240"
-    assert _est(Estimate("empirical", 8.0, bound="upper")) == "<= 8"
-    assert _est(Estimate("power", 10175.3, 9876.5, None)) == "10,175 [9,876, open]"
-    assert _est(Estimate("linear", 36.25, 30.5, 41.0)) == "36.25 [30.5, 41]"
-    assert _est(Estimate("linear", None)) == "none"
+    assert estimate_text(Estimate("empirical", 10240.0, bound="lower")) == ">= 10,240"
+    assert estimate_text(Estimate("empirical", 8.0, bound="upper")) == "<= 8"
+    assert estimate_text(Estimate("power", 10175.3, 9876.5, None)) == "10,175 [9,876, open]"
+    assert estimate_text(Estimate("linear", 36.25, 30.5, 41.0)) == "36.25 [30.5, 41]"
+    assert estimate_text(Estimate("linear", None)) == "none"
 
 
 @pytest.mark.subprocess

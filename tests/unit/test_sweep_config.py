@@ -216,7 +216,8 @@ PLAN_REJECTIONS = [
     ({"name": "n" * 201}, ["'name'", "at most 200"]),
     ({"name": "-n"}, ["'name'", "letters, digits"]),
     # ... and a planned run's name (the sweep's and its cell's) must fit the same column
-    ({"name": "n" * 190}, ["'name'", "a run's name", "-p2-g8-s0-", "206 characters", "at most 200"]),
+    ({"name": "n" * 190},
+     ["'name'", "a run's name", "-p2-g8-s0-", "206 characters", "at most 200"]),
 ]
 
 

@@ -161,7 +161,7 @@ def test_the_warm_up_scales_the_lr_by_the_share_reached_at_the_steps_end():
 
 
 def test_the_eta_is_never_negative_when_the_last_step_passes_the_budget():
-    from twoclocks_cli.commands.train import eta_text
+    from twoclocks_cli.render.progress import eta_text
 
     assert eta_text(3600 * 100, 100.0) == "01:00:00"
     assert eta_text(-1536, 369.0) == "00:00:00"  # 34,304 of 32,768 samples
@@ -169,7 +169,7 @@ def test_the_eta_is_never_negative_when_the_last_step_passes_the_budget():
 
 
 def test_a_rate_below_one_sample_a_second_is_not_printed_as_zero():
-    from twoclocks_cli.commands.train import rate_text
+    from twoclocks_cli.render.progress import rate_text
 
     assert rate_text(0.3125) == "0.31 samples/s"  # a 135M model: 32 samples in 102 s
     assert rate_text(0.049) == "0.049 samples/s"

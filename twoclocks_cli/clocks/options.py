@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.core.limits import INT32_MAX
@@ -12,45 +12,76 @@ SMOOTHING = ("ma", "ema", "none")
 MAX_BOOTSTRAP = 20_000  # replicates: beyond this the intervals stop moving, the time does not
 
 
+def cli(text: str, *, default=MISSING) -> dict:
+    """A field's metadata making it a `twoclocks analyze` option: its --help text, and the
+    command's default where it differs from a library caller's (`cli_default`)."""
+    return {"help": text} if default is MISSING else {"help": text, "cli_default": default}
+
+
 @dataclass
 class AnalysisOptions:
     """Options of `twoclocks analyze` (defaults from the two-clocks note)."""
 
-    metric: str | None = None  # progress metric; None: eval_accuracy when logged, else reward_mean
-    target: str = "frac:0.5"  # a value, or frac:X of the way from initial to the sweep's best
-    smoothing: str = "ma"  # ma (centred moving average), ema, none
-    window: int = 5  # moving-average window in logged points
-    span_samples: float | None = None  # moving average over this many samples instead (None: off)
-    ema_alpha: float = 0.3  # EMA weight of the newest point
-    drop: bool = True  # the drop collapse rule
-    drop_rho: float = 0.3  # drop: fraction of the gain made so far that may be lost
-    drop_delta: float = 0.05  # drop: minimum fall in metric units
-    drop_k: int = 3  # drop: consecutive logged points below the floor
+    metric: str | None = field(default=None, metadata=cli(
+        "Progress metric (default: eval_accuracy when logged, else reward_mean)."))
+    target: str = field(default="frac:0.5", metadata=cli(
+        "Target: a value, or frac:X of the way from the initial value to the sweep's best."))
+    smoothing: str = field(default="ma", metadata=cli("ma (centred moving average), ema, none."))
+    window: int = field(default=5, metadata=cli("Moving-average window (logged points)."))
+    span_samples: float | None = field(default=None, metadata=cli(
+        "Moving average over this many samples instead of --window points."))
+    ema_alpha: float = field(default=0.3, metadata=cli("EMA weight of the newest point."))
+    drop: bool = field(default=True, metadata=cli("The drop collapse rule."))
+    drop_rho: float = field(default=0.3, metadata=cli(
+        "drop: fraction of the gain that may be lost."))  # the gain made so far
+    drop_delta: float = field(default=0.05, metadata=cli("drop: minimum fall, metric units."))
+    drop_k: int = field(default=3, metadata=cli(
+        "drop: consecutive points below the floor."))  # logged points
     # dips: a fall (drop rule) that later climbs back above peak - dip_recover x its allowance
     # is a dip, counted apart; only a fall that never recovers within the run is a collapse (the
     # failure clock). Off: every fall is a collapse. dip_recover 0 asks for the full pre-fall
     # peak, 1 only for the floor the fall crossed
-    dips: bool = True
-    dip_recover: float = 0.5
+    dips: bool = field(default=True, metadata=cli(
+        "A fall that climbs back later in the run is a dip, counted apart from collapses "
+        "(--no-dips: every fall is a collapse)."))
+    dip_recover: float = field(default=0.5, metadata=cli(
+        "dips: back above peak - this x the fall's allowance counts as recovered (0: the "
+        "full peak, 1: the floor)."))
     # held-out drop: the drop rule (same rho, delta, k, smoothing) on a second metric, for a
     # failure that shows where progress does not (held-out accuracy falling while the training
     # reward, the progress metric, rises: memorisation). None: off
-    drop_metric: str | None = None
-    drift_key: str = "drift_abs"  # drift rule's metric (drift_abs, drift_rel, kl_init)
-    drift_threshold: float | None = None  # drift rule fires at >= this (None: rule off)
+    drop_metric: str | None = field(default=None, metadata=cli(
+        "held-out drop rule: the drop rule also on this metric (e.g. eval_accuracy while "
+        "--metric is the training reward): a failure where the progress metric still rises. "
+        "Default: off."))
+    drift_key: str = field(default="drift_abs", metadata=cli(
+        "drift rule metric."))  # drift_abs, drift_rel, kl_init
+    drift_threshold: float | None = field(default=None, metadata=cli(
+        "drift rule threshold D (default: rule off)."))  # fires at >= this
     entropy_key: str = "entropy"  # entropy rule's metric
-    entropy_low: float | None = None  # entropy rule: lower edge of the band (None: open)
-    entropy_high: float | None = None  # entropy rule: upper edge of the band (None: open)
-    length_max: float | None = None  # length rule: resp_len_mean bound (None: off)
-    truncated_max: float | None = None  # length rule: truncated_frac bound (None: off)
+    entropy_low: float | None = field(default=None, metadata=cli(
+        "entropy rule: band low edge."))  # None: open
+    entropy_high: float | None = field(default=None, metadata=cli(
+        "entropy rule: band high edge."))  # None: open
+    length_max: float | None = field(default=None, metadata=cli(
+        "length rule: resp_len_mean bound."))  # None: off
+    truncated_max: float | None = field(default=None, metadata=cli(
+        "length rule: truncated_frac bound."))  # None: off
     noise_ema: float = 0.05  # EMA weight for the gradient-noise terms
-    bootstrap: int = 1000  # bootstrap replicates for every interval
-    seed: int = 0  # bootstrap RNG seed (results are reproducible)
-    theory: bool = True  # compute the theory B_crit for sim sweeps (a short simulation)
-    invariance_margin: float = 0.25  # slope equivalence margin: |slope - 0| or |slope - 1| within
+    bootstrap: int = field(default=1000, metadata=cli(
+        "Bootstrap replicates."))  # for every interval
+    seed: int = field(default=0, metadata=cli(
+        "Bootstrap RNG seed."))  # results are reproducible
+    theory: bool = field(default=True, metadata=cli(
+        "Theory B_crit for sim sweeps."))  # a short simulation
+    # slope equivalence margin: |slope - 0| or |slope - 1| within
+    invariance_margin: float = field(default=0.25, metadata=cli(
+        "Equivalence margin on the failure-clock slope (0: per sample)."))
     # seed resamples of the whole decision (clocks.stability): how settled B_crit, the collapses
-    # and the schedule are. 0: not measured (library callers; `analyze` asks for 200)
-    stability: int = 0
+    # and the schedule are. 0: not measured (library callers); `analyze` asks for 200
+    stability: int = field(default=0, metadata=cli(
+        "Seed resamples of the whole decision (B_crit, collapses, schedule): how settled it is "
+        "(0: not measured).", default=200))
 
     def __post_init__(self):
         for f in fields(self):  # a stored or hand-made option set passes the CLI's bounds too

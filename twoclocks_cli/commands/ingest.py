@@ -9,6 +9,7 @@ import typer
 
 from twoclocks_cli.core.limits import INT32_MAX, SWEEP_NAME
 from twoclocks_cli.options import DbOption, JsonOption, in_paths, within
+from twoclocks_cli.render.ingest import render_ingested
 
 FORMAT_HELP = (
     "trl (trainer_state.json), verl (console log), csv (header row), jsonl (one object per line), "
@@ -86,35 +87,22 @@ def ingest(
         _check_follow(every, idle, poll, pid)
     store = Store.open(db)
     if follow:
-        from twoclocks_cli.ingest.follow import follow_file
-
-        echo = None if as_json else (lambda line: typer.echo(line))
-        results = [follow_file(store, every[0], opts, idle=idle, poll=poll, echo=echo, pid=pid)]
+        results = [_follow(store, every[0], opts, idle, poll, pid, as_json)]
     else:
         results = ingest_files(store, every, opts)
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in results], indent=2))
-        return
-    for r in results:
-        if r.action == "skipped":
-            typer.echo(f"{r.path}: skipped (--skip-bad): {r.notes[0]}")
-            continue
-        batch = f"{r.batch_prompts}x{r.group_size}={r.batch_samples}" if r.batch_samples else "-"
-        lr_txt = f"{r.lr:.3g}" if r.lr is not None else "-"
-        how = " (detected from its content)" if r.format_from.startswith("detected") else ""
-        where = f"{r.path} (run {r.run})" if r.run else r.path
-        typer.echo(f"{where}: run {r.run_id} in sweep "
-                   f"{r.sweep!r} {r.action}: {r.steps} steps, {r.rows} values, batch {batch}, "
-                   f"lr {lr_txt}, format {r.format}{how}")
-        for line, why in r.skipped_lines:
-            typer.echo(f"  skipped line {line}: {why}")
-        if r.duplicates:
-            typer.echo(f"  {r.duplicates} values logged twice for one step; the last one kept")
-        if r.unmapped:
-            shown = ", ".join(r.unmapped[:8]) + (" ..." if len(r.unmapped) > 8 else "")
-            typer.echo(f"  not imported ({len(r.unmapped)} keys with no store name): {shown}")
-        for note in r.notes:
-            typer.echo(f"  note: {note}")
+    else:
+        render_ingested(results)
+
+
+def _follow(store, source, opts, idle: float, poll: float, pid: int | None, as_json: bool):
+    """Import one growing log until it rests (or its writer exits), each new batch of lines
+    said as it lands (not with --json)."""
+    from twoclocks_cli.ingest.follow import follow_file
+
+    echo = None if as_json else (lambda line: typer.echo(line))
+    return follow_file(store, source, opts, idle=idle, poll=poll, echo=echo, pid=pid)
 
 
 def _sources(paths: list[Path], uris: list[str]) -> list:

@@ -10,24 +10,7 @@ import json
 import typer
 
 from twoclocks_cli.options import ConfigArg, JsonOption
-from twoclocks_cli.render.warnings import print_warnings
-
-
-def plan_table(p, title: str):
-    """A rich table of planned cells."""
-    from rich.table import Table
-
-    from twoclocks_cli.core.numbers import num
-
-    table = Table(title=title)
-    for col in ("cell", "prompts", "G", "samples/batch", "lr", "clip", "seed", "steps",
-                "samples"):
-        table.add_column(col, justify="right" if col not in ("cell", "clip") else "left")
-    for c in p.cells:
-        clip = f"{c.clip_low:g}" if c.clip_low == c.clip_high else f"{c.clip_low:g}/{c.clip_high:g}"
-        table.add_row(c.cell_id[:10], num(c.prompts), num(c.group_size), num(c.batch_samples),
-                      num(c.lr), clip, str(c.seed), num(c.steps), num(c.samples))
-    return table
+from twoclocks_cli.render.plan import render_plan
 
 
 def cell_lines(p) -> dict[str, str]:
@@ -55,12 +38,4 @@ def plan_cmd(config: ConfigArg, as_json: JsonOption = False) -> None:
                                "sample_budget": p.config.sample_budget, "cells": cells,
                                "warnings": p.warnings}, indent=2))
         return
-    from twoclocks_cli.core.numbers import num
-    from twoclocks_cli.render.tables import console
-
-    console().print(plan_table(p, f"sweep {p.config.name}: {len(p.cells)} cells, backend "
-                                  f"{p.config.backend}, {num(p.config.sample_budget)} samples "
-                                  "each"))
-    for cid, line in lines.items():  # plain lines, never wrapped: they can be copied
-        typer.echo(f"cell {cid[:10]}: {line}")
-    print_warnings(p.warnings)
+    render_plan(p, lines)

@@ -16,6 +16,8 @@ from twoclocks_cli.options import (
     parse_numbers,
     within,
 )
+from twoclocks_cli.render.jsonout import print_json
+from twoclocks_cli.render.probe import render_grpo_probe, render_sim_probe, stage_text
 
 
 def probe(
@@ -79,6 +81,7 @@ def probe(
 
 
 def _sim(store, run_id, at, sizes, branch_samples, seeds, seed, truth, as_json) -> None:
+    """Branch a sim run here; its clocks and local B_crit as tables or --json."""
     import json
 
     from twoclocks_cli.probe.sim import probe_run
@@ -88,52 +91,18 @@ def _sim(store, run_id, at, sizes, branch_samples, seeds, seed, truth, as_json) 
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, allow_nan=False))
         return
-    from twoclocks_cli.core.numbers import num
-    from twoclocks_cli.render.tables import console
-
-    con = console()
-    con.print(_clock_table(f"run {run_id} branched at {result.at_samples:,.0f} samples: samples "
-                           f"from progress {result.progress_at:.4g} to {result.target:.4g}",
-                           result.batches, result.lrs, result.clocks))
-    con.print(_b_crit_line(result.b_crit))
-    if result.truth is not None:
-        tb = result.truth.b_crit
-        con.print(f"theory's local B_crit from the same state: "
-                  f"{'none' if tb is None else num(tb)} ({result.truth.mechanism})")
-    for n in result.notes:
-        con.print(f"note: {n}")
-
-
-def _b_crit_line(est) -> str:
-    """'local B_crit: 36 [30, 41] (interpolated; how)', or 'unknown (why)'."""
-    how = est.note if est.placement is None else f"{est.placement}; {est.note}"
-    return f"[bold]local B_crit: {est.text()}[/bold] ({how})"
-
-
-def _clock_table(title: str, batches, lrs, clocks):
-    from rich.table import Table
-
-    from twoclocks_cli.core.numbers import count, num
-
-    t = Table(title=title)
-    for col in ("batch", "lr", "median", "per seed"):
-        t.add_column(col)
-    for b, lr in zip(batches, lrs, strict=True):
-        vals = clocks[b]
-        got = sorted(v for v in vals if v is not None)
-        med = "censored" if len(got) * 2 <= len(vals) else count(got[len(vals) // 2])
-        t.add_row(num(b), num(lr, 3), med,
-                  ", ".join("censored" if v is None else count(v) for v in vals))
-    return t
+    render_sim_probe(result, run_id)
 
 
 def _grpo(store, run, db, at, sizes, branch_samples, seeds, seed, eval_every, window,
           target_frac, executor, wait, retry_failed, workdir, as_json) -> None:
+    """Plan or advance a grpo run's probe (its replay, then its branches, as cells of a sweep);
+    once every branch ended, its result."""
     from twoclocks_cli.core.errors import LaunchError
     from twoclocks_cli.launch import probe as launch
     from twoclocks_cli.launch.sweeps import absolute_db_url
     from twoclocks_cli.probe import grpo
-    from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
+    from twoclocks_cli.render.jsonout import stdout_to_stderr
     from twoclocks_cli.render.status import follow, wait_quietly
     from twoclocks_cli.store.engine import resolve_url
 
@@ -154,50 +123,14 @@ def _grpo(store, run, db, at, sizes, branch_samples, seeds, seed, eval_every, wi
     if as_json:
         print_json({"state": "done", **result.to_json()})
         return
-    _print_grpo(result)
+    render_grpo_probe(result)
 
 
 def _say_stage(probe, stage, executor: str, as_json: bool) -> None:
     """Where an unfinished probe stands, and how to continue it."""
-    from twoclocks_cli.render.jsonout import print_json
-
     if as_json:
         print_json({"state": "running", "run_id": probe.run_id, "sweep": probe.sweep,
                     "at_samples": probe.at_samples, "replay": stage.replay,
                     "branches": stage.branches, "submitted": stage.submitted})
         return
-    where = (f"replay {stage.replay}" if stage.replay not in (None, "completed") else
-             ", ".join(f"{n} {s}" for s, n in sorted(stage.branches.items())) + " branch(es)")
-    typer.echo(f"probe of run {probe.run_id} at {probe.at_samples:,} samples (sweep "
-               f"{probe.sweep}): {where}; submitted {stage.submitted} cell(s) via {executor}. "
-               "Run the same command again to continue, or add --wait")
-
-
-def _print_grpo(result) -> None:
-    from twoclocks_cli.core.numbers import num
-    from twoclocks_cli.render.tables import console
-
-    con = console()
-    con.print(_clock_table(
-        f"run {result.run_id} branched at {result.at_samples:,} samples (step "
-        f"{result.at_step}): samples from {result.metric} {result.progress_at:.4g} to "
-        f"{result.target:.4g}", result.batches, result.lrs, result.clocks))
-    con.print(_b_crit_line(result.b_crit))
-    nz = result.noise
-    said = {k: num(nz[k]) if nz[k] is not None else nz["why"][k] for k in ("b_simple", "b_sign")}
-    at = f"at step {nz['step']}" if nz["step"] is not None else "at the branch point"
-    con.print(f"in-run noise scales of run {result.run_id} {at} (samples; two-batch terms, "
-              f"EMA {nz['ema']:g}): B_simple {said['b_simple']}; B_sign {said['b_sign']}")
-    rp = result.replay
-    if rp["steps"] == 0:
-        con.print("no replay: at 0 samples the branches start from the initial weights")
-    elif rp["identical"]:
-        con.print(f"replay: identical to run {result.run_id} at every one of its {rp['steps']} "
-                  f"steps ({', '.join(rp['keys'])})")
-    else:
-        d = rp["first_difference"]
-        con.print(f"[bold]warning: the replay differs from run {result.run_id} from step "
-                  f"{d['step']} ({d['key']} {d['run']!r} vs {d['replay']!r}): the branches "
-                  "start from another state (a different thread count or torch build?)[/bold]")
-    for n in result.notes:
-        con.print(f"note: {n}")
+    typer.echo(stage_text(probe, stage, executor))

@@ -6,37 +6,9 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.core.numbers import count
 from twoclocks_cli.options import SAFETY, SAMPLES, DbOption, JsonOption, out_path, within
 from twoclocks_cli.render.jsonout import print_json
-
-
-def schedule_sweep(
-    store, sweep: str, safety: float = 0.8, budget: float | None = None, reanalyze: bool = False,
-    large_lr: str = "sweep", stability: int = 0, objective: str = "samples", cost=None,
-) -> dict:
-    """The schedule of `sweep` from its latest stored analysis while that is current (else
-    analysed again with its options; with defaults when never analysed or `reanalyze`), and,
-    with `stability` resamples, how settled it is (its verdict first in the rationale)."""
-    from twoclocks_cli.clocks import make_schedule
-    from twoclocks_cli.clocks.cost import for_analysis
-    from twoclocks_cli.clocks.saved import analysis_for
-    from twoclocks_cli.clocks.stability import measure
-
-    analysis, how = analysis_for(store, sweep, {} if reanalyze else None)
-    time = for_analysis(analysis, cost) if cost is not None else None
-    out = make_schedule(analysis, budget=budget, safety=safety, large_lr=large_lr,
-                        objective=objective, time=time)
-    if stability:
-        st = measure(analysis, stability, analysis.options.seed, budget=budget, safety=safety,
-                     large_lr=large_lr, objective=objective, time=time).to_json()
-        out["stability"] = st
-        out["settled"] = st["settled"]
-        out["rationale"].insert(0, f"decision {st['verdict']}")
-    out["analysis_id"] = analysis.analysis_id
-    out["analysis_source"] = how
-    out["analysis_options"] = analysis.options.to_json()
-    return out
+from twoclocks_cli.render.schedule import render_schedule
 
 
 def schedule(
@@ -81,8 +53,8 @@ def schedule(
     as_json: JsonOption = False,
 ) -> None:
     """Recommend phases (until_samples, batch, lr, clip) from the analysed clocks of a sweep."""
-    from twoclocks_cli.clocks import to_toml
     from twoclocks_cli.clocks.cost import OBJECTIVES, load_cost
+    from twoclocks_cli.clocks.sweep_schedule import schedule_sweep
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
@@ -97,33 +69,20 @@ def schedule(
                             large_lr=large_lr, stability=stability, objective=objective,
                             cost=cost_model)
     if out:
-        try:
-            with open(out, "w") as fh:
-                fh.write(to_toml(result))
-        except OSError as exc:
-            raise ConfigError(f"--out {out}: {exc.strerror}") from None
+        _write_toml(out, result)
     if as_json:
         print_json(result)
-        return
-    if result.get("stability"):
-        typer.echo(f"decision {result['stability']['verdict']}")
-    typer.echo(f"schedule for sweep {name!r}:")
-    for i, ph in enumerate(result["phases"]):
-        typer.echo(
-            f"  phase {i}: until {count(ph['until_samples'])} samples: "
-            f"{ph['prompts_per_batch']} prompts/batch, lr {ph['lr']:.4g}, "
-            f"clip [{ph['clip_eps_low']}, {ph['clip_eps_high']}]"
-        )
-    pred = result["predicted"]
-    typer.echo(f"B_crit: {result['b_crit_text']} samples ({result['b_crit_source'] or 'none'})")
-    typer.echo(f"predicted progress clock: {_f(pred['progress_samples'], pred['progress_why'])}")
-    typer.echo(f"predicted failure clock: {_f(pred['failure_samples'], pred['failure_why'])}")
-    typer.echo("rationale:")
-    for line in result["rationale"]:
-        typer.echo(f"  - {line}")
-    if out:
-        typer.echo(f"wrote {out}")
+    else:
+        render_schedule(result, name, out)
 
 
-def _f(v, why: str) -> str:
-    return f"unknown: {why}" if v is None else f"{v:,.0f} samples ({why})"
+def _write_toml(out: str, result: dict) -> None:
+    """The schedule's phase list as TOML at --out."""
+    from twoclocks_cli.clocks import to_toml
+    from twoclocks_cli.core.errors import ConfigError
+
+    try:
+        with open(out, "w") as fh:
+            fh.write(to_toml(result))
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: {exc.strerror}") from None

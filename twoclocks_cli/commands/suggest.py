@@ -83,6 +83,7 @@ def suggest(
     interval is widest (or seeds are censored), and a longer budget when no run failed.
     Cost = seeds x budget per cell.
     """
+    from twoclocks_cli.render.suggest import render_suggestions
     from twoclocks_cli.store import Store
     from twoclocks_cli.suggest import config_text, suggest_for
 
@@ -102,40 +103,4 @@ def suggest(
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
-    _render(doc, analysis.critical.recommended)
-
-
-def _render(doc: dict, rec) -> None:
-    """The suggestion document as tables; `rec` is the analysis's recommended estimate."""
-    from rich.table import Table
-
-    from twoclocks_cli.core.numbers import count
-    from twoclocks_cli.render.tables import console
-    from twoclocks_cli.suggest import estimate_text
-
-    con = console()
-    con.print(f"sweep {doc['sweep']}: B_crit {estimate_text(rec)} samples "
-              f"({rec.source or 'no estimate'}, {rec.placement or '-'}); "
-              f"analysis {doc.get('analysis_id')} ({doc.get('analysis_source')})")
-    cost = count(doc["cost_samples"])
-    table = Table(title=f"suggested cells: {doc['cells']} cells, {cost} samples "
-                        "(cost = seeds x budget)")
-    for col in ("#", "kind", "batch", "prompts x G", "seeds", "budget", "cost"):
-        table.add_column(col, justify="left" if col in ("kind", "seeds") else "right")
-    for i, s in enumerate(doc["suggestions"], start=1):
-        table.add_row(str(i), s["kind"], count(s["batch_samples"]),
-                      f"{s['batch_prompts']} x {s['group_size']}",
-                      ", ".join(map(str, s["seeds"])), count(s["budget"]),
-                      count(s["cost_samples"]))
-    if doc["suggestions"]:
-        con.print(table)
-        for i, s in enumerate(doc["suggestions"], start=1):
-            con.print(f"{i}. {s['why']}", highlight=False)
-    else:
-        con.print("nothing to suggest")
-    for note in doc["notes"]:
-        con.print(f"note: {note}", highlight=False)
-    if doc.get("out"):
-        con.print(f"wrote {doc['out']} ({doc['out_cells']} cells): add them with "
-                  f"`twoclocks sweep {doc['out']} --wait`, then `twoclocks analyze "
-                  f"{doc['sweep']}`")
+    render_suggestions(doc, analysis.critical.recommended)

@@ -15,7 +15,7 @@ app = typer.Typer(help="Sweeps in the store.", no_args_is_help=True)
 @app.command("list")
 def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     """List sweeps with their cell counts by status."""
-    from twoclocks_cli.render.status import ORDER
+    from twoclocks_cli.render.sweeps import render_sweeps
     from twoclocks_cli.store import Store
 
     store = Store.open(db)
@@ -27,20 +27,7 @@ def list_sweeps(db: DbOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         print_json(records)
         return
-    from rich.table import Table
-
-    from twoclocks_cli.render.tables import console
-
-    table = Table(title=f"sweeps in {store.url}")
-    for col in ("id", "sweep", "backend", "executor", "cells", "created"):
-        table.add_column(col)
-    for r in records:
-        cells = ", ".join(f"{r['cells'][s]} {s}" for s in ORDER if r["cells"].get(s))
-        table.add_row(str(r["id"]), r["name"], r["backend"], r["executor"] or "-",
-                      cells or "-", r["created_at"][:19])
-    console().print(table)
-    if not records:
-        typer.echo("no sweeps yet")
+    render_sweeps(records, store.url)
 
 
 @app.command("delete")

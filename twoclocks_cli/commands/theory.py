@@ -8,83 +8,31 @@ from typing import Annotated
 import typer
 
 from twoclocks_cli.options import COUNT, JsonOption, parse_numbers, within
+from twoclocks_cli.render.theory import render_theory
 
 MAX_BATCH = 1e9  # samples per batch the model is asked about
 
 
-def theory_table(
-    batches: list[float],
-    lr0: float,
-    b0: float,
-    alpha: float,
-    target: float,
-    sim: dict | None = None,
-    simulate: bool = False,
-    seeds: int = 3,
-    budget: float = 1e5,
-    cap: float | None = None,
-    lr_factors: tuple[float, ...] = (),
-) -> dict:
-    """Closed-form predictions per batch, the theory B_crit, and optionally simulated clocks."""
-    import numpy as np
+def _alpha(rule: str) -> float:
+    """The lr scaling exponent of --rule: a named rule's, or alpha=X's X in [-4, 4]."""
+    from twoclocks_cli.core.errors import ConfigError
+    from twoclocks_cli.theory import SCALING_RULES
 
-    from twoclocks_cli import theory as th
-
-    cfg = th.ModelConfig.from_dict(sim or {}, where="--set")
-    lr = th.scaled_lr(lr0, b0, batches, alpha)
-    c = th.step_constant(lr0, cfg.sigma, b0)
-    h = cfg.h[: cfg.dim]
-    offset = cfg.dim * cfg.theta0**2
-    fail = th.failure_clock(
-        cfg.optimizer, lr, batches, cfg.sigma, cfg.flat_dims, cfg.drift_threshold, offset
-    )
-    rows = []
-    for i, b in enumerate(batches):
-        rows.append(
-            {
-                "batch": b,
-                "lr": float(lr[i]),
-                "first_order_drift_per_sample_hmax": float(
-                    th.first_order_drift_per_sample(c, h.max())
-                ),
-                "curvature_penalty_per_sample_hmax": float(
-                    th.curvature_penalty_per_sample(c, h.max(), cfg.theta0, b)
-                ),
-                "stationary_floor_idealised": float(
-                    np.sum(th.stationary_floor(c, cfg.sigma, h, b))
-                ),
-                "failure_clock_predicted": float(fail[i]),
-            }
-        )
-    out = {
-        "model": cfg.to_dict(),
-        "lr0": lr0,
-        "b0": b0,
-        "alpha": alpha,
-        "target": target,
-        "cap": cap,
-        "c": c,
-        "curvature_critical_batch_hmax": float(th.curvature_critical_batch(c, h.max())),
-        "failure_exponent": th.failure_exponent(cfg.optimizer, alpha),
-        "failure_exponent_meaning": "d log N_fail / d log B: 0 invariant per sample, 1 per step",
-        "critical_batch": th.predict_critical_batch(cfg, lr0, b0, target, alpha, cap),
-        "rows": rows,
-        "critical_batch_vs_lr": [
-            {"lr0": lr0 * f, **th.predict_critical_batch(cfg, lr0 * f, b0, target, alpha, cap)}
-            for f in lr_factors
-        ],
-    }
-    if simulate:
-        res = th.simulate_sweep(cfg, batches, lr, seeds, budget, target, cap=cap)
-        for which in ("n_prog", "n_fail"):
-            bb, med = res.median_by_batch(which)
-            for row, m in zip(rows, med, strict=True):
-                row[f"simulated_{which}"] = None if np.isnan(m) else float(m)
-        out["simulation"] = {"seeds": seeds, "budget": budget}
-    return out
+    if rule in SCALING_RULES:
+        return SCALING_RULES[rule]
+    if not rule.startswith("alpha="):
+        raise ConfigError(f"--rule {rule!r}: allowed are sqrt, linear, constant, alpha=X")
+    try:
+        alpha = float(rule[6:])
+    except ValueError:
+        raise ConfigError(f"--rule {rule!r}: alpha=X needs a number") from None
+    if not -4 <= alpha <= 4:  # also refuses nan
+        raise ConfigError(f"--rule {rule!r}: alpha must be a number from -4 to 4")
+    return alpha
 
 
 def _parse_set(items: list[str]) -> dict:
+    """--set KEY=VALUE items as a dict (a value is JSON where it parses, else the text)."""
     from twoclocks_cli.core.errors import ConfigError
 
     out = {}
@@ -152,82 +100,18 @@ def theory(
     as_json: JsonOption = False,
 ) -> None:
     """Print the local quadratic model's predictions for a batch grid (--simulate: and clocks)."""
-    from twoclocks_cli.core.errors import ConfigError
-    from twoclocks_cli.theory import SCALING_RULES
-
     grid = parse_numbers(batches, "--batches", 1, MAX_BATCH, most=64)
-    if rule in SCALING_RULES:
-        alpha = SCALING_RULES[rule]
-    elif rule.startswith("alpha="):
-        try:
-            alpha = float(rule[6:])
-        except ValueError:
-            raise ConfigError(f"--rule {rule!r}: alpha=X needs a number") from None
-        if not -4 <= alpha <= 4:  # also refuses nan
-            raise ConfigError(f"--rule {rule!r}: alpha must be a number from -4 to 4")
-    else:
-        raise ConfigError(f"--rule {rule!r}: allowed are sqrt, linear, constant, alpha=X")
+    alpha = _alpha(rule)
     factors = () if lr_scan is None else tuple(
         parse_numbers(lr_scan, "--lr-scan", 0, 1 / lr0, low_open=True, most=16))
     if simulate:
         _check_simulation(grid, seeds, budget)
+    from twoclocks_cli.theory.table import theory_table
+
     out = theory_table(
         grid, lr0, b0, alpha, target, _parse_set(sets or []), simulate, seeds, budget, cap, factors
     )
     if as_json:
         typer.echo(json.dumps(out, indent=2))
-        return
-    from rich.table import Table
-
-    from twoclocks_cli.core.numbers import num
-    from twoclocks_cli.render.tables import console
-
-    con = console()
-    t = Table(
-        title=f"local quadratic model: lr0={lr0:g} at B0={b0:g}, alpha={alpha:g}, "
-        f"optimizer {out['model']['optimizer']}, target p={target:g}"
-    )
-    cols = ["batch", "lr", "penalty/sample", "floor", "N_fail pred"]
-    if simulate:
-        cols += ["N_prog sim", "N_fail sim"]
-    for col in cols:
-        t.add_column(col)
-    for r in out["rows"]:
-        cells = [
-            num(r["batch"]),
-            num(r["lr"]),
-            f"{r['curvature_penalty_per_sample_hmax']:.3g}",
-            f"{r['stationary_floor_idealised']:.3g}",
-            num(r["failure_clock_predicted"]),
-        ]
-        if simulate:
-            cells += [_g(r.get("simulated_n_prog")), _g(r.get("simulated_n_fail"))]
-        t.add_row(*cells)
-    con.print(t)
-    con.print(
-        "penalty/sample: one-step curvature loss per sample at h_max (c^2 h^3 theta0^2 B/2); "
-        "floor: idealised stationary loss; N_fail pred: noise-driven drift reaching "
-        "drift_threshold, no cap; N_prog/N_fail sim: medians over seeds, in samples."
-    )
-    cb = out["critical_batch"]
-    con.print(
-        f"critical batch (theory, {cb['method']}): {_g(cb['b_crit'])} "
-        f"— {cb['mechanism']}; E_min={_g(cb['e_min'])}, "
-        f"S_min={'-' if cb['s_min'] is None else _g(cb['s_min'])}"
-    )
-    for row in out["critical_batch_vs_lr"]:
-        con.print(f"  at lr0={row['lr0']:.4g}: B_crit {_g(row['b_crit'])} — {row['mechanism']}")
-    con.print(
-        f"curvature critical batch 2/(c h_max) (idealised): "
-        f"{out['curvature_critical_batch_hmax']:.4g}"
-    )
-    con.print(
-        f"failure-clock exponent d log N_fail / d log B = {out['failure_exponent']:g} "
-        "(0: invariant per sample, 1: invariant per step)"
-    )
-
-
-def _g(v) -> str:
-    from twoclocks_cli.core.numbers import num
-
-    return "never (censored)" if v is None else num(v)
+    else:
+        render_theory(out, simulate)
