@@ -75,7 +75,7 @@ class Controller(Protocol):
 
     @property
     def cfg(self):
-        """Its `[adaptive]` options (`trainer.adaptive_config.AdaptiveConfig`): the trainer
+        """Its `[adaptive]` options (`trainer.adaptive.config.AdaptiveConfig`): the trainer
         reads `rule` (whether decisions branch) and `drift_key` (the drift a branch reports)."""
 
     def lr_at(self, prompts: int) -> float:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer.adaptive_config import AdaptiveConfig
+from trainer.adaptive.config import AdaptiveConfig
 from twoclocks_cli.clocks.controller import Controller, calibration_of, schedule_of
 from twoclocks_cli.clocks.result import Analysis
 from twoclocks_cli.core.errors import ConfigError

@@ -330,7 +330,7 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
     """Train the cell; `completed`, or `diverged` when the loss/gradient went non-finite. A
     cell with a `branch` table (`twoclocks probe`) starts from the checkpoint it names
     (`trainer.branch`) unless its workdir holds its own."""
-    from trainer.branch import Branch
+    from trainer.adaptive.branch import Branch
     from trainer.config import TrainConfig
     from twoclocks_cli.store.models import RunStatus
 
