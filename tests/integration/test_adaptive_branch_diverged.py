@@ -40,7 +40,7 @@ class _Sink:
 def _train(tmp_path, monkeypatch, diverging: set[int]):
     """Train with one branching decision at 16 samples (branches of 2 and 4 prompts, 64
     samples each) where the branches at `diverging` prompts raise Diverged."""
-    from twoclocks_cli.clocks import controller
+    from twoclocks_cli.adaptive import controller
 
     branching = []
     real_brancher, real_step = inrun.brancher, loop._train_step

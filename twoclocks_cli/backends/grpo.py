@@ -268,7 +268,7 @@ class StoreSink:
         self.writer.flush()
 
     def event(self, message: str) -> None:
-        from twoclocks_cli.clocks.controller import record_event
+        from twoclocks_cli.adaptive.controller import record_event
 
         record_event(self.store, self.writer.run_id, message)
 
@@ -301,7 +301,7 @@ def controller_of(cfg: TrainConfig, sink) -> ControllerFactory | None:
     a resumed one carries its calibration in the checkpointed state."""
     if cfg.batch_schedule != "adaptive":
         return None
-    from twoclocks_cli.clocks import controller
+    from twoclocks_cli.adaptive import controller
 
     base = cfg.phase_at(0)[1]
     store = run_id = None

@@ -81,7 +81,7 @@ def probe(
 def _sim(store, run_id, at, sizes, branch_samples, seeds, seed, truth, as_json) -> None:
     import json
 
-    from twoclocks_cli.probe.sim import probe_run
+    from twoclocks_cli.adaptive.probe.sim import probe_run
 
     result = probe_run(store, run_id, at, sizes, branch_samples, seeds=seeds, seed=seed,
                        truth=truth)
@@ -129,10 +129,10 @@ def _clock_table(title: str, batches, lrs, clocks):
 
 def _grpo(store, run, db, at, sizes, branch_samples, seeds, seed, eval_every, window,
           target_frac, executor, wait, retry_failed, workdir, as_json) -> None:
+    from twoclocks_cli.adaptive.probe import grpo
     from twoclocks_cli.core.errors import LaunchError
     from twoclocks_cli.launch import probe as launch
     from twoclocks_cli.launch.sweeps import absolute_db_url
-    from twoclocks_cli.probe import grpo
     from twoclocks_cli.render.jsonout import print_json, stdout_to_stderr
     from twoclocks_cli.render.status import follow, wait_quietly
     from twoclocks_cli.store.engine import resolve_url

@@ -1,4 +1,6 @@
 """The in-run two-clock controller: `batch_schedule = "adaptive"` picks the batch while training.
+A room of the adaptive package on the clocks' floor: the backends run it, and it reads only the
+clocks' noise estimates and analysis.
 
 How it decides (every `adapt_every` samples, from per-step signals the run already logs):
 

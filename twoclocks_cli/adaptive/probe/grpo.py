@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from twoclocks_cli.adaptive.probe.common import check_branches, scaling
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
-from twoclocks_cli.probe.common import check_branches, scaling
 from twoclocks_cli.store.registry import NewCell
 
 METRIC = "eval_accuracy"
