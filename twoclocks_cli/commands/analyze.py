@@ -391,7 +391,7 @@ def analyze(
     if csv:
         write_csv(result, csv)
     if plot:
-        from twoclocks_cli.clocks.plot import plot_analysis
+        from twoclocks_cli.render.plot import plot_analysis
 
         plot_analysis(store, result, plot)
     if as_json:

@@ -475,9 +475,9 @@ def _clock_tables(data: ReportData) -> list[str]:
 
 
 def _draw_all(data: ReportData, out: Path) -> dict[str, str]:
-    """The report's PNGs (clocks.plot), {section: file name}; stale ones of an earlier report
+    """The report's PNGs (render.plot), {section: file name}; stale ones of an earlier report
     are removed so the page never shows a plot of other data."""
-    from twoclocks_cli.clocks import plot
+    from twoclocks_cli.render import plot
 
     batch_of = {r.id: r.batch_samples for r in data.runs}
     side = {k: v for k, v in data.curves.items() if k != data.metric}
