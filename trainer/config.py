@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainer.adaptive_config import AdaptiveConfig
+from trainer.adaptive.config import AdaptiveConfig
 from twoclocks_cli.core import toml
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.core.fields import Int32
@@ -169,7 +169,7 @@ class TrainConfig(BaseModel):
     batch_schedule: Literal["phases", "adaptive"] = Field(
         "phases",
         description="phases: the fixed [[phases]] (or one phase); adaptive: the in-run two-clock "
-        "controller picks each batch and lr (options in [adaptive], trainer.adaptive_config).",
+        "controller picks each batch and lr (options in [adaptive], trainer.adaptive.config).",
     )
     adaptive: AdaptiveConfig | None = Field(
         None, description="The controller's options when batch_schedule = \"adaptive\" "

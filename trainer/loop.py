@@ -7,7 +7,7 @@ slice of the global prompt batch, accelerate's DDP sums the gradients across ran
 (`trainer.dist`), rank 0 writes metrics and checkpoints). What it writes to, the adaptive
 controller and the checkpoints' owner are handed in (`trainer.ports`): the trainer knows no
 store and no CLI. A branch-rule decision of the controller runs short branches of the same step
-from an in-memory copy of the state and continues from the kept one (`trainer.inrun_branch`).
+from an in-memory copy of the state and continues from the kept one (`trainer.adaptive.inrun`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer import checkpoint, grpo, inrun_branch, sampler, sharding
+from trainer import checkpoint, grpo, sampler, sharding
 from trainer import metrics as M
-from trainer.branch import Branch, stream_seeds
+from trainer.adaptive import inrun
+from trainer.adaptive.branch import Branch, stream_seeds
 from trainer.config import TrainConfig
 from trainer.data import (
     EVAL_SEED,
@@ -334,7 +335,7 @@ def _resume(run: Run, ckpt: Path | None) -> dict | None:
 
 
 def _start_branch(run: Run, branch: Branch) -> None:
-    """Start a branch (`trainer.branch`): the parent checkpoint's state, with the branch
+    """Start a branch (`trainer.adaptive.branch`): the parent checkpoint's state, with the branch
     config's Adam betas and eps over the parent's moments; replicate r > 0 reseeds the
     sampling and data streams."""
     ckpt = branch.checkpoint()
@@ -616,9 +617,26 @@ def _train_step(run: Run, phase, phase_index: int) -> tuple[dict, Batch]:
     return step_metrics(run, batch, st, phase, phase_index, t0), batch
 
 
-def _steps() -> inrun_branch.LoopSteps:
-    """This loop's step pieces for the in-run branches (looked up at each call)."""
-    return inrun_branch.LoopSteps(_train_step, evaluate, _sync_engine, _warmed)
+class _Steps:
+    """This loop's steps for the in-run branches (`inrun.LoopSteps`); each is looked up at
+    its call, so the module's current functions run."""
+
+    def train_step(self, run, phase, phase_index):
+        return _train_step(run, phase, phase_index)
+
+    def evaluate(self, engine, reward_fn, held, cfg, tokenizer, seed_step):
+        return evaluate(engine, reward_fn, held, cfg, tokenizer, seed_step)
+
+    def sync(self, run):
+        _sync_engine(run)
+
+    def warmed(self, run, phase):
+        return _warmed(run, phase)
+
+
+def _steps() -> inrun.LoopSteps:
+    """This loop's step pieces for the in-run branches."""
+    return _Steps()
 
 
 def _eval_due(cfg: TrainConfig, samples: int, n_all: int) -> bool:
@@ -654,7 +672,7 @@ def train(
     before anything is loaded; `extend` lets a resume raise sample_budget only.
     `make_rollout(cfg, model, tok, path)` replaces the configured rollout engine (e.g. one
     that feeds every world size the same batch). `branch` starts a training without a
-    checkpoint of its own from another's (`trainer.branch`).
+    checkpoint of its own from another's (`trainer.adaptive.branch`).
     """
     # --- set up, resume ------------------------------------------------------------------
     workdir = Path(workdir)
@@ -682,7 +700,7 @@ def train(
             values, batch = _train_step(run, phase, phase_index)
             _warn_without_signal(run, values)
             branches: dict = {}
-            decision = inrun_branch.adapt(run, values, branches, _steps())
+            decision = inrun.adapt(run, values, branches, _steps())
             eval_acc = None
             if _eval_due(cfg, run.samples, batch.n_all) and dist.rank == 0:
                 eval_acc = values["eval_accuracy"] = evaluate(
@@ -698,7 +716,7 @@ def train(
                 on_step(Progress(run.step, run.samples, cfg.sample_budget, batch.r_mean,
                                  values["accuracy"], eval_acc))
             if branches:
-                inrun_branch.adopt(run, branches, decision.prompts, _steps())
+                inrun.adopt(run, branches, decision.prompts, _steps())
 
             # --- 7. checkpoint ----------------------------------------------------------------
             if _checkpoint_due(cfg, run.step, run.samples) or branches:

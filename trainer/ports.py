@@ -3,7 +3,7 @@ picks the batch when `batch_schedule = "adaptive"`, and who owns its checkpoints
 
 The trainer imports nothing of the CLI, so it can be read and reused alone: any object with
 these methods will do. `twoclocks_cli.backends.grpo` builds them for a run of the store (its
-metric writer, the controller of `twoclocks_cli.clocks.controller`, the store and run as the
+metric writer, the controller of `twoclocks_cli.adaptive.controller`, the store and run as the
 checkpoints' owner); `trainer.ownership.CheckpointOwner` is the owner of a training without one.
 """
 
@@ -75,7 +75,7 @@ class Controller(Protocol):
 
     @property
     def cfg(self):
-        """Its `[adaptive]` options (`trainer.adaptive_config.AdaptiveConfig`): the trainer
+        """Its `[adaptive]` options (`trainer.adaptive.config.AdaptiveConfig`): the trainer
         reads `rule` (whether decisions branch) and `drift_key` (the drift a branch reports)."""
 
     def lr_at(self, prompts: int) -> float:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.training import load_tiny
-from trainer import inrun_branch, loop
+from trainer import loop
+from trainer.adaptive import inrun
 from trainer.config import TrainConfig
 from trainer.update import Diverged
 
@@ -39,10 +40,10 @@ class _Sink:
 def _train(tmp_path, monkeypatch, diverging: set[int]):
     """Train with one branching decision at 16 samples (branches of 2 and 4 prompts, 64
     samples each) where the branches at `diverging` prompts raise Diverged."""
-    from twoclocks_cli.clocks import controller
+    from twoclocks_cli.adaptive import controller
 
     branching = []
-    real_brancher, real_step = inrun_branch.brancher, loop._train_step
+    real_brancher, real_step = inrun.brancher, loop._train_step
 
     def brancher(run, out, steps):
         inner = real_brancher(run, out, steps)
@@ -60,7 +61,7 @@ def _train(tmp_path, monkeypatch, diverging: set[int]):
             raise Diverged("injected: non-finite loss")
         return real_step(run, phase, phase_index)
 
-    monkeypatch.setattr(inrun_branch, "brancher", brancher)
+    monkeypatch.setattr(inrun, "brancher", brancher)
     monkeypatch.setattr(loop, "_train_step", train_step)
     cfg = TrainConfig(model=str(load_tiny()[0]), prompts_per_batch=2, group_size=8,
                       max_new_tokens=12, lr=2e-4, sample_budget=160, eval_every_samples=16,

@@ -241,7 +241,7 @@ def _check_time_from_logged_timings(out: dict, db: str, run_id: int) -> None:
 
 def test_train_config_toml_round_trips():
     """What schedule-config writes is read back by tomllib unchanged (floats, lists, phases)."""
-    from twoclocks_cli.clocks.compare import to_toml
+    from twoclocks_cli.launch.schedule_run import to_toml
 
     cfg = {"model": 'a "quoted" \\ path', "lr": 1.5e-05, "threads": 1, "skip_zero_advantage": True,
            "arith_ops": ["+", "-"], "phases": [

@@ -40,7 +40,7 @@ def _probe(url, run_id, at, *extra):
 
 
 def test_the_replayed_state_is_the_runs_own(sim_run):
-    from twoclocks_cli.probe.sim import state_at
+    from twoclocks_cli.adaptive.probe.sim import state_at
 
     url, store, run_id = sim_run
     cfg, _, state = state_at(store.get_run(run_id), 1000)

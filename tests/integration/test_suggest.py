@@ -227,9 +227,9 @@ def test_censored_seeds_and_longer_budget():
 
 
 def test_toml_writer_escapes_and_round_trips():
-    from twoclocks_cli.clocks.compare import to_toml
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.core.toml import dumps, value
+    from twoclocks_cli.launch.schedule_run import to_toml
 
     doc = {"name": 'a "q" \\ b\n\tc\x01\x7f', "n": 3, "x": 1e-08, "on": True, "skip": None,
            "list": [1, 2.5, "s"], "inline": [{"a": 1}, 2], "empty": {},

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from trainer.adaptive_config import AdaptiveConfig
-from twoclocks_cli.clocks.controller import Controller, calibration_of, schedule_of
+from trainer.adaptive.config import AdaptiveConfig
+from twoclocks_cli.adaptive.controller import Controller, calibration_of, schedule_of
 from twoclocks_cli.clocks.result import Analysis
 from twoclocks_cli.core.errors import ConfigError
 
@@ -115,7 +115,7 @@ def test_rule_guard_holds_the_start_below_b_crit_and_the_guard_keeps_its_lr():
 def test_the_trajectory_reads_a_guard_decision_as_the_sweeps_b_crit():
     """The report's local B_crit at a guard-rule decision is the sweep's, logged with it; at a
     decision of the failure guard there is none (and it says why)."""
-    from twoclocks_cli.clocks.trajectory import _local
+    from twoclocks_cli.adaptive.trajectory import _local
 
     cols = {"adaptive_branch_gain_ratio": {}, "adaptive_sweep_b_crit": {4: 966.0}}
     assert _local(cols, 4, 512.0, "guard") == (966.0, "the sweep's B_crit (rule guard holds "
@@ -134,7 +134,7 @@ def test_start_best_starts_at_the_sweeps_fastest_batch_not_its_b_crit():
 @pytest.mark.parametrize("b_crit, prompts", [(None, 4), (10.0, 4), (16.0, 4), (32.0, 8),
                                               (1e9, 64)])
 def test_start_b_crit_is_the_largest_doubling_at_or_below_it(b_crit, prompts):
-    from twoclocks_cli.clocks.controller import start_batch
+    from twoclocks_cli.adaptive.controller import start_batch
 
     cfg = AdaptiveConfig(batch_min=4, batch_max=64, start="b_crit", from_sweep="s")
     assert start_batch(cfg, G, b_crit) == prompts

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from trainer.adaptive_config import AdaptiveConfig
+from trainer.adaptive.config import AdaptiveConfig
 from trainer.ports import BranchResult
-from twoclocks_cli.clocks.controller import Controller
+from twoclocks_cli.adaptive.controller import Controller
 from twoclocks_cli.core.errors import ConfigError
 
 G = 4

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.branch import Branch, stream_seeds
+from trainer.adaptive.branch import Branch, stream_seeds
 from twoclocks_cli.core.errors import ConfigError
 
 

@@ -19,10 +19,12 @@ FLOORS = [
     ["twoclocks_cli.store", "twoclocks_cli.theory", "trainer"],
     ["twoclocks_cli.ingest"],  # foreign logs into the store's names
     ["twoclocks_cli.clocks"],  # reads an imported run's source names to accept them as aliases
+    # the runtime controller steers on the clocks' noise estimates; a run's batch trajectory
+    ["twoclocks_cli.adaptive.controller", "twoclocks_cli.adaptive.trajectory"],
     ["twoclocks_cli.integrations"],  # code that runs inside someone else's trainer
     ["twoclocks_cli.backends"],
     ["twoclocks_cli.config"],  # the planner asks the backends
-    ["twoclocks_cli.suggest", "twoclocks_cli.probe"],  # they plan sweeps
+    ["twoclocks_cli.suggest", "twoclocks_cli.adaptive.probe"],  # they plan sweeps
     ["twoclocks_cli.launch"],
     ["twoclocks_cli.render"],
     ["twoclocks_cli.options", "twoclocks_cli.crash"],

@@ -1,4 +1,4 @@
-"""trainer.snapshot: a snapshot is a host copy that shares nothing with the live state, and
+"""trainer.adaptive.snapshot: a snapshot is a host copy that shares nothing with the live state, and
 putting it back makes the next steps repeat exactly. The CUDA cases run only where torch sees a
 GPU (scripts/gpu-check.sh runs them there); CI has none."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import snapshot
+from trainer.adaptive import snapshot
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device: scripts/gpu-check.sh runs these"))]

@@ -8,7 +8,7 @@ cell with the trainer's own `TrainConfig`.
 
 The trainer knows no store and no CLI: it is handed what it needs (`trainer.ports`), built here
 for a run of the store: its metric sink (the run's MetricWriter, events as notes of the run),
-its adaptive controller (`twoclocks_cli.clocks.controller`, calibrated from a sweep in the store)
+its adaptive controller (`twoclocks_cli.adaptive.controller`, calibrated from a sweep in the store)
 and its checkpoints' owner (the store and the run). Module-level imports stay light (no torch,
 no sqlalchemy): the planner imports this module.
 """
@@ -292,7 +292,7 @@ class StoreSink:
         self.writer.flush()
 
     def event(self, message: str) -> None:
-        from twoclocks_cli.clocks.controller import record_event
+        from twoclocks_cli.adaptive.controller import record_event
 
         record_event(self.store, self.writer.run_id, message)
 
@@ -325,7 +325,7 @@ def controller_of(cfg: TrainConfig, sink) -> ControllerFactory | None:
     a resumed one carries its calibration in the checkpointed state."""
     if cfg.batch_schedule != "adaptive":
         return None
-    from twoclocks_cli.clocks import controller
+    from twoclocks_cli.adaptive import controller
 
     base = cfg.phase_at(0)[1]
     store = run_id = None
@@ -353,8 +353,8 @@ def train(cfg: TrainConfig, writer, workdir: Path, **options) -> str:
 def run(cell: dict, writer, workdir: Path) -> RunStatus:
     """Train the cell; `completed`, or `diverged` when the loss/gradient went non-finite. A
     cell with a `branch` table (`twoclocks probe`) starts from the checkpoint it names
-    (`trainer.branch`) unless its workdir holds its own."""
-    from trainer.branch import Branch
+    (`trainer.adaptive.branch`) unless its workdir holds its own."""
+    from trainer.adaptive.branch import Branch
     from trainer.config import TrainConfig
     from twoclocks_cli.store.models import RunStatus
 

@@ -15,7 +15,7 @@ Gradient-noise metrics, per logged step, from the batch's first micro-batch (b =
 `grad_l1_diff` = ||g_b - g_B||_1 (the sign-descent and l1 noise scales,
 twoclocks_cli.clocks.noise).
 
-`batch_schedule = "adaptive"` with an `adaptive` table (trainer.adaptive_config.AdaptiveConfig):
+`batch_schedule = "adaptive"` with an `adaptive` table (trainer.adaptive.config.AdaptiveConfig):
 the in-run controller picks each step's batch and lr from these same signals (its state is in
 the checkpoint; every decision is logged at its step and recorded as a run event).
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from twoclocks_cli.adaptive.controller import decision_metrics
 from twoclocks_cli.backends import refuse_owned
-from twoclocks_cli.clocks.controller import decision_metrics
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.store.models import RunStatus
 from twoclocks_cli.theory.model import ModelConfig
@@ -51,7 +51,7 @@ def lift_schedule(sim: dict) -> dict:
 
 def check_schedule(cell: dict, source: str) -> None:
     """Validate a planned cell's adaptive schedule, naming the sweep's keys (sim.adaptive.X)."""
-    from twoclocks_cli.clocks.controller import schedule_of
+    from twoclocks_cli.adaptive.controller import schedule_of
 
     try:
         schedule_of(cell, source, table="sim.adaptive")
@@ -226,7 +226,7 @@ def _phase_at(phases: list[Phase], samples: float) -> int:
 
 def _controller(cell: dict, writer, extra: dict | None):
     """The adaptive controller of an adaptive cell (restored from `extra` on resume), else None."""
-    from twoclocks_cli.clocks.controller import Controller, calibrate, record_event, schedule_of
+    from twoclocks_cli.adaptive.controller import Controller, calibrate, record_event, schedule_of
     from twoclocks_cli.store import Store
 
     sched = schedule_of(cell)

@@ -91,7 +91,7 @@ def _analyze_one(store, sweep: str | None, opts, cost_model, save: bool, as_json
     if csv:
         write_csv(result, csv)
     if plot:
-        from twoclocks_cli.clocks.plot import plot_analysis
+        from twoclocks_cli.render.plot import plot_analysis
 
         plot_analysis(store, result, plot)
     if as_json:

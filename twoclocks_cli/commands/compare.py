@@ -28,8 +28,8 @@ def schedule_config(
     """Write a training config that runs a schedule with the sweep's own trainer settings."""
     import os
 
-    from twoclocks_cli.clocks.compare import read_phases, schedule_train_config, to_toml
     from twoclocks_cli.core.errors import ConfigError
+    from twoclocks_cli.launch.schedule_run import read_phases, schedule_train_config, to_toml
     from twoclocks_cli.store import Store
 
     plist = read_phases(phases)

@@ -84,7 +84,7 @@ def _sim(store, run_id, at, sizes, branch_samples, seeds, seed, truth, as_json) 
     """Branch a sim run here; its clocks and local B_crit as tables or --json."""
     import json
 
-    from twoclocks_cli.probe.sim import probe_run
+    from twoclocks_cli.adaptive.probe.sim import probe_run
 
     result = probe_run(store, run_id, at, sizes, branch_samples, seeds=seeds, seed=seed,
                        truth=truth)
@@ -98,10 +98,10 @@ def _grpo(store, run, db, at, sizes, branch_samples, seeds, seed, eval_every, wi
           target_frac, executor, wait, retry_failed, workdir, as_json) -> None:
     """Plan or advance a grpo run's probe (its replay, then its branches, as cells of a sweep);
     once every branch ended, its result."""
+    from twoclocks_cli.adaptive.probe import grpo
     from twoclocks_cli.core.errors import LaunchError
     from twoclocks_cli.launch import probe as launch
     from twoclocks_cli.launch.sweeps import absolute_db_url
-    from twoclocks_cli.probe import grpo
     from twoclocks_cli.render.jsonout import stdout_to_stderr
     from twoclocks_cli.render.status import follow, wait_quietly
     from twoclocks_cli.store.engine import resolve_url

@@ -53,7 +53,7 @@ def executor(parent_sweep_config: dict | None, name: str | None, sweep: str):
 def advance(store, probe, ex, db_url: str, wait: bool, retry_failed: bool, source: str,
             follow=None) -> Stage:
     """Register the probe's cells and submit what is due; `follow(store, sweep)` waits."""
-    from twoclocks_cli.probe.grpo import register
+    from twoclocks_cli.adaptive.probe.grpo import register
 
     runs = register(store, probe, source)
     wanted = PENDING | RETRYABLE if retry_failed else PENDING

@@ -70,7 +70,7 @@ class ReportData:
     curves: dict  # key -> {run_id: Series}
     options: dict
     compared: list = field(default_factory=list)  # clocks.compare dicts, one per --run
-    trajectories: dict = field(default_factory=dict)  # run id -> clocks.trajectory.Trajectory
+    trajectories: dict = field(default_factory=dict)  # run id -> adaptive.trajectory.Trajectory
     compared_error: str | None = None
 
 
@@ -135,8 +135,8 @@ def _compare_runs(store, opts: ReportOptions, data: ReportData) -> None:
         data.compared_error = (f"no analysis of the sweep ({data.analysis_error}): nothing to "
                                "set the runs against")
         return
+    from twoclocks_cli.adaptive.trajectory import trajectory
     from twoclocks_cli.clocks.compare import compare_schedule
-    from twoclocks_cli.clocks.trajectory import trajectory
 
     name = store.get_sweep(opts.sweep).name
     for rid in opts.runs:
@@ -474,9 +474,9 @@ def _clock_tables(data: ReportData) -> list[str]:
 
 
 def _draw_all(data: ReportData, out: Path) -> dict[str, str]:
-    """The report's PNGs (clocks.plot), {section: file name}; stale ones of an earlier report
+    """The report's PNGs (render.plot), {section: file name}; stale ones of an earlier report
     are removed so the page never shows a plot of other data."""
-    from twoclocks_cli.clocks import plot
+    from twoclocks_cli.render import plot
 
     batch_of = {r.id: r.batch_samples for r in data.runs}
     side = {k: v for k, v in data.curves.items() if k != data.metric}

@@ -1,4 +1,6 @@
 """The in-run two-clock controller: `batch_schedule = "adaptive"` picks the batch while training.
+A room of the adaptive package on the clocks' floor: the backends run it, and it reads only the
+clocks' noise estimates and analysis.
 
 How it decides (every `adapt_every` samples, from per-step signals the run already logs):
 
@@ -35,7 +37,7 @@ the batch grows for the failure clock when B's measured drift would cross the th
 larger batch drifts less, else for the progress clock when 2B keeps `grow_ratio` of B's progress
 per sample. The run continues from the chosen branch and the other's samples are charged.
 
-The options are `trainer.adaptive_config.AdaptiveConfig` (a training option: the trainer
+The options are `trainer.adaptive.config.AdaptiveConfig` (a training option: the trainer
 reads them without this package). The controller is pure python/numpy (no torch), its
 state a JSON-able dict (exact resume); `start` builds one for a run, calibrated from the
 store or restored from a checkpoint.
@@ -46,7 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from trainer.adaptive_config import AdaptiveConfig
+from trainer.adaptive.config import AdaptiveConfig
 from trainer.ports import BranchResult
 from twoclocks_cli.core.errors import ConfigError
 

@@ -5,7 +5,7 @@ replaying the run's own config to `at` (the *replay* cell: the same config with 
 = `at`, snapped to the run's last step within `at`). Training is deterministic on CPU
 (`trainer.loop.deterministic_kernels`) and resume is exact, so the replay is the run itself;
 the probe checks it against the run's stored rows (loss, grad_norm, reward_mean at every step)
-and says so. Its final checkpoint is where every *branch* cell starts (`trainer.branch`):
+and says so. Its final checkpoint is where every *branch* cell starts (`trainer.adaptive.branch`):
 weights, Adam's moments and step count, data position and random streams. A branch runs at
 batch B with lr(B) by the sweep's rule from the run's own (batch, lr), for `branch_samples`
 samples, evaluating every `eval_every` samples; replicate 0 continues the run's own random
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from twoclocks_cli.adaptive.probe.common import check_branches, scaling
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
-from twoclocks_cli.probe.common import check_branches, scaling
 from twoclocks_cli.store.registry import NewCell
 
 METRIC = "eval_accuracy"

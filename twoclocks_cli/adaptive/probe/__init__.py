@@ -1,4 +1,5 @@
 """`twoclocks probe`: the *local* critical batch size at one point of a run, from short branches.
+A room of the adaptive package on the planners' floor: it plans cells and asks the backends.
 
 Merrill et al. (2025) measure the critical batch directly: from a checkpoint, short runs at
 several batch sizes (lr by the sweep's scaling rule, same seeds), and the batch at which the

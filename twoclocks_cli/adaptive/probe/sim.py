@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from twoclocks_cli.adaptive.probe.common import check_branches, scaling
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.result import Theory
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
-from twoclocks_cli.probe.common import check_branches, scaling
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """An adaptive (or scheduled) run's batch over samples, and at each controller decision the local
 B_crit the controller acted on: what `report --run` draws against the sweep's per-batch clocks.
+A room of the adaptive package on the clocks' floor (pure arithmetic over a run's rows; the
+renderer reads it).
 
 The local B_crit at a decision is read from the run's own decision metrics:
 - rule "noise": kappa x B_noise, the controller's own estimate (`adaptive_kappa`,

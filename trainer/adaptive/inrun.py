@@ -1,30 +1,37 @@
 """The adaptive controller inside a grpo run: each step's metrics go to it, and a branch-rule
-decision trains short branches from an in-memory copy of the run's state (`trainer.snapshot`);
-the run then continues from the kept branch, the others' samples charged to its clock.
+decision trains short branches from an in-memory copy of the run's state
+(`trainer.adaptive.snapshot`); the run then continues from the kept branch, the others' samples
+charged to its clock.
 
 The loop's own pieces (one training step, an evaluation, the engine's weight sync, the warmed
-lr) come in as `LoopSteps`, so this module does not import the loop that calls it.
+lr) come in through the `LoopSteps` port, so this module does not import the loop that calls it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from trainer import snapshot
+from trainer.adaptive import snapshot
 from trainer.ports import BranchResult
 from trainer.update import Diverged
 
 
-@dataclass(frozen=True)
-class LoopSteps:
-    """What a branch runs with, from `trainer.loop`."""
+class LoopSteps(Protocol):
+    """What a branch runs with: the calling loop's own steps (`trainer.loop` gives them)."""
 
-    train_step: Callable  # (run, phase, phase_index) -> (step metrics, batch)
-    evaluate: Callable  # (engine, reward_fn, held, cfg, tokenizer, seed_step) -> accuracy
-    sync: Callable  # (run) -> None: the rollout engine takes the run's current weights
-    warmed: Callable  # (run, phase) -> phase at the lr warm-up's value
+    def train_step(self, run, phase, phase_index: int) -> tuple[dict, object]:
+        """One training step of `run` in `phase`: (the step's metrics, its batch)."""
+
+    def evaluate(self, engine, reward_fn, held, cfg, tokenizer, seed_step: int) -> float:
+        """The held-out accuracy, sampled with `seed_step`'s seed."""
+
+    def sync(self, run) -> None:
+        """The rollout engine takes the run's current weights."""
+
+    def warmed(self, run, phase):
+        """`phase` at the lr warm-up's value for the run's position."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 table of a training config or a sim cell.
 
 They are training options, so they live with the trainer's config; the controller that reads
-them, and what each one does, is `twoclocks_cli.clocks.controller`.
+them, and what each one does, is `twoclocks_cli.adaptive.controller`.
 """
 
 from __future__ import annotations
