@@ -28,6 +28,7 @@ import time
 
 G, NEW_TOKENS = 8, 12
 PROMPTS = (4, 16, 64)
+ENGINE_GIB, ENGINE_GIB_SMOLLM2 = 1.5, 5.0  # vLLM's CPU share: this process plus its KV cache
 
 
 def _setup(threads: int, smollm2: bool):
@@ -53,7 +54,12 @@ def _setup(threads: int, smollm2: bool):
                                  "smollm2-train.toml").read_text())
         task = {k: example[k] for k in ("max_new_tokens", "temperature", "prompt_template",
                                         "arith_max_value", "arith_ops")}
-    cfg = TrainConfig(model=str(path), seed=0, vllm_gpu_memory_utilization=0.05, **task)
+    # on vLLM's CPU platform the share is of the node's memory, and it must cover this whole
+    # process (both HF engines' model, vLLM's copy) before any KV cache: ask for a fixed size
+    from twoclocks_cli.core.process import node_memory_bytes
+
+    share = min(0.9, (ENGINE_GIB_SMOLLM2 if smollm2 else ENGINE_GIB) * 2**30 / node_memory_bytes())
+    cfg = TrainConfig(model=str(path), seed=0, vllm_gpu_memory_utilization=share, **task)
     return path, tok, model, cfg
 
 

@@ -115,7 +115,7 @@ def ours(model: str, samples: int, threads: int, all_metrics: bool, template: st
             on_step=lambda p: marks.append((time.perf_counter(), p.samples)),
         )
     (t0, s0), (t1, s1) = marks[0], marks[-1]
-    return round((s1 - s0) / (t1 - t0), 1), times.medians_ms()
+    return round((s1 - s0) / (t1 - t0), 3), times.medians_ms()
 
 
 TRL_SCRIPT = r"""
@@ -211,7 +211,7 @@ def trl(
         )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return round(json.loads(line[7:])["samples_per_s"], 1)
+            return round(json.loads(line[7:])["samples_per_s"], 3)
     sys.stderr.write(proc.stderr[-3000:])
     raise SystemExit("TRL run failed (stderr above)")
 
@@ -281,14 +281,14 @@ def main() -> None:
     print("our step (median ms over steps 2..N and runs): generation {time_gen_s}, reward "
           "{time_reward_s}, update {time_update_s}".format(**med))
     m = statistics.median(mine)
-    print(f"twoclocks GRPO (TRL's work: no KL-to-init, no noise terms): {m:8.1f} samples/s  "
+    print(f"twoclocks GRPO (TRL's work: no KL-to-init, no noise terms): {m:8.2f} samples/s  "
           f"runs {mine}")
-    print(f"twoclocks GRPO (every metric: kl_init, noise terms each step): {full:8.1f} samples/s")
+    print(f"twoclocks GRPO (every metric: kl_init, noise terms each step): {full:8.2f} samples/s")
     if not theirs:
         print("TRL GRPOTrainer: trl/datasets not importable (see --trl-path); no ratio")
         return
     t = statistics.median(theirs)
-    print(f"TRL GRPOTrainer:                                   {t:8.1f} samples/s  runs {theirs}")
+    print(f"TRL GRPOTrainer:                                   {t:8.2f} samples/s  runs {theirs}")
     target = 2.0 if a.smollm2 else 1.5
     print(f"ratio ours/TRL: {m / t:.2f}x (every metric: {full / t:.2f}x; target >= {target}x)")
 

@@ -270,9 +270,26 @@ def test_engine_kwargs_per_rank(tiny):
     assert a["enable_sleep_mode"] is True and a["dtype"] == "bfloat16"
     assert a["logprobs_mode"] == "processed_logprobs" and a["tensor_parallel_size"] == 1
     assert "enforce_eager" not in a  # vLLM's own default (compiled, CUDA graphs) on a GPU
-    assert V.engine_kwargs(cfg, path, V.Placement(), room, "cpu")["enforce_eager"] is True
+    cpu = V.engine_kwargs(cfg, path, V.Placement(), room, "cpu")
+    assert cpu["enforce_eager"] is True and cpu["max_num_batched_tokens"] == 4096
+    assert "max_num_batched_tokens" not in a
+    long = TrainConfig(max_new_tokens=12, vllm_max_prompt_tokens=5000)
+    assert V.engine_kwargs(long, path, V.Placement(), 5000, "cpu")["max_num_batched_tokens"] == 5012
     s = V.sampling_kwargs(cfg, 0.0, [2])
     assert s["logprobs"] == 0 and s["top_p"] == 1.0 and s["max_tokens"] == 12
+
+
+def test_prefill_runs_keep_every_prompt_whole_within_one_step():
+    """128 chat prompts of 44-46 tokens (5,760 tokens) do not fit vLLM's 4,096-token step: two
+    runs, in order, each within both budgets, together every request once."""
+    lengths = [46, 45, 44, 44] * 32
+    runs = V.prefill_runs(lengths, 4096, 256)
+    assert [i for r in runs for i in r] == list(range(128))
+    assert [len(r) for r in runs] == [91, 37]  # 91 prompts: 4,073 tokens; a 92nd would not fit
+    assert all(sum(lengths[i] for i in r) <= 4096 for r in runs)
+    assert V.prefill_runs(lengths, 4096, 50) == [range(0, 50), range(50, 100), range(100, 128)]
+    assert V.prefill_runs([10, 5000, 10], 4096, 256) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert V.prefill_runs([], 4096, 256) == []
 
 
 def test_prompt_room_and_lengths_are_checked_against_the_model(tiny):

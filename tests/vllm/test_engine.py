@@ -110,6 +110,23 @@ def test_sampler_logprobs_equal_the_trainers(fresh, tiny, tok, temperature):
     assert mean < 1e-5 and p99 < 1e-4
 
 
+def test_a_batch_over_one_scheduler_step_comes_back_whole(fresh, tiny, tok):
+    """160 prompts of ~37 tokens exceed the 4,096 prompt tokens of one CPU scheduler step. vLLM
+    would split a prefill over two steps, which fails on CPU for a request with its own seed;
+    the engine hands the prompts over in runs, and every row comes back, in order, with the
+    trainer's log-probs."""
+    prompts = ["12+30=42 75-9=66 " * 2 + p for p in _prompts(tok, 160, seed=9)]
+    assert sum(map(len, V.prompt_token_ids(tok, prompts))) > 4096
+    torch.manual_seed(0)
+    roll = fresh.generate(prompts, temperature=1.0)
+    assert roll.completion_ids.shape[0] == 160
+    n = roll.prompt_len
+    sent = [row[: n][mask[: n].bool()].tolist()
+            for row, mask in zip(roll.input_ids, roll.attention_mask, strict=True)]
+    assert sent == V.prompt_token_ids(tok, prompts)
+    assert float(_logprob_gap(tiny[2], roll, 1.0).max()) < 1e-4
+
+
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (1.5, 1.0), (1.5, 0.7)])
 def test_sampling_follows_the_trainers_distribution(fresh, tiny, tok, base_cfg, temperature,
                                                     top_p):

@@ -126,10 +126,16 @@ class VLLMEngine:
         V.check_prompt_lengths(sent, self.room)
         kwargs = V.sampling_kwargs(cfg, t, self.stop_ids)
         params = [SamplingParams(**kwargs, seed=s) for s in V.request_seeds(len(sent))]
+        runs = [range(len(sent))]
+        if self.platform == "cpu":
+            sched = self.llm.llm_engine.vllm_config.scheduler_config
+            runs = V.prefill_runs([len(ids) for ids in sent], sched.max_num_batched_tokens,
+                                  sched.max_num_seqs)
         self._run(self.plan.before_generate())
         try:
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in sent],
-                                     params, use_tqdm=False)
+            outs = [out for run in runs for out in self.llm.generate(
+                [TokensPrompt(prompt_token_ids=sent[i]) for i in run],
+                [params[i] for i in run], use_tqdm=False)]
         finally:
             self._run(self.plan.after_generate())
         return V.rollout_from_outputs(outs, sent, self.stop_ids, cfg.max_new_tokens,

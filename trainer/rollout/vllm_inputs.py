@@ -273,7 +273,29 @@ def engine_kwargs(cfg, model_path, place: Placement, room: int, platform: str = 
     }
     if platform == "cpu":
         kwargs["enforce_eager"] = True
+        # a prompt's prefill must fit one scheduler step there (see prefill_runs)
+        kwargs["max_num_batched_tokens"] = max(CPU_BATCHED_TOKENS, kwargs["max_model_len"])
     return kwargs
+
+
+CPU_BATCHED_TOKENS = 4096  # vLLM 0.32's own default scheduler token budget on CPU
+
+
+def prefill_runs(lengths: Sequence[int], max_tokens: int, max_seqs: int) -> list[range]:
+    """Consecutive runs of requests whose prompts all prefill in one scheduler step (at most
+    `max_tokens` prompt tokens and `max_seqs` requests a run). On vLLM's CPU build a prompt
+    whose prefill is split over two steps (chunked prefill) fails when its request has its own
+    seed ("CPU Generator does not use offset", vLLM 0.32), so the engine gets one run at a
+    time there; per-request seeds make the samples the same as in one call."""
+    runs, start, used = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (used + n > max_tokens or i - start >= max_seqs):
+            runs.append(range(start, i))
+            start, used = i, 0
+        used += n
+    if start < len(lengths):
+        runs.append(range(start, len(lengths)))
+    return runs
 
 
 def sampling_kwargs(cfg, temperature: float, stop_ids: Sequence[int]) -> dict:
