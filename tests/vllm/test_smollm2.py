@@ -11,9 +11,8 @@ from tests.support.cells import finish, run_cell, step_metrics, store_run
 from tests.vllm.conftest import FIGURES
 from twoclocks_cli.core.process import node_memory_bytes
 
-# the trainer's process holds the model and its initial copy (~1.1 GiB in fp32, AdamW's moments
-# as much again) besides vLLM's own; on CPU the engine's share of the node must cover it all
-# plus the KV cache
+# a SmolLM2 run's process held 3.16 GiB when vLLM started (the model, its initial copy, vLLM's
+# weights): on CPU the engine's share of the node must cover that plus the KV cache
 SHARE = min(0.9, 5 * 2**30 / node_memory_bytes())
 
 
@@ -33,3 +32,24 @@ def test_vllm_samples_smollm2_with_the_trainers_logprobs(tmp_path):
     FIGURES["SmolLM2 reward_mean (steps 1, 2)"] = ", ".join(f"{r:.3f}" for r in rewards)
     assert all(0 < g < 1e-4 for g in gap), gap
     assert any(r > 0 for r in rewards), rewards
+
+
+def test_a_share_the_process_already_fills_is_refused_in_one_line(tmp_path):
+    """A share over the 1 GiB the config check asks for, but under what a SmolLM2 run's process
+    holds when vLLM starts (the model, its initial copy, vLLM's weights): vLLM's worker refuses
+    it, and the run ends on one line naming the key, what the process holds and the share to
+    use, not on vLLM's traceback. (vLLM's own log lines come before it on stderr.)"""
+    from tests.support.cli import twoclocks
+
+    share = round(1.05 * 2**30 / node_memory_bytes(), 4)
+    config = tmp_path / "share.toml"
+    config.write_text('model = "builtin:smollm2-135m"\nrollout_engine = "vllm"\n'
+                      f'vllm_gpu_memory_utilization = {share}\nsample_budget = 32\n'
+                      'prompts_per_batch = 4\ngroup_size = 8\neval_every_samples = 0\n')
+    proc = twoclocks("train", str(config), "--db", f"sqlite:///{tmp_path / 's.db'}",
+                     cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "vllm_gpu_memory_utilization" in last and "GiB this process holds" in last, last
+    need = float(last.rsplit("use at least ", 1)[1])
+    assert share < need <= 0.9, last

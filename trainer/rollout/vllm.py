@@ -78,10 +78,29 @@ class VLLMEngine:
         launcher = V.launcher_env(self.place, os.environ)
         # vLLM's worker reseeds the generators and resets torch's threads while starting
         with V.environment(launcher), preserved_rng(), V.preserved_threads():
-            self.llm = LLM(**kwargs)
+            try:
+                self.llm = LLM(**kwargs)
+            except ValueError as err:
+                self._refused(err)
+                raise
         self.start_s = time.perf_counter() - start
         self.plan = V.SleepPlan(cfg.vllm_sleep_level if cfg.vllm_enable_sleep_mode else None)
         self.model = None  # the trainer's model of the last sync (what a level-2 wake reloads)
+
+    def _refused(self, err: ValueError) -> None:
+        """Raise vLLM's CPU worker's refusal of too small a share as the trainer's config
+        error (one line with the share to use); any other error passes."""
+        if self.platform != "cpu":
+            return
+        from twoclocks_cli.core.process import (
+            cpu_share_refusal,
+            node_memory_bytes,
+            process_rss_bytes,
+        )
+
+        share = self.cfg.vllm_gpu_memory_utilization
+        if problem := cpu_share_refusal(str(err), share, node_memory_bytes(), process_rss_bytes()):
+            raise ConfigError(f"vllm_gpu_memory_utilization = {share:g}: {problem}") from None
 
     def sync(self, model) -> None:
         """Load the trainer's current weights into vLLM (after every optimizer update)."""

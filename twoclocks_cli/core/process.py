@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 
@@ -50,3 +51,32 @@ def cpu_share_problem(share: float, node_bytes: int) -> str | None:
             f"({node_bytes / 2**30:.1f} GiB): {share * node_bytes / 2**30:.2f} GiB here, under "
             f"the 1 GiB its worker needs for its own process and the KV cache; use at least "
             f"{need:g}")
+
+
+def process_rss_bytes() -> int:
+    """Resident memory of this process (from /proc/self/statm); 0 where the kernel has no such
+    file."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+# vLLM 0.32's CPU worker, when the process already holds more than its share: "Available memory
+# on node 0 (21.9/23.54 GiB) on kv cache allocation is less than requested memory for kv
+# (-0.57/1.18 GiB). Reduce CPU memory used by other processes."
+_KV_REFUSAL = re.compile(r"less than requested memory for kv", re.IGNORECASE)
+
+
+def cpu_share_refusal(message: str, share: float, node_bytes: int, rss_bytes: int) -> str | None:
+    """vLLM's CPU worker's refusal (`message`) of a share that this process already fills, in
+    the trainer's words with a share that leaves 1 GiB for the KV cache; None for any other
+    error. Its share counts the whole process: the trainer's model and copies, vLLM's weights."""
+    if not _KV_REFUSAL.search(message):
+        return None
+    need = math.ceil(min(1.0, (rss_bytes + CPU_ENGINE_MIN_BYTES) / node_bytes) * 100) / 100
+    return (f"on vLLM's CPU build it is a share of this machine's memory node "
+            f"({node_bytes / 2**30:.1f} GiB): {share * node_bytes / 2**30:.2f} GiB here, under "
+            f"the {rss_bytes / 2**30:.2f} GiB this process holds (the trainer's model and its "
+            f"copies, vLLM's weights) before any KV cache; use at least {need:g}")
