@@ -24,8 +24,11 @@
 #    the engine alone: sampler vs trainer log-probs on the same weights (must agree), after the
 #    trainer's weights moved (must disagree) and after `sync` (must agree again), and rollout
 #    samples/s of the engine by itself.
-# 5. `builtin:smollm2-135m` (when its package is installed) in bf16 with the HF engine: the
-#    example's task at 32 prompts x 8, 2,048 samples; samples/s, rewards and eval accuracy.
+# 5. `builtin:smollm2-135m` (when its package is installed) in bf16 with the HF engine, and
+#    with the vLLM engine in the vLLM half: the example's task at 32 prompts x 8, 2,048
+#    samples; samples/s, rewards, eval accuracy (and vLLM's log-prob gap to the trainer).
+#    Its function ran on CPU scaled down (64 samples, 4 prompts; for vLLM without sleep mode,
+#    which its CPU build lacks): bf16 there gave a sampler-trainer |log-ratio| of 0.03-0.04.
 # Exits non-zero on the first failed check; prints "gpu-check: all checks passed" at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,40 +88,50 @@ print(f"gpu-check [{sys.argv[4]}]: {rec['steps']} steps, {rec['samples']} sample
 EOF
 }
 
-smollm2() {  # builtin:smollm2-135m in bf16 with the HF engine: the example's task, GPU-sized
-  local cfg="$WORK/smollm2.toml" out="$WORK/smollm2.json" t0 t1
+smollm2() {  # $1 engine: builtin:smollm2-135m in bf16, the example's task, GPU-sized
+  local engine=$1 label="smollm2-$1" cfg="$WORK/smollm2-$1.toml" out="$WORK/smollm2-$1.json" t0 t1
   sed -e 's/^prompts_per_batch = .*/prompts_per_batch = 32/' \
       -e 's/^sample_budget = .*/sample_budget = 2048/' \
       -e 's/^eval_every_samples = .*/eval_every_samples = 1024/' \
       -e 's/^eval_size = .*/eval_size = 256/' -e 's/^micro_batch_size = .*/micro_batch_size = 64/' \
       -e 's/^checkpoint_every_steps = .*/checkpoint_every_steps = 0/' -e 's/^threads = .*//' \
       -e 's/^lr = .*/lr = 2e-6/' examples/smollm2-train.toml >"$cfg"
-  echo 'dtype = "bfloat16"' >>"$cfg"
+  printf 'dtype = "bfloat16"\nrollout_engine = "%s"\n' "$engine" >>"$cfg"
+  if [ "$engine" = vllm ]; then
+    printf 'vllm_gpu_memory_utilization = 0.2\nvllm_enable_sleep_mode = true\n' >>"$cfg"
+  fi
   t0=$(date +%s.%N)
-  "$TC" train "$cfg" --db "$DB" --name gpu-check-smollm2 --workdir "$WORK/run-smollm2" --json >"$out"
+  "$TC" train "$cfg" --db "$DB" --name "gpu-check-$label" --workdir "$WORK/run-$label" --json >"$out"
   t1=$(date +%s.%N)
-  "$PY" - "$out" "$t0" "$t1" <<'EOF'
+  "$PY" - "$out" "$t0" "$t1" "$label" <<'EOF'
 import json, sys
 rec = json.load(open(sys.argv[1]))
 wall = float(sys.argv[3]) - float(sys.argv[2])
 m = rec["metrics"]
 assert rec["status"] == "completed" and rec["samples"] >= 2048, rec
 assert m["eval_accuracy"] is not None, m
-print(f"gpu-check [smollm2 bf16]: {rec['steps']} steps, {rec['samples']} samples in {wall:.1f} s "
-      f"= {rec['samples'] / wall:.1f} samples/s (conversion and start-up included); reward "
-      f"{m['accuracy']:.3f} at the last step, eval_accuracy {m['eval_accuracy']:.3f}")
+print(f"gpu-check [{sys.argv[4]} bf16]: {rec['steps']} steps, {rec['samples']} samples in "
+      f"{wall:.1f} s = {rec['samples'] / wall:.1f} samples/s (conversion and start-up included); "
+      f"reward {m['accuracy']:.3f} at the last step, eval_accuracy {m['eval_accuracy']:.3f}")
 EOF
-  "$TC" runs show gpu-check-smollm2 --db "$DB" --json >"$WORK/smollm2-show.json"
-  "$PY" - "$WORK/smollm2-show.json" <<'EOF'
+  "$TC" runs show "gpu-check-$label" --db "$DB" --json >"$WORK/$label-show.json"
+  "$PY" - "$WORK/$label-show.json" "$label" <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))["metrics"]
-for key in ("eval_accuracy", "reward_mean", "time_gen_s", "time_update_s", "tokens_per_s"):
-    print(f"gpu-check [smollm2 bf16]: {key}: {m[key]}")
+keys = ["eval_accuracy", "reward_mean", "time_gen_s", "time_update_s", "tokens_per_s"]
+if sys.argv[2].endswith("vllm"):  # bf16 both: the sampler's log-probs against the trainer's
+    keys.append("sampler_abs_logratio")
+for key in keys:
+    print(f"gpu-check [{sys.argv[2]} bf16]: {key}: {m[key]}")
 EOF
 }
 
+HAVE_SMOLLM2=0
 if "$PY" -c "from trainer.tiny import model_problem as p; import sys; sys.exit(bool(p('builtin:smollm2-135m')))"; then
-  smollm2
+  HAVE_SMOLLM2=1
+fi
+if [ "$HAVE_SMOLLM2" = 1 ]; then
+  smollm2 hf
 else
   echo "gpu-check: builtin:smollm2-135m is not installed here: its run was skipped (scripts/setup.sh)"
 fi
@@ -166,6 +179,9 @@ if ! "$PY" -c "import vllm" 2>/dev/null; then
 fi
 
 train vllm vllm
+if [ "$HAVE_SMOLLM2" = 1 ]; then
+  smollm2 vllm
+fi
 
 "$PY" - <<'EOF'
 """The engine alone: does vLLM sample the trainer's policy, before and after a sync?"""
