@@ -56,9 +56,9 @@ def _setup(threads: int, smollm2: bool):
                                         "arith_max_value", "arith_ops")}
     # on vLLM's CPU platform the share is of the node's memory, and it must cover this whole
     # process (both HF engines' model, vLLM's copy) before any KV cache: ask for a fixed size
-    from twoclocks_cli.core.process import node_memory_bytes
+    from twoclocks_cli.core.process import cpu_share_for
 
-    share = min(0.9, (ENGINE_GIB_SMOLLM2 if smollm2 else ENGINE_GIB) * 2**30 / node_memory_bytes())
+    share = cpu_share_for(ENGINE_GIB_SMOLLM2 if smollm2 else ENGINE_GIB)
     cfg = TrainConfig(model=str(path), seed=0, vllm_gpu_memory_utilization=share, **task)
     return path, tok, model, cfg
 

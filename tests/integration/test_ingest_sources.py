@@ -228,7 +228,7 @@ def test_mlflow_experiment_filter_and_an_mlruns_folder(written, tmp_path):
     assert any("MLflow status KILLED" in n for n in r["notes"])
 
 
-def _file(db: Path) -> str:
+def _content(db: Path) -> str:
     """A hash of the store's content as SQLite reads it, its write-ahead log included. Not the
     file's bytes: a connection the CLI left to the garbage collector checkpoints the log into
     the file whenever it closes, which moves bytes and changes nothing; a write still sitting
@@ -239,7 +239,7 @@ def _file(db: Path) -> str:
 
 def test_bad_input_is_one_line_and_the_store_file_is_untouched(written, tmp_path):
     url, db = written["url"], written["db"]
-    before = _file(db)
+    before = _content(db)
     other = tmp_path / "other"
     (other / "sub").mkdir(parents=True)
     (other / "sub" / "notes.txt").write_text("not a run\n")
@@ -277,7 +277,7 @@ def test_bad_input_is_one_line_and_the_store_file_is_untouched(written, tmp_path
     for args, needle in cases:  # behind a good source: still nothing is written
         _one_line_error(_cli("ingest", str(written["tensorboard"]), *args, "--sweep", "bad",
                              "--db", url), needle)
-        assert _file(db) == before, args
+        assert _content(db) == before, args
 
 
 # the writers log half their steps, wait for the test to see the run `running`, log the rest

@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from twoclocks_cli.core.process import node_memory_bytes
+from twoclocks_cli.core.process import cpu_share_for
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 collect_ignore_glob = [] if HAVE_VLLM else ["test_*.py"]
@@ -30,7 +30,7 @@ ENGINE_GIB = 1.5  # what the engine's CPU worker may hold: the test process (~0.
 # On vLLM's CPU platform gpu_memory_utilization is a share of the node's memory, and the worker
 # refuses to start when that share is below its own process's memory (measured: 0.05 of a
 # 12.2 GiB node is 0.61 GiB, under the test process's ~0.8 GiB): ask for a fixed amount instead.
-CPU_SHARE = min(0.9, ENGINE_GIB * 2**30 / node_memory_bytes())
+CPU_SHARE = cpu_share_for(ENGINE_GIB)
 
 
 def pytest_terminal_summary(terminalreporter):

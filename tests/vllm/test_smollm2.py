@@ -9,11 +9,11 @@ from pathlib import Path
 
 from tests.support.cells import finish, run_cell, step_metrics, store_run
 from tests.vllm.conftest import FIGURES
-from twoclocks_cli.core.process import node_memory_bytes
+from twoclocks_cli.core.process import cpu_share_for, node_memory_bytes
 
 # a SmolLM2 run's process held 3.16 GiB when vLLM started (the model, its initial copy, vLLM's
 # weights): on CPU the engine's share of the node must cover that plus the KV cache
-SHARE = min(0.9, 5 * 2**30 / node_memory_bytes())
+SHARE = cpu_share_for(5)
 
 
 def test_vllm_samples_smollm2_with_the_trainers_logprobs(tmp_path):
