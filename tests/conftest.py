@@ -173,3 +173,22 @@ def store(db_url):
     s = Store.open(db_url)
     yield s
     s.close()
+
+
+_FIGURES: list[tuple[str, object]] = []
+
+
+def pytest_runtest_logreport(report):
+    """Keep the figures a test measured (`record_property("figure: <name>", value)`) for the
+    summary; xdist carries a report's user properties from its worker to here."""
+    if report.when == "call":
+        _FIGURES.extend((key.removeprefix("figure: "), value)
+                        for key, value in report.user_properties if key.startswith("figure: "))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures measured by this run, so a note can quote what a command printed."""
+    if _FIGURES:
+        terminalreporter.section("figures measured by this run")
+        for name, value in _FIGURES:
+            terminalreporter.write_line(f"{name}: {value}")

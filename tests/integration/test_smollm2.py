@@ -72,7 +72,7 @@ def test_the_conversion_is_the_gguf_weights_and_is_cached(smol, tmp_path):
     assert tok.eos_token == END_OF_TURN and tok.chat_template
 
 
-def test_sampled_logprobs_equal_the_trainers_forward(smol):
+def test_sampled_logprobs_equal_the_trainers_forward(smol, record_property):
     """What the trainer's own decode loop sampled on chat-template prompts of different lengths
     (left padding), scored by transformers' forward: log-probs within 1e-4."""
     _, tok, model = smol
@@ -85,7 +85,10 @@ def test_sampled_logprobs_equal_the_trainers_forward(smol):
     with torch.no_grad():
         logp, _ = completion_logprobs(model, roll, 1.0)
     assert int(m.sum()) > 40
-    assert float((roll.sampler_logp[m] - logp[m]).abs().max()) <= 1e-4
+    gap = float((roll.sampler_logp[m] - logp[m]).abs().max())
+    record_property("figure: SmolLM2 decode loop vs transformers, max |log-prob delta|",
+                    f"{gap:.2e} over {int(m.sum())} tokens")
+    assert gap <= 1e-4
 
 
 def test_greedy_tokens_equal_transformers_generate_and_stop_at_the_end_of_turn(smol):
@@ -105,7 +108,7 @@ def test_greedy_tokens_equal_transformers_generate_and_stop_at_the_end_of_turn(s
         assert int(ours.completion_ids[row, int(lengths[row]) - 1]) == end
 
 
-def test_the_scorer_equals_transformers_forward(smol):
+def test_the_scorer_equals_transformers_forward(smol, record_property):
     """The update's own forward (trainer/scorer.py) against transformers' full-row forward on
     sampled chat rows: logits within 1e-4 at every completion position."""
     _, tok, model = smol
@@ -120,7 +123,10 @@ def test_the_scorer_equals_transformers_forward(smol):
     assert ours.shape == full.shape
     lp_ours = torch.log_softmax(ours, -1).gather(-1, ids[:, p:, None]).squeeze(-1)
     lp_full = torch.log_softmax(full, -1).gather(-1, ids[:, p:, None]).squeeze(-1)
-    assert float((lp_ours[valid] - lp_full[valid]).abs().max()) <= 1e-4
+    gap = float((lp_ours[valid] - lp_full[valid]).abs().max())
+    record_property("figure: SmolLM2 scorer vs transformers, max |log-prob delta|",
+                    f"{gap:.2e} over {int(valid.sum())} tokens")
+    assert gap <= 1e-4
 
 
 def test_a_run_without_learning_signal_says_so(tmp_path, capfd):
