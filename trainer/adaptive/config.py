@@ -86,6 +86,16 @@ class AdaptiveConfig(BaseModel):
     lookahead: int = Field(8192, gt=0, description="Samples over which the guard projects the "
                            "drift at its current rate.")
     safety: float = Field(0.8, gt=0, le=1, description="The guard fires at safety x threshold.")
+    collapse_key: Literal["eval_accuracy", "reward_mean", "accuracy", "none"] = Field(
+        "eval_accuracy", description="The progress metric the guard watches for a collapse "
+        "(\"none\": drift only). Each step whose signals carry it is one evaluation of the live "
+        "drop rule (twoclocks_cli.clocks.collapse.LiveFalls: analyze's drop rule with its "
+        "defaults, on a trailing mean of 5 evaluations); a declared collapse sends the batch to "
+        "batch_max as the drift guard does.")
+    collapse_patience: int = Field(
+        3, ge=0, le=INT32_MAX, description="Evaluations a fall must stay below its recovery "
+        "level after the drop rule fires before the guard acts: a dip back within them never "
+        "moves the batch; each one delays acting on a collapse by one evaluation.")
     guard_warmup: int = Field(
         1, ge=0, le=INT32_MAX, description="Decisions at which the guard does not fire (1: the "
         "first). Their drift is mostly the descent of the directions that matter away from the "

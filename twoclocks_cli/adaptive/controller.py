@@ -1,6 +1,6 @@
 """The in-run two-clock controller: `batch_schedule = "adaptive"` picks the batch while training.
 A room of the adaptive package on the clocks' floor: the backends run it, and it reads only the
-clocks' noise estimates and analysis.
+clocks' noise estimates, their live drop rule and analysis.
 
 How it decides (every `adapt_every` samples, from per-step signals the run already logs):
 
@@ -23,6 +23,10 @@ How it decides (every `adapt_every` samples, from per-step signals the run alrea
   not wait for the change bound: failing is worse than a jolt to Adam's moments. It does not
   fire at the first `guard_warmup` decisions: early drift is the descent from the initial point
   (fast, then saturating), which the random-walk projection would carry forward as if it went on.
+  Beside the drift, the guard watches the progress metric (`collapse_key`, when the step's
+  signals carry it): the live drop rule (clocks.collapse.LiveFalls, the analysis's rule on a
+  trailing mean) declaring a collapse sends the batch to `batch_max` at that step, warm-up or
+  not (a collapse is observed, not projected).
 - lr follows the scaling rule from the reference (batch, lr): lr = lr_ref (B / B_ref)^alpha;
   under `grow_lr = "hold"` a batch above the starting one keeps the starting batch's lr.
 
@@ -50,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 
 from trainer.adaptive.config import AdaptiveConfig
 from trainer.ports import BranchResult
+from twoclocks_cli.clocks.collapse import LiveFalls
 from twoclocks_cli.core.errors import ConfigError
 
 SCALING = {"sqrt": 0.5, "linear": 1.0, "constant": 0.0}
@@ -119,6 +124,12 @@ class ControllerState:
     calibration: dict = field(default_factory=dict)
     keeps: int = 0  # rule branch: decisions in a row that kept the batch (the back-off)
     start_prompts: int | None = None  # the first steps' batch (grow_lr hold's lr cap)
+    live: LiveFalls | None = None  # the live drop rule on collapse_key (a dict in a checkpoint)
+
+    def __post_init__(self):
+        """A checkpoint's dict back into the live drop rule it was saved from."""
+        if isinstance(self.live, dict):
+            self.live = LiveFalls(**self.live)
 
 
 class Controller:
@@ -203,7 +214,9 @@ class Controller:
         key); missing or non-finite terms are skipped. brancher (rule "branch"): called at a
         decision with the batches to try (prompts) and the samples each spends, it runs them
         from the current state and returns one BranchResult each; the backend then continues
-        from the branch of the chosen batch (`Decision.prompts`) and charges the others."""
+        from the branch of the chosen batch (`Decision.prompts`) and charges the others.
+        A step carrying `collapse_key` feeds the live drop rule; the step at which it declares
+        a collapse is a decision too (the guard's), whenever it comes."""
         s = self.state
         self._fold(signals)
         d = signals.get(self.cfg.drift_key)
@@ -211,11 +224,23 @@ class Controller:
             s.drift = float(d)
             if s.last_drift is None:
                 s.last_drift, s.last_drift_samples = s.drift, float(samples)
-        if samples < s.next_decision:
+        collapsed = self._collapsed(samples, signals)
+        if samples < s.next_decision and not collapsed:
             return None
         while s.next_decision <= samples:
             s.next_decision += self.cfg.adapt_every
         return self._decide(step, float(samples), brancher)
+
+    def _collapsed(self, samples: float, sig: dict) -> bool:
+        """Feed the progress metric to the live drop rule; True when it declares a collapse
+        here while the guard has not yet fired (a collapse is acted on once, at once)."""
+        key, s = self.cfg.collapse_key, self.state
+        value = None if key == "none" else _f(sig, key)
+        if value is None:
+            return False
+        if s.live is None:
+            s.live = LiveFalls(patience=self.cfg.collapse_patience)
+        return s.live.push(samples, value) and s.mode != "guard"
 
     def _fold(self, sig: dict) -> None:
         """EMA of the noise terms of this step (as clocks.stats / clocks.noise smooth them)."""
@@ -252,6 +277,9 @@ class Controller:
                    f"{s.drift_rate:.3g}/sample x {cfg.lookahead}) = {projected:.4g} >= "
                    f"{cfg.safety:g} x threshold "
                    f"{s.drift_threshold:.4g}: batch_max, kept from here")
+        elif s.live is not None and s.live.collapsed_at == samples:
+            s.mode, s.prompts = "guard", cfg.batch_max
+            why = self._collapse_guard(signals)
         elif cfg.rule == "guard":
             # the batch it holds comes from the sweep's B_crit: logged as the decision's reading
             signals["sweep_b_crit"] = s.calibration.get("b_crit")
@@ -273,6 +301,16 @@ class Controller:
                   f"{old_p} -> {s.prompts} prompts ({old_p * self.group_size} -> "
                   f"{self.batch} samples), lr {old_lr:.4g} -> {s.lr:.4g}: {why}")
         return Decision(s.decisions, step, samples, s.prompts, s.lr, s.mode, signals, reason)
+
+    def _collapse_guard(self, signals: dict) -> str:
+        """Why the guard fired on a live collapse (its fall joins the decision's signals)."""
+        fall = self.state.live.falls()[-1]
+        signals.update({"collapse_at": fall.at, "collapse_peak": fall.peak})
+        live = self.state.live
+        return (f"failure guard: {self.cfg.collapse_key} collapsed (live drop rule on a "
+                f"{live.window}-point trailing mean: fell from {fall.peak:.4g} at "
+                f"{fall.at:,.0f} samples, k {live.k}, still below its recovery level "
+                f"{live.patience} evaluations later): batch_max, kept from here")
 
     def branch_plan(self) -> tuple[list[int], int]:
         """The batches (prompts) a branch decision tries and the samples each spends: the
