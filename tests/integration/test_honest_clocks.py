@@ -88,8 +88,9 @@ def test_a_collapse_before_the_target_is_said_so(tmp_path, url):
     # 0.1 + 0.7 (x - 35)/45 >= 0.3634: x = 51.9, the point x = 52
     assert dip["at"] == 20 * b and dip["recovered_at"] == 52 * b, dip
     assert dip["peak"] == pytest.approx(0.4275)
-    # crossing 0.5: 0.1 + 0.7 (x - 35) / 45 = 0.5 at x = 60.71, first observed at x = 61
-    assert run["progress"]["samples"] == 61 * b
+    # crossing 0.5: 0.1 + 0.7 (x - 35) / 45 = 0.5 at x = 60.71, on the chord between the points
+    # x = 60 (0.489) and x = 61 (0.504) that bracket it (no longer held at x = 61)
+    assert run["progress"]["samples"] == pytest.approx((35 + 0.4 * 45 / 0.7) * b)
     batch = next(x for x in a["batches"] if x["batch_samples"] == b)
     assert batch["failure"]["n_dips"] == 1 and batch["failure"]["n_failed"] == 0
     a = _analyze(url, "collapse", "--target", "0.5", "--smoothing", "none", "--no-dips")
@@ -103,15 +104,18 @@ def test_a_collapse_before_the_target_is_said_so(tmp_path, url):
     assert "collapsed before the target" in batch["progress"]["note"]
 
 
-def test_smoothing_never_places_a_crossing_before_an_observed_point(tmp_path, url):
-    """Raw 0 at 0, 512, 1024 samples, then 1: the centred average pulls the crossing back."""
+def test_smoothing_never_places_a_crossing_outside_its_bracket(tmp_path, url):
+    """Raw 0 at 0, B, 2B samples, then 1: the centred average crosses 0.3 at 1.33 B, before any
+    observed point reaches it; the crossing is the chord between the observed points that
+    bracket it (0 at 2B, 1 at 3B): 2.3 B, neither earlier nor held at 3B."""
     values = [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
     for b in (512, 1024):
         _ingest(tmp_path, url, "lookahead", b, values, 0)
     a = _analyze(url, "lookahead", "--target", "0.3")
     for r in a["runs"]:
-        first_hit = 3 * r["batch_samples"]  # the first raw point at or above the target
-        assert r["progress"]["samples"] >= first_hit, r["progress"]
+        b = r["batch_samples"]
+        assert 2 * b < r["progress"]["samples"] < 3 * b, r["progress"]
+        assert r["progress"]["samples"] == pytest.approx(2.3 * b), r["progress"]
 
 
 def test_failures_at_eval_resolution_are_flagged_and_left_out_of_the_slope(tmp_path, url):

@@ -51,9 +51,16 @@ def smooth(values: np.ndarray, method: str = "ma", window: int = 5, ema_alpha: f
     return (csum[hi] - csum[lo]) / (hi - lo)
 
 
-def first_crossing(samples: np.ndarray, smoothed: np.ndarray, target: float) -> float | None:
-    """Samples where the curve first reaches `target`, linearly interpolated; None if never."""
-    hit = np.flatnonzero(smoothed >= target)
+def first_crossing(samples: np.ndarray, smoothed: np.ndarray, target: float,
+                   hold: int = 1) -> float | None:
+    """Samples where the curve first reaches `target` and stays there for `hold` points (fewer
+    where the curve ends first), linearly interpolated; None if never."""
+    smoothed = np.asarray(smoothed, float)
+    above = smoothed >= target
+    idx = np.arange(smoothed.size)
+    end = np.minimum(idx + max(hold, 1), smoothed.size)
+    csum = np.concatenate([[0], np.cumsum(above)])
+    hit = np.flatnonzero(above & (csum[end] - csum[idx] == end - idx))
     if hit.size == 0:
         return None
     i = int(hit[0])
@@ -63,6 +70,43 @@ def first_crossing(samples: np.ndarray, smoothed: np.ndarray, target: float) -> 
     x0, x1 = samples[i - 1], samples[i]
     frac = (target - y0) / (y1 - y0) if y1 != y0 else 1.0
     return float(x0 + frac * (x1 - x0))
+
+
+# points the smoothed curve stays at or above the target for a crossing: at fine eval spacing a
+# 5-point average is noisy enough to graze the target early (median -5.8% on a slow curve every
+# 256 samples with a 250-problem eval set; -2.1% holding 3 points)
+HOLD = 3
+
+
+def raw_crossings(samples: np.ndarray, values: np.ndarray, target: float) -> np.ndarray:
+    """Every upward crossing of `target` by the observed points, each on the straight line
+    between the point below it and the next point at or above it (the bracket)."""
+    samples = np.asarray(samples, float)
+    values = np.asarray(values, float)
+    k = np.flatnonzero((values[:-1] < target) & (values[1:] >= target)) + 1
+    y0, y1 = values[k - 1], values[k]  # y0 < target <= y1: never a zero rise
+    return samples[k - 1] + (target - y0) / (y1 - y0) * (samples[k] - samples[k - 1])
+
+
+def bracketed_crossing(samples: np.ndarray, values: np.ndarray, smoothed: np.ndarray,
+                       target: float) -> float | None:
+    """The progress crossing: of the observed points' upward crossings (`raw_crossings`), the
+    one nearest where the smoothed curve first reaches `target` and holds it for `HOLD` points;
+    None when it never does.
+
+    The smoothed curve says when the run reaches the target (neither a lone noisy point above
+    it nor a noisy average grazing it at fine eval spacing counts); the bracket says where, so
+    the crossing always lies between an observed point below the target and the next one at or
+    above it, interpolated rather than held at the later one, and free of the lag a centred
+    average has on a curved stretch.
+    """
+    near = first_crossing(samples, smoothed, target, HOLD)
+    if near is None:
+        return None
+    ups = raw_crossings(samples, values, target)
+    if ups.size == 0:  # only the first observed point is at or above: no bracket to read
+        return near
+    return float(ups[np.argmin(np.abs(ups - near))])
 
 
 def smooth_span(samples: np.ndarray, values: np.ndarray, span: float) -> np.ndarray:

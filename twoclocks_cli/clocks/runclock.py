@@ -2,9 +2,10 @@
 
 `analyze`, `schedule`, `compare` and `report` all get their per-run numbers from `run_clocks`, so
 a rule added here reaches every command. Honest by construction: a run that starts at or above
-the target is flagged (not a crossing at its first point), a crossing is never placed before the
-first logged point that itself reaches the target, progress cut short by a collapse says so, and
-a failure at the first or second eval point is flagged "at eval resolution".
+the target is flagged (not a crossing at its first point), a crossing always lies between two
+logged points that bracket it (one below the target, the next at or above), it is read on the
+curve before the failure only, progress cut short by a collapse says so, and a failure at the
+first or second eval point is flagged "at eval resolution".
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from twoclocks_cli.clocks import collapse
-from twoclocks_cli.clocks.curves import Curve, clean, first_crossing, smooth_curve
+from twoclocks_cli.clocks.curves import Curve, bracketed_crossing, clean, smooth_curve
 from twoclocks_cli.clocks.options import AnalysisOptions
 from twoclocks_cli.core.numbers import Number
 
@@ -204,6 +205,29 @@ def _heldout_drop(series, opts: AnalysisOptions) -> float | None:
     return _collapse_of(_drop_falls(curve, smooth_curve(curve, opts), opts))
 
 
+def _before(curve: Curve, at: float | None) -> Curve:
+    """The points logged before `at` samples (the whole curve when `at` is None)."""
+    if at is None:
+        return curve
+    keep = curve.samples < at
+    return Curve(curve.steps[keep], curve.samples[keep], curve.values[keep])
+
+
+def _crossing(curve: Curve, sm: np.ndarray, tau: float) -> float | None:
+    """The progress crossing of one curve and its smoothing (`bracketed_crossing`)."""
+    return None if curve.empty else bracketed_crossing(curve.samples, curve.values, sm, tau)
+
+
+def _crossing_before(curve: Curve, sm: np.ndarray, tau: float, n_fail: float | None,
+                     opts: AnalysisOptions) -> float | None:
+    """The crossing on the curve before the failure, smoothed on its own: a centred average
+    over the whole run would drag the collapsed points into the ones before the fall."""
+    head = _before(curve, n_fail)
+    if head.values.size == curve.values.size:
+        return _crossing(curve, sm, tau)
+    return None if head.empty else _crossing(head, smooth_curve(head, opts), tau)
+
+
 def _value_at(series, at: float | None) -> float | None:
     """The series' last finite value logged at or before `at` samples (None: none yet)."""
     if series is None or at is None:
@@ -225,7 +249,17 @@ def _noise_at(series: dict, keys, fn, at, opts) -> float | None:
 
 def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
                group_size: int | None = None) -> RunClocks | None:
-    """Both clocks of one run; None when its metric has no finite values."""
+    """Both clocks of one run; None when its metric has no finite values.
+
+    Progress is read on the points logged before the failure (`n_fail`), smoothed on their own.
+    Where that smoothed curve first reaches `tau` and holds it for 3 points chooses the observed
+    upward crossing nearest it (a point below `tau`, the next at or above); the clock is where
+    the straight line between those two points meets `tau`. So it never lies before the last
+    point below the target preceding the first point at or above it, nor is it held at the next
+    point on a coarse eval grid (median error within 5% on known curves evaluated every 2,048,
+    1,024 and 256 samples with a 250-problem eval set: tests/unit/test_crossing_truth.py). No
+    crossing before the failure but one after it: censored at the failure, `collapsed`.
+    """
     from twoclocks_cli.clocks.noise import sign_noise_scale
     from twoclocks_cli.clocks.stats import noise_scale
 
@@ -244,14 +278,10 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
     if started_above:
         reason = f"started at or above the target ({curve.values[0]:.4g} >= {tau:.4g})"
     else:
-        n_prog = first_crossing(curve.samples, sm, tau)
-        raw_hit = np.flatnonzero(curve.values >= tau)
-        if n_prog is not None and raw_hit.size:
-            # smoothing may locate the crossing, never invent it before an observed point
-            n_prog = max(n_prog, float(curve.samples[raw_hit[0]]))
-        if n_prog is not None and n_fail is not None and n_fail < n_prog:
+        n_prog = _crossing_before(curve, sm, tau, n_fail, opts)
+        if n_prog is None and n_fail is not None and _crossing(curve, sm, tau) is not None:
             reason = f"collapsed at {n_fail:,.0f} samples ({rule}) before the target"
-            n_prog, collapsed = None, True
+            collapsed = True
         elif n_prog is None:
             reason = f"never reached the target {tau:.4g} by {last:,.0f} samples"
     group = group_size or 1
