@@ -1,5 +1,6 @@
 """The GRPO training loop, read top to bottom: set up, resume, then per step sample → reward →
-advantages → update (gradient accumulation, `trainer.update`) → metrics → eval → checkpoint.
+advantages → update (gradient accumulation, `trainer.update`) → metrics → eval → the adaptive
+controller → checkpoint.
 
 One function, `train(cfg, sink, workdir)`, serves `twoclocks train`, a sweep job (both through
 `twoclocks_cli.backends.grpo`) and `accelerate launch` (several processes: each rank keeps its
@@ -693,20 +694,23 @@ def train(
 
     try:
         if run.step == 0 and cfg.eval_every_samples > 0 and dist.rank == 0:
-            run.log(0, 0, {"eval_accuracy": evaluate(run.engine, run.reward_fn, run.held, cfg,
-                                                     run.tok, 0), "eval_n": len(run.held)})
+            values = {"eval_accuracy": evaluate(run.engine, run.reward_fn, run.held, cfg,
+                                                run.tok, 0), "eval_n": len(run.held)}
+            inrun.initial(run, values)
+            run.log(0, 0, values)
         while run.samples < cfg.sample_budget:
             phase_index, phase = _phase(run)
             values, batch = _train_step(run, phase, phase_index)
             _warn_without_signal(run, values)
-            branches: dict = {}
-            decision = inrun.adapt(run, values, branches, _steps())
+            # --- 6. eval, before the controller: its failure guard reads the evaluation ------
             eval_acc = None
             if _eval_due(cfg, run.samples, batch.n_all) and dist.rank == 0:
                 eval_acc = values["eval_accuracy"] = evaluate(
                     run.engine, run.reward_fn, run.held, cfg, run.tok, run.step
                 )
                 values["eval_n"] = len(run.held)
+            branches: dict = {}
+            decision = inrun.adapt(run, values, branches, _steps())
             run.log(run.step, run.samples, values)
             if run.writes:
                 run.sink.flush()

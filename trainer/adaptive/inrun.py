@@ -44,10 +44,19 @@ class InRunBranch:
     samples: int
 
 
+def initial(run, values: dict) -> None:
+    """Hand the step-0 evaluation to the controller: the live drop rule starts from the same
+    first point as the analysis's (no decision can come of one point)."""
+    if run.ctl is not None:
+        run.ctl.observe(0, 0, values)
+
+
 def adapt(run, values: dict, branches: dict, steps: LoopSteps):
-    """Feed the step to the adaptive controller (its decision's metrics join `values`). A
+    """Feed the step to the adaptive controller (its decision's metrics join `values`).
+    `values` carries the step's evaluation when one is due (the loop evaluates first), so the
+    failure guard's live drop rule sees every evaluation at the step it is measured. A
     branch-rule decision runs its branches here (`brancher`); they land in `branches`, and the
-    run is left as it was, for this step's evaluation and row, until `adopt`."""
+    run is left as it was, for this step's row, until `adopt`."""
     if run.ctl is None:
         return None
     values.update(run.ctl.mode_metrics())

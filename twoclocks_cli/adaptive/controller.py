@@ -189,6 +189,11 @@ class Controller:
         cap = self.state.start_prompts if self.cfg.grow_lr == "hold" else None
         return self.lr_for(prompts if cap is None else min(prompts, cap))
 
+    def due(self, samples: float) -> bool:
+        """Whether a step ending at `samples` is a scheduled decision, so a backend can write
+        its row (with its evaluation, which `observe` must see) before observing it."""
+        return samples >= self.state.next_decision
+
     def to_dict(self) -> dict:
         """The state for a checkpoint (restore with Controller(..., state=this))."""
         return asdict(self.state)

@@ -17,7 +17,10 @@ twoclocks_cli.clocks.noise).
 
 `batch_schedule = "adaptive"` with an `adaptive` table (trainer.adaptive.config.AdaptiveConfig):
 the in-run controller picks each step's batch and lr from these same signals (its state is in
-the checkpoint; every decision is logged at its step and recorded as a run event).
+the checkpoint; every decision is logged at its step and recorded as a run event). It also sees
+each written row's reward_mean and eval_accuracy, drawn before it observes the step, so its
+failure guard's live drop rule (`collapse_key`) reads every evaluation the analysis will; the
+rows of an adopted branch (rule "branch") it does not observe.
 """
 
 from __future__ import annotations
@@ -279,19 +282,23 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         bad = bool(info.nonfinite[0])
         decision = None
         branches: dict = {}
+        # every decision falls on a row: a scheduled one is `due`, the guard's on a collapse
+        # needs an evaluation, which only a row has
+        row = bad or step % cfg.log_every == 0 or (
+            ctl is not None and ctl.due(float(state.samples[0])))
+        seen = _measured(cfg, state, info, ph, (seed, step), p_before,
+                         logged % cfg.eval_every == 0) if row else {}
         if ctl is not None:
             brancher = _brancher(state, seed, ctl, ph, cap, norm0, budget, branches)
-            decision = ctl.observe(step, float(state.samples[0]), _observed(info, ph, norm0),
-                                   brancher)
-        if bad or step % cfg.log_every == 0 or decision is not None:
-            obs = np.random.default_rng([seed, step])
-            values = _step_values(info, ph, k, norm0, obs.binomial(ph.batch, p_before) / ph.batch)
+            decision = ctl.observe(step, float(state.samples[0]),
+                                   {**_observed(info, ph, norm0), **seen}, brancher)
+        if row:
+            values = _step_values(info, ph, k, norm0, seen.pop("reward_mean"))
             if before is not None:
                 values.update(before)
             if decision is not None:
                 values.update(decision_metrics(decision))
-            if logged % cfg.eval_every == 0:
-                values.update(_eval(cfg, obs, _progress(state, float(info.loss[0]))))
+            values.update(seen)
             logged += 1
             writer.log(step, int(state.samples[0]), values)
         if decision is not None:
@@ -366,6 +373,17 @@ def _step_values(info, ph: Phase, k: int, norm0: float, reward: float) -> dict[s
         "grad_l1_diff": float(info.grad_l1_diff[0]),
         "nonfinite": 1.0 if bad else 0.0,
     }
+
+
+def _measured(cfg: ModelConfig, state: SimState, info, ph: Phase, seed_step: tuple[int, int],
+              p_before: float, evaluated: bool) -> dict[str, float]:
+    """A row's progress metrics, drawn from its step's own stream (reward, then evaluation):
+    the controller sees them before the row is written, its live drop rule their evaluation."""
+    obs = np.random.default_rng(list(seed_step))
+    out = {"reward_mean": obs.binomial(ph.batch, p_before) / ph.batch}
+    if evaluated:
+        out.update(_eval(cfg, obs, _progress(state, float(info.loss[0]))))
+    return out
 
 
 def _eval(cfg: ModelConfig, obs: np.random.Generator, p: float) -> dict[str, float]:
