@@ -133,12 +133,33 @@ def test_recommended_b_crit_of_the_free_sweep_matches_the_theory(sweeps):
 
 
 @pytest.mark.parametrize("sweep", ["free", "capped"])
+def test_the_schedule_is_the_brute_force_optimum_on_the_theory_model(sweeps, sweep):
+    """On the theory model's own clocks, the recommended plan is what a brute-force search over
+    (B_small, switch point, B_large) picks by the documented rule."""
+    from tests.support.plans import brute_force
+    from twoclocks_cli.clocks import plan as planner
+    from twoclocks_cli.clocks.schedule import _grid, batch_clocks
+
+    store, _ = sweeps
+    a = analyze_sweep(store, sweep, AnalysisOptions(**OPTS))
+    plan = make_schedule(a, budget=BUDGET)
+    by, _, reached = _grid(a)
+    clocks = batch_clocks(a, by, reached, None)
+    least, small, mine, key = brute_force(clocks, 0.8, BUDGET, "samples", False)
+    assert plan["b_small"] == small
+    assert plan["objectives"]["samples"]["samples"] == pytest.approx(least, rel=0.005)
+    ends = [p[3] for p in mine if p[key] <= least * 1.005]
+    assert plan["phases"][-1]["until_samples"] >= max(ends) * 0.99 - 1
+    assert planner.TOL == 0.10
+
+
+@pytest.mark.parametrize("sweep", ["free", "capped"])
 def test_the_schedule_stops_before_the_drift_threshold_it_predicts(sweeps, sweep):
     """The theory model collapses where the drift crosses its threshold (the truth, read by the
     drift rule at that very threshold). Trained as `schedule-config` trains it, to where its last
-    phase ends, the schedule's runs on 8 fresh seeds do not collapse (at most one: the safety
-    point is set on 3 seeds' lower bound of the median failure clock, not on the earliest run
-    there can be); run on to the budget, the same phases do (the schedule stops for a reason)."""
+    phase ends, the schedule's runs on 20 fresh seeds do not collapse (the end rests on a
+    per-run lower bound of the failure clock, not on the median's); a one-phase schedule run on
+    to the budget does (the schedule stops for a reason)."""
     store, root = sweeps
     plan = make_schedule(analyze_sweep(store, sweep, AnalysisOptions(**OPTS)), budget=BUDGET)
     phases = [dict(p) for p in plan["phases"]]
@@ -148,9 +169,11 @@ def test_the_schedule_stops_before_the_drift_threshold_it_predicts(sweeps, sweep
     sim = {**SIM, "cap": CAP} if sweep == "capped" else SIM
     first = phases[0]["prompts_per_batch"]
     name = f"stopped-{sweep}"
-    make_sweep(store, name, [first], 8, end, sim, root / name, phases=phases, seed0=100)
+    make_sweep(store, name, [first], 20, end, sim, root / name, phases=phases, seed0=100)
     stopped = analyze_sweep(store, name, AnalysisOptions(**OPTS))
-    assert sum(r.failure.samples is not None for r in stopped.runs) <= 1, plan["rationale"]
+    assert sum(r.failure.samples is not None for r in stopped.runs) == 0, plan["rationale"]
+    if len(phases) > 1:
+        return  # the large phase's bound is conservative: its runs go on past the budget
     name = f"overrun-{sweep}"
     make_sweep(store, name, [first], 8, BUDGET, sim, root / name, phases=phases, seed0=100)
     overrun = analyze_sweep(store, name, AnalysisOptions(**OPTS))

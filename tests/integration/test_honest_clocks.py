@@ -207,9 +207,35 @@ def test_analyze_and_schedule_say_how_settled_their_decision_is(tmp_path, url):
     assert st["collapses"] == {k: {"share": 0.0, "settled": True} for k in ("8", "32", "128")}
     proc = twoclocks("schedule", "settled", "--db", url)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].startswith("decision settled: schedule 32 in 100%")
+    # 8 takes the fewest samples (E = 60 (1 + B/32) x ln(0.8/0.3): 73.6, 117.7, 294 samples)
+    assert proc.stdout.splitlines()[0].startswith("decision settled: schedule 8 in 100%")
     plan = json.loads(twoclocks("schedule", "settled", "--db", url, "--json").stdout)
-    assert plan["settled"] is True and plan["stability"]["schedule"]["shape"] == "32"
+    assert plan["settled"] is True and plan["stability"]["schedule"]["shape"] == "8"
     for cmd in ("analyze", "schedule"):
         proc = twoclocks(cmd, "settled", "--db", url, "--stability", "-1")
         assert_one_line_error(proc, "--stability -1", "between 0 and 100,000")
+
+
+def test_an_unsettled_decision_says_so_first_with_what_would_settle_it(tmp_path, url):
+    """B_small = 8 (the fewest samples) collapses in 2 of its 4 seeds: whether its median seed
+    collapses flips between seed resamples (it does in 5/16 of them), so the schedule's first
+    line says NOT settled and names more seeds at 8; --json carries the same."""
+    for b in (8, 32, 128):
+        for seed in range(4):
+            x = np.arange(100)
+            tau = 60 * (1 + b / 32) / b
+            values = 0.8 * (1 - np.exp(-x / tau)) * (1 + 0.001 * seed)
+            if b == 8 and seed % 2:
+                values[60:] = 0.0  # collapses and stays down
+            _ingest(tmp_path, url, "unsettled", b, values, seed)
+    _analyze(url, "unsettled", "--target", "0.5", "--smoothing", "none")
+    proc = twoclocks("schedule", "unsettled", "--db", url)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("decision NOT settled: schedule 8"), first
+    assert "would settle it: more seeds at B=8" in first, first
+    plan = json.loads(twoclocks("schedule", "unsettled", "--db", url, "--json").stdout)
+    st = plan["stability"]
+    assert plan["settled"] is False and st["settled"] is False
+    assert abs(st["collapses"]["8"]["share"] - 5 / 16) < 0.1, st["collapses"]
+    assert any(n["batch"] == 8 and n["what"] == "more seeds" for n in st["needs"]), st["needs"]

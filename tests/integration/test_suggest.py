@@ -68,7 +68,10 @@ def test_suggested_cells_bracket_b_crit_in_the_same_sweep(missed):
     doc = _suggest(url)
     kinds = [(s["kind"], s["batch_samples"]) for s in doc["suggestions"]]
     assert kinds[:2] == [("bracket", 32), ("bracket", 64)], kinds  # 2x and 4x B_max
-    assert {k for k, _ in kinds} == {"bracket", "seeds", "budget"}  # flat_dims 0: none failed
+    # flat_dims 0: none failed. E(B) is flat here, so which batch is within 10% of the fewest
+    # samples flips between seed resamples: cells that would settle that may join
+    assert {"bracket", "seeds", "budget"} <= {k for k, _ in kinds} <= {
+        "bracket", "seeds", "budget", "settle"}
     assert doc["budget"] == 2 * BUDGET and doc["sweep_budget"] == BUDGET
     for s in doc["suggestions"]:
         assert s["cost_samples"] == len(s["seeds"]) * s["budget"]

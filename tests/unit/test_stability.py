@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from twoclocks_cli.clocks.analysis import batch_rows
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.options import AnalysisOptions
+from twoclocks_cli.clocks.perbatch import batch_rows
 from twoclocks_cli.clocks.result import (
     Analysis,
     Critical,
@@ -44,8 +44,9 @@ def _analysis(rows):
 
 
 def _clear_sweep():
-    """E(B) = 4,000 (1 + B/1,000) exactly, 1% seed noise: B_crit inside the grid (~1,000); B=512
-    fails at 20-21k in every seed, 2,048 at 30-31k: a switch 512 -> 2,048 in every resample."""
+    """E(B) = 4,000 (1 + B/1,000) exactly, 1% seed noise: B_crit inside the grid (~1,000); 128
+    takes the fewest samples and fails at 15k in every seed, 2,048 at 30-31k: a switch
+    128 -> 2,048 in every resample, 128's median seed collapsing."""
     rows, i = [], 0
     for b, fail in ((128, 15e3), (512, 20e3), (2048, 30e3)):
         for k in range(4):
@@ -59,7 +60,8 @@ def test_a_clear_sweep_is_settled_in_every_resample():
     assert st.settled and st.verdict.startswith("settled")
     assert st.b_crit["kind"] == "point" and st.b_crit["share"] == 1.0
     assert 512 < st.b_crit["where"][0] <= st.b_crit["where"][1] < 2048
-    assert st.schedule["shape"] == "512 -> 2,048" and st.schedule["share"] == 1.0
+    assert st.schedule["shape"] == "128 -> 2,048 (its median seed collapses)"
+    assert st.schedule["share"] == 1.0 and st.schedule["main"] == st.schedule["shape"]
     assert st.schedule["switch_share"] == 1.0
     assert all(c["share"] == 1.0 and c["settled"] for c in st.collapses.values())
     assert st.needs == []
@@ -67,23 +69,24 @@ def test_a_clear_sweep_is_settled_in_every_resample():
 
 @pytest.mark.slow
 def test_the_collapse_share_of_a_half_failing_batch_matches_the_hand_computation():
-    """2 of 4 seeds at B=512 fail. A resample's median of 4 is censored when >= 2 of its 4 draws
-    are, so its median seed fails with probability (1/2)^4 + 4 (1/2)^4 = 5/16 = 0.3125. Over
-    1,000 resamples (SE 0.015): within 0.045; not settled, and more seeds at 512 is what would
-    settle it."""
+    """2 of 4 seeds at B_small = 128 fail. A resample's median of 4 is censored when >= 2 of its
+    4 draws are, so its median seed fails with probability (1/2)^4 + 4 (1/2)^4 = 5/16 = 0.3125.
+    Over 1,000 resamples (SE 0.015): within 0.045. Whether B_small's median seed collapses is
+    part of the decision: not settled, and more seeds at 128 is what would settle it."""
     rows = _clear_sweep()
     for r in rows:
-        if r.batch_samples == 512 and r.seed % 2:
+        if r.batch_samples == 128 and r.seed % 2:
             r.failure = Clock(None, True, censored_at=BUDGET)
     st = measure(_analysis(rows), reps=1000)
-    share = st.collapses["512"]["share"]
+    share = st.collapses["128"]["share"]
     assert abs(share - 5 / 16) < 0.045, share
-    assert not st.collapses["512"]["settled"]
+    assert not st.collapses["128"]["settled"]
     assert 1 - SETTLED < share < SETTLED
     assert not st.settled and st.verdict.startswith("NOT settled")
-    assert any(n["batch"] == 512 and n["what"] == "more seeds" for n in st.needs), st.needs
-    # the schedule flips with it: one phase at 512 when 512's median seed does not fail
-    assert set(st.schedule["shares"]) >= {"512 -> 2,048"}
+    assert any(n["batch"] == 128 and n["what"] == "more seeds" for n in st.needs), st.needs
+    # the decision flips with it: 128's median seed collapses in about 5/16 of the resamples
+    shares = st.schedule["shares"]
+    assert abs(shares.get("128 -> 2,048 (its median seed collapses)", 0) - 5 / 16) < 0.045
 
 
 def test_resampling_is_reproducible_and_bounded():
@@ -98,7 +101,7 @@ def test_suggest_lists_the_cells_an_unsettled_decision_names():
 
     rows = _clear_sweep()
     for r in rows:
-        if r.batch_samples == 512 and r.seed % 2:
+        if r.batch_samples == 128 and r.seed % 2:
             r.failure = Clock(None, True, censored_at=BUDGET)
     a = _analysis(rows)
     a.critical.recommended = Recommended(source="empirical", b_crit=1000.0, why="t")
@@ -106,10 +109,10 @@ def test_suggest_lists_the_cells_an_unsettled_decision_names():
     doc = plan_suggestions(a, sweep_budget=int(BUDGET))
     settle = [s for s in doc["suggestions"] if s["kind"] == "settle"]
     assert settle and all(s["why"].startswith("to settle the decision") for s in settle)
-    # 512 flips: more seeds there (suggested once, by whichever rule named it first), new ones
-    at512 = [s for s in doc["suggestions"] if s["batch_samples"] == 512]
-    assert len(at512) == 1 and len(at512[0]["seeds"]) == 2, doc["suggestions"]
-    assert set(at512[0]["seeds"]).isdisjoint(range(4, 8))
+    # 128 flips: more seeds there (suggested once, by whichever rule named it first), new ones
+    at128 = [s for s in doc["suggestions"] if s["batch_samples"] == 128]
+    assert len(at128) == 1 and len(at128[0]["seeds"]) == 2, doc["suggestions"]
+    assert set(at128[0]["seeds"]).isdisjoint(range(4))
     assert any(n.startswith("decision NOT settled") for n in doc["notes"])
     a.stability = measure(_analysis(_clear_sweep()), reps=50).to_json()
     assert not [s for s in plan_suggestions(a, sweep_budget=int(BUDGET))["suggestions"]

@@ -1,11 +1,15 @@
 """The critical batch size, evidence first: E(B_crit) = 2 E_min from the measured progress clocks.
 
 Input: per batch size, the per-seed progress clocks in samples (None = censored). Estimates:
-- `empirical`: model-free. E_min is the clock at the small-batch limit (B = 1 sample: the
-  smallest batch there is); when the grid starts above 1 it is extrapolated down the power fit,
-  or taken as the smallest batch's clock (an upper bound) when no fit holds. B_crit is where the
-  monotone (running-max) interpolation of median E(B) in log-log first reaches 2 E_min. A
-  crossing between a finite batch and a censored one is a wall: the bracket between them.
+- `empirical`: model-free. E_min is the data's minimum when the data have one: where median
+  E(B) falls and then rises (a U: under the sqrt rule from a fixed lr0 the smallest batches get
+  the smallest lr and are often the slowest), E_min is the measured minimum, B_crit is where E
+  first reaches 2 E_min above it, and the batches left of the minimum are reported as slower
+  under this lr rule. Only where E grows from the smallest batch is E_min the small-batch limit
+  (B = 1 sample), extrapolated down the power fit, or the smallest batch's clock (an upper bound)
+  when no fit holds. B_crit is where the monotone (running-max) interpolation of median E(B) in
+  log-log first reaches 2 E_min. A crossing between a finite batch and a censored one is a
+  wall: the bracket between them.
 - `power`: E(B) = E0 (1 + (B/B_k)^a) fitted in log space, exponent a reported.
 - `linear`: McCandlish's E = E_min + S_min B (kept for comparison; wrong under Adam).
 A result outside the grid is a bound ("lower": B_crit >= the largest batch; "upper": <= the
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -45,6 +50,9 @@ class Estimate:
     batches: list[Number] = field(default_factory=list)
     rel_residuals: list[Number] | None = None  # (median - fit) / median per batch (fits)
     note: str = ""
+    e_min_at: Number | None = None  # the batch whose clock is E_min (None: below the grid)
+    slower: list[Number] = field(default_factory=list)  # batches left of a measured minimum
+    low_bound: bool = False  # the interval's low end is a bound: B_crit <= low in some resamples
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -71,7 +79,8 @@ class Estimate:
             return f"<= {num(self.b_crit)}"
         if self.low is not None:
             high = "open" if self.high is None else num(self.high)
-            return f"{num(self.b_crit)} [{num(self.low)}, {high}]"
+            low = f"<= {num(self.low)}" if self.low_bound else num(self.low)
+            return f"{num(self.b_crit)} [{low}, {high}]"
         return num(self.b_crit)
 
 
@@ -96,9 +105,20 @@ def fit_power(bs: np.ndarray, meds: np.ndarray, start=None) -> tuple[float, floa
     """Least squares of log E = log E0 + log(1 + (B/B_k)^a) on finite medians: (E0, B_k, a).
 
     Five starting points along the grid, or one at `start` (a previous fit: the bootstrap).
+    The same medians fitted again (the empirical estimate, the power estimate and a stability
+    resample all ask) are answered from a cache.
     """
+    key = (np.asarray(bs, float).tobytes(), np.asarray(meds, float).tobytes(),
+           None if start is None else tuple(start))
+    return _fit_power_cached(key)
+
+
+@lru_cache(maxsize=4096)
+def _fit_power_cached(key) -> tuple[float, float, float] | None:
     from scipy.optimize import least_squares
 
+    bs, meds = np.frombuffer(key[0]), np.frombuffer(key[1])
+    start = key[2]
     ok = np.isfinite(meds)
     b, e = bs[ok], meds[ok]
     if b.size < 3 or e[-1] / e[0] < MIN_GAIN_FOR_FIT:
@@ -107,6 +127,12 @@ def fit_power(bs: np.ndarray, meds: np.ndarray, start=None) -> tuple[float, floa
 
     def resid(p):
         return p[0] + np.log1p(np.exp(p[2] * (lb - p[1]))) - le
+
+    def jac(p):
+        # d/dp of log1p(exp(z)), z = a (log B - log B_k): the logistic of z times dz/dp
+        z = p[2] * (lb - p[1])
+        w = 0.5 * (1 + np.tanh(z / 2))  # exp(z) / (1 + exp(z)) without overflow
+        return np.column_stack([np.ones_like(lb), -p[2] * w, (lb - p[1]) * w])
 
     best = None
     if start is not None:
@@ -117,7 +143,7 @@ def fit_power(bs: np.ndarray, meds: np.ndarray, start=None) -> tuple[float, floa
     for p0 in starts:
         try:
             bounds = ([-np.inf, lb[0] - 8, 0.05], [np.inf, lb[-1] + 8, 3])
-            r = least_squares(resid, p0, bounds=bounds)
+            r = least_squares(resid, p0, jac=jac, bounds=bounds)
         except ValueError:
             continue
         if best is None or r.cost < best.cost:
@@ -180,16 +206,19 @@ class _Point:
     e_min: float | None
     placement: str
     note: str
+    e_min_at: float | None = None
+    slower: tuple = ()
 
 
 def _small_batch_limit(bs, meds, start=None) -> tuple[float, float, float, str]:
     """E_min at B = 1 sample (the smallest batch there is): (point, low, high, how).
 
-    Measured when the grid starts at 1. Otherwise the point is the geometric mean of the power
-    fit's value at B = 1 and the smallest batch's own clock (high: E(B) only grows). The low end
-    is the fit's limit B -> 0, E0, below its value at 1: a fit whose curvature the grid sets
-    can put its B = 1 value above the true E(1) (SGD on a noisy quadratic, grid 4-256), while
-    no power form of E lies below E0.
+    Measured when the grid starts at 1. Otherwise the point is the power fit's value at B = 1
+    (on McCandlish's form with E_min 4,000, B_crit 600 and a grid of 128-2,048 it is within 1%,
+    where the geometric mean with the smallest batch's clock was 10% high), the high end the
+    smallest batch's own clock (E(B) only grows). The low end is the fit's limit B -> 0, E0: a
+    fit whose curvature the grid sets can put its B = 1 value above the true E(1) (SGD on a
+    noisy quadratic, grid 4-256), while no power form of E lies below E0.
     """
     if bs[0] <= 1:
         return float(meds[0]), float(meds[0]), float(meds[0]), "E_min measured at B=1"
@@ -197,10 +226,9 @@ def _small_batch_limit(bs, meds, start=None) -> tuple[float, float, float, str]:
     if params is not None:
         e1 = float(power_eval(params, 1.0))
         if 0 < e1 <= meds[0]:
-            mid = math.sqrt(e1 * meds[0])
-            return mid, float(params[0]), float(meds[0]), (
-                f"E_min between the power fit (its limit B -> 0 to its value at B=1) and the "
-                f"clock at B={bs[0]:g}"
+            return e1, float(params[0]), float(meds[0]), (
+                f"E_min = the power fit at B=1 (its interval from the fit's limit B -> 0 to the "
+                f"clock at B={bs[0]:g})"
             )
     return float(meds[0]), float(meds[0]), float(meds[0]), (
         f"E_min = the clock at B={bs[0]:g} (an upper bound: B_crit may be high)"
@@ -214,25 +242,47 @@ def empirical_point(bs: np.ndarray, vals: list[np.ndarray]) -> _Point:
 
 def empirical_points(bs: np.ndarray, vals: list[np.ndarray], start=None,
                      which=(0, 1, 2)) -> list[_Point | None]:
-    """The estimate for each E_min of `_small_batch_limit`: [point, its low end, its high end]
-    (only those in `which`; None for the others). `start`: a power fit whose shape is kept."""
+    """The estimate for each E_min of `_e_min`: [point, its low end, its high end] (only those
+    in `which`; None for the others). `start`: a power fit whose shape is kept."""
     meds = _medians(vals)
     finite = np.isfinite(meds)
     if not finite.any():
         return [_Point(None, None, None, None, None, "none", "no batch reached the target")
                 if i in which else None for i in range(3)]
     first = int(np.argmax(finite))
-    # when the smallest batches never reached the target while a larger one did, E(B) falls
-    # with B there: no progress reason favours a batch smaller than those that reached it
-    sub_b, sub_m = bs[first:], meds[first:]
+    lowest = int(np.nanargmin(np.where(finite, meds, np.nan)))
+    # E(B) is read from its minimum up: a batch left of it is slower, not a smaller E_min
+    sub_b, sub_m = bs[lowest:], meds[lowest:]
     ok = np.isfinite(sub_m)
-    lim = _small_batch_limit(sub_b[ok], sub_m[ok], start)
+    if lowest > first:
+        lim, at = _measured_minimum(bs, meds, first, lowest), float(bs[lowest])
+    else:
+        lim, at = _small_batch_limit(sub_b[ok], sub_m[ok], start), None
     how = lim[3]
     if first > 0:
         how += f"; batches below B={bs[first]:g} never reached the target"
+    slower = tuple(float(b) for b, m in zip(bs[:lowest], meds[:lowest], strict=True)
+                   if np.isfinite(m))
     run = np.maximum.accumulate(np.where(ok, sub_m, np.inf))
-    return [_point_for(sub_b, run, e_min, how) if i in which else None
-            for i, e_min in enumerate(lim[:3])]
+    out = []
+    for i, e_min in enumerate(lim[:3]):
+        p = _point_for(sub_b, run, e_min, how) if i in which else None
+        if p is not None:
+            p.e_min_at, p.slower = at, slower
+        out.append(p)
+    return out
+
+
+def _measured_minimum(bs, meds, first: int, lowest: int) -> tuple[float, float, float, str]:
+    """E_min where median E(B) falls and then rises: the measured minimum (its interval comes
+    from the seed bootstrap that reruns this rule)."""
+    e = float(meds[lowest])
+    left = ", ".join(f"{b:g} ({m:,.0f})" for b, m in zip(bs[first:lowest], meds[first:lowest],
+                                                        strict=True) if np.isfinite(m))
+    return e, e, e, (
+        f"E_min = the measured minimum {e:,.0f} at B={bs[lowest]:g}; B={left} took more samples "
+        "(slower under this lr rule: their lr is smaller)"
+    )
 
 
 def _point_for(sub_b, run, e_min, how) -> _Point:
@@ -351,7 +401,8 @@ def empirical(per_batch: dict[float, list[float | None]], rng, reps: int = 1000)
                         note=f"one batch size (B={bs[0]:g}): E(B) cannot be compared")
     pt = empirical_point(bs, vals)
     est = Estimate("empirical", pt.b_crit, bound=pt.bound, e_min=pt.e_min, placement=pt.placement,
-                   seeds=seeds, batches=bs.tolist(), note=pt.note)
+                   seeds=seeds, batches=bs.tolist(), note=pt.note, e_min_at=pt.e_min_at,
+                   slower=list(pt.slower))
     if pt.b_crit is None:
         return est
     if pt.placement == "bracketed":
@@ -375,6 +426,11 @@ def empirical(per_batch: dict[float, list[float | None]], rng, reps: int = 1000)
     boots = _bootstrap(bs, vals, ends, rng, reps)
     est.low = _interval([b[0] for b in boots], CONF_B_CRIT)[0]
     est.high = _interval([b[1] for b in boots], CONF_B_CRIT)[1]
+    if est.low is not None and est.low <= 0:
+        # the low quantile fell on resamples whose B_crit is an upper bound (<= the smallest
+        # batch): the interval's low end is that bound, never a B_crit of 0
+        est.low, est.low_bound = float(bs[0]), True
+        est.note += f"; in some resamples B_crit <= {bs[0]:g} (an upper bound)"
     if seeds < 2:
         est.note += "; one seed per batch: the interval is degenerate"
     if est.high is not None and not math.isfinite(est.high):

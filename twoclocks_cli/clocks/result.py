@@ -189,14 +189,19 @@ class Recommended(_Document, Estimate):
             return cls(source=None, b_crit=None, why=why)
         return cls(source=chosen.source, b_crit=chosen.b_crit, low=chosen.low, high=chosen.high,
                    bound=chosen.bound, e_min=chosen.e_min, placement=chosen.placement,
-                   seeds=chosen.seeds, why=why)
+                   seeds=chosen.seeds, why=why, e_min_at=chosen.e_min_at,
+                   slower=list(chosen.slower), low_bound=chosen.low_bound)
 
     @model_serializer(mode="plain")
     def _kept(self) -> dict:
         out = {"b_crit": self.b_crit, "low": self.low, "high": self.high, "bound": self.bound,
                "source": self.source, "placement": self.placement}
+        if self.low_bound:
+            out["low_bound"] = True
         if self.source is not None:
             out.update(e_min=self.e_min, seeds=self.seeds)
+        if self.e_min_at is not None:
+            out.update(e_min_at=self.e_min_at, slower=self.slower)
         out["why"] = self.why
         return out
 

@@ -251,7 +251,8 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
                group_size: int | None = None) -> RunClocks | None:
     """Both clocks of one run; None when its metric has no finite values.
 
-    Progress is read on the points logged before the failure (`n_fail`), smoothed on their own.
+    Progress is read on the points logged before the metric's own collapse (the drop rule's),
+    smoothed on their own, and must come before the failure by any rule (`n_fail`).
     Where that smoothed curve first reaches `tau` and holds it for 3 points chooses the observed
     upward crossing nearest it (a point below `tau`, the next at or above); the clock is where
     the straight line between those two points meets `tau`. So it never lies before the last
@@ -278,7 +279,12 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
     if started_above:
         reason = f"started at or above the target ({curve.values[0]:.4g} >= {tau:.4g})"
     else:
-        n_prog = _crossing_before(curve, sm, tau, n_fail, opts)
+        # the metric's own collapse is what a centred average would drag back across the
+        # crossing; another rule (drift, entropy) can fire while the metric still rises, and a
+        # cut there would only shorten the curve's smoothed end
+        n_prog = _crossing_before(curve, sm, tau, fired.get("drop"), opts)
+        if n_prog is not None and n_fail is not None and n_fail < n_prog:
+            n_prog = None
         if n_prog is None and n_fail is not None and _crossing(curve, sm, tau) is not None:
             reason = f"collapsed at {n_fail:,.0f} samples ({rule}) before the target"
             collapsed = True

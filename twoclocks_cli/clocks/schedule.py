@@ -1,30 +1,31 @@
-"""The schedule rule, evidence first: small batch first, switch before the failure clock.
+"""The schedule rule, evidence first: the plan the objective's clock prefers, ended before a
+single run is likely to fail.
 
-- B_small: the largest grid batch whose progress clock is uncensored and not above the
-  recommended B_crit. A lower bound ("E(B) does not grow with B up to B_max") means the largest
-  batch that reached the target was the most sample-efficient: it is B_small. A censored batch
-  is never picked.
-- N_switch = s x the lower confidence bound of N_fail(B_small), which needs >= 2 seeds that
-  failed; with one failed seed the switch rests on that seed and the stricter s^2 applies.
-- B_large: the larger batch with uncensored progress whose failure clock is latest, and later
-  than B_small's; none: one phase, which ends at N_switch when B_small fails.
-- The schedule stops where it says: the last phase ends at the failure safety point when a
-  failure is predicted (for the large phase: the drift budget left at the switch spent at
-  B_large's lower-bound rate, times s), else at the budget.
+The decision itself is `clocks.plan` (its docstring states the model and the tie rule); this
+module reads an analysis into per-batch clocks, writes the chosen plan as phases the trainer
+runs, and says why in lines whose every number is one printed beside it.
+
+- B_small, the switch and B_large minimise the objective's clock to the target (samples,
+  seconds or cost) over the plans the data support; under `samples` B_small is the batch that
+  reached the target in the fewest samples, or a larger one within `plan.TOL` of it.
+- The failure bound of a batch is per run: the lower prediction bound of its seeds' failure
+  clocks (`plan.failure_bound`), the safety factor applied to the whole clock from the start of
+  training, one phase or two. A bound on one failed seed with no spread to borrow gets s^2.
 - The large phase's lr: B_large's own lr in the sweep (`large_lr = "sweep"`, the scaling rule),
   or B_small's (`"hold"`). On the tiny main job a policy trained at B_small broke at once under
-  B_large's sqrt-scaled lr and did not under B_small's (docs/benchmarks.md); with "hold" the
-  large phase runs at a setting the sweep did not measure, so its failure is not predicted.
+  B_large's sqrt-scaled lr and did not under B_small's (docs/benchmarks.md). With "hold" the
+  switch comes only after the target (the large phase's progress at that lr is not measured),
+  and B_large's failure bound from its sweep runs bounds it (a smaller lr drifts no faster).
 Every predicted number is a number or "unknown" with the reason.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
+from twoclocks_cli.clocks import plan as planner
 from twoclocks_cli.clocks.cost import OBJECTIVES, TimeClocks
-from twoclocks_cli.clocks.result import Analysis, BatchRow, Recommended
+from twoclocks_cli.clocks.result import Analysis, BatchRow
 from twoclocks_cli.core.errors import AnalysisError
 
 
@@ -59,9 +60,9 @@ class Schedule:
     phases: list[dict]
     predicted: dict
     rationale: list[str] = field(default_factory=list)
-    objective: str = "samples"  # the clock B_small minimises: samples | time | cost
-    # per objective, the batch it would pick and that batch's samples, seconds and cost to the
-    # target (only the objectives the throughput and price allow)
+    objective: str = "samples"  # the clock the whole plan minimises: samples | time | cost
+    # per objective, the plan it would choose (batch = its B_small, b_large, n_switch, end) and
+    # that plan's samples, seconds and cost to the target (the objectives the data can price)
     objectives: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -78,26 +79,6 @@ def _setting(analysis: Analysis, batch: float) -> dict:
         "clip_eps_high": r.clip_high,
         "group_size": r.group_size,
     }
-
-
-def _pick_small(rec: Recommended, reached: list[float]) -> tuple[float, str]:
-    """B_small from the recommended estimate among the batches that reached the target."""
-    if rec.b_crit is None:
-        return min(reached), "no B_crit estimate: the smallest batch that reached the target"
-    if rec.bound == "lower":
-        return max(reached), (
-            f"B_crit {rec.text()}: E(B) does not double up to the largest batch, so the "
-            "largest batch that reached the target is the most sample-efficient choice"
-        )
-    below = [x for x in reached if x <= rec.b_crit]
-    if below:
-        return max(below), (
-            f"the largest batch that reached the target and is not above B_crit {rec.text()}"
-        )
-    return min(reached), (
-        f"no batch that reached the target is at or below B_crit {rec.text()}: the "
-        "smallest that did"
-    )
 
 
 def _grid(a: Analysis) -> tuple[dict[float, BatchRow], list[float], list[float]]:
@@ -125,52 +106,81 @@ def _grid(a: Analysis) -> tuple[dict[float, BatchRow], list[float], list[float]]
 LARGE_LR = ("sweep", "hold")
 
 
+def batch_clocks(a: Analysis, by: dict[float, BatchRow], reached: list[float],
+                 time: TimeClocks | None) -> list[planner.BatchClocks]:
+    """What the decision reads of each batch that reached the target: its median progress
+    clock, the per-run failure bound (spread pooled over every batch), its price per sample."""
+    failed = {b: [r.failure.samples for r in a.runs_at(b)
+                  if r.analysed and r.failure.samples is not None] for b in by}
+    spread, dof = planner.pooled_log_spread({b: f for b, f in failed.items() if f})
+    out = []
+    for b in reached:
+        bound, basis, one = (planner.failure_bound(failed[b], spread, dof) if failed[b]
+                             else (None, "no seed failed", False))
+        reach = min((r.failure.censored_at for r in a.runs_at(b)
+                     if r.analysed and r.failure.censored_at is not None), default=None)
+        tb = time.at(b) if time is not None else None
+        sps = tb.throughput.seconds_per_sample if tb is not None else None
+        price = time.price_per_hour if time is not None else None
+        out.append(planner.BatchClocks(
+            batch=b, progress=by[b].progress.median, fail=bound, fail_basis=basis,
+            one_seed=one, seconds_per_sample=sps,
+            cost_per_sample=None if sps is None or price is None else sps * price / 3600,
+            reach=reach if not failed[b] else None))
+    return out
+
+
 def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
                   large_lr: str = "sweep", objective: str = "samples",
                   time: TimeClocks | None = None) -> dict:
     """The recommended phases of an analysed sweep (a JSON-ready dict; see `Schedule`).
 
-    `objective` names the clock B_small minimises: samples (B_crit's rule), or time or cost to
-    the target under `time` (default: the analysis's own, measured from its runs)."""
+    `objective` names the clock the whole plan minimises to the target: samples, or time or
+    cost under `time` (default: the analysis's own, measured from its runs)."""
     _check_choices(objective, safety, large_lr)
     by, grid, reached = _grid(a)
-    rec = a.critical.recommended
-    b_small, why_small = _pick_small(rec, reached)
     time = time if time is not None else a.time
-    picks = _objective_picks(time, by, reached, b_small, why_small)
-    if objective not in picks:
-        raise AnalysisError(_no_objective(a.sweep, objective, time))
-    b_small, why_small = picks[objective]["batch"], picks[objective]["why"]
     if budget is None:
         budget = a.longest_run
-    rationale = [
-        f"B_crit {rec.text()} samples ({rec.source or 'none'}: {rec.why})",
+    clocks = batch_clocks(a, by, reached, time)
+    plans = planner.candidates(clocks, safety, budget, after_target=large_lr == "hold")
+    best = {obj: planner.choose(plans, obj) for obj in OBJECTIVES}
+    chosen = best[objective]
+    if chosen is None:
+        if objective != "samples" and all(c.seconds_per_sample is None for c in clocks) \
+                or objective == "cost" and (time is None or time.price_per_hour is None):
+            raise AnalysisError(_no_objective(a.sweep, objective, time))
+        chosen = _fallback(clocks, safety, budget, objective)
+    chosen = planner.rounded(chosen)
+    rec = a.critical.recommended
+    at = {c.batch: c for c in clocks}
+    rationale = [f"B_crit {rec.text()} samples ({rec.source or 'none'}: {rec.why})"]
+    rationale += _e_min_line(rec)
+    rationale += [
         f"grid = {[f'{b:g}' for b in grid]}; reached the target: {[f'{b:g}' for b in reached]}",
-        f"B_small = {b_small:g}: {why_small}",
+        "median samples to the target: " + "; ".join(
+            f"{c.batch:g}: {c.progress:,.0f}" for c in clocks),
+        f"B_small = {chosen.b_small:g}: " + _why_small(chosen, plans, objective, at),
     ]
     rationale += [f"disagreement: {line}" for line in a.critical.disagreements]
-    rationale += _objective_lines(picks, objective)
-    plan = _phases(a, by, reached, b_small, budget, safety, large_lr, rationale)
-    two = len(plan.phases) > 1
-    prog = _predicted_progress(by, b_small, plan.n_switch if two else None)
-    if two and large_lr == "hold":
-        fail = Predicted(None, f"the large phase runs B={plan.b_large:g} at B_small's lr, which "
-                         "the sweep did not measure")
-    else:
-        fail = _predicted_failure(by, b_small, plan.b_large, plan.n_switch, two)
+    rationale += _failure_lines(chosen, at, safety)
+    phases = _phases(a, chosen, large_lr, rationale)
+    rationale += _objective_lines(best, objective)
+    prog = _predicted_progress(chosen, at)
+    fail = _predicted_failure(by, chosen)
     return Schedule(
         sweep=a.sweep,
         b_crit=rec.b_crit,
         b_crit_text=rec.text(),
         b_crit_source=rec.source,
-        b_small=b_small,
-        b_large=plan.b_large,
-        n_switch=plan.n_switch if two else None,
-        stop_before_samples=plan.stop,
-        safety=plan.safety,
+        b_small=chosen.b_small,
+        b_large=chosen.b_large,
+        n_switch=chosen.n_switch,
+        stop_before_samples=chosen.end if chosen.stopped else None,
+        safety=chosen.safety,
         budget=budget,
         large_lr=large_lr,
-        phases=plan.phases,
+        phases=phases,
         predicted={
             "progress_samples": prog.samples,
             "progress_why": prog.why,
@@ -179,9 +189,15 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
         },
         rationale=rationale,
         objective=objective,
-        objectives={k: {x: v[x] for x in ("batch", "samples", "seconds", "cost")}
-                    for k, v in picks.items()},
+        objectives={k: _priced(p) for k, p in best.items() if p is not None},
     ).to_json()
+
+
+def _fallback(clocks, safety, budget, objective) -> planner.Plan:
+    """No plan reaches the target before its failure bound: the one phase that gets closest
+    (the least progress beyond its end), said so in its rationale by `_failure_lines`."""
+    ones = [planner.one_phase(c, safety, budget) for c in clocks]
+    return min(ones, key=lambda p: (p.progress / p.end, p.value(objective) or 0))
 
 
 def _check_choices(objective: str, safety: float, large_lr: str) -> None:
@@ -194,144 +210,130 @@ def _check_choices(objective: str, safety: float, large_lr: str) -> None:
         raise AnalysisError(f"--large-lr {large_lr!r}: must be one of {', '.join(LARGE_LR)}")
 
 
-@dataclass
-class _Phases:
-    """The schedule's phases and what placed them."""
-
-    phases: list[dict]
-    b_large: float
-    n_switch: float | None  # the switch point (or where the one phase ends), None: none
-    stop: float | None  # where the last phase ends because a failure is predicted there
-    safety: float  # the safety factor applied (squared when the bound rests on one seed)
+def _e_min_line(rec) -> list[str]:
+    """Where E_min is a measured minimum, the batches left of it and why they are slower."""
+    if rec.e_min_at is None:
+        return []
+    slower = ", ".join(f"{b:g}" for b in rec.slower)
+    return [f"E_min is the measured minimum at B={rec.e_min_at:g}; B={slower} took more "
+            "samples: slower under this lr rule (their lr is smaller)"]
 
 
-def _phases(a: Analysis, by: dict[float, BatchRow], reached: list[float], b_small: float,
-            budget: float, safety: float, large_lr: str, rationale: list[str]) -> _Phases:
-    """One phase at B_small, or a switch to a larger batch that fails later at `safety` x
-    B_small's failure lower bound; the reasons are appended to `rationale`."""
-    lower, one_seed = _failure_lower_bound(by[b_small])
-    s = safety * safety if one_seed else safety
-    n_switch = s * lower if lower is not None else None
+_UNIT = {"samples": "samples", "time": "hours", "cost": "cost"}
 
-    def fail_key(b):
-        f = by[b].failure.median
-        return math.inf if f is None else f
 
-    later = [b for b in reached if b > b_small and fail_key(b) > fail_key(b_small)]
-    b_large = max(later, key=lambda b: (fail_key(b), b)) if later else b_small
-    small = _setting(a, b_small)
-    if n_switch is not None and n_switch >= budget:
-        rationale.append(
-            f"the failure safety point {n_switch:,.0f} samples of B={b_small:g} lies past the "
-            f"budget {budget:,.0f}: one phase to the budget")
-        n_switch = None
-    if n_switch is None:
-        if not rationale[-1].startswith("the failure safety point"):
-            rationale.append(
-                f"no run at B={b_small:g} failed within the budget: one phase, no switch needed")
-        return _Phases([{"until_samples": budget, **_phase_keys(small)}], b_large, None, None, s)
-    basis = (
-        f"the one failed seed's clock {lower:,.0f} (the switch point rests on one seed: "
-        f"stricter safety {safety:g}^2 = {s:.3g})"
-        if one_seed
-        else f"the {int(100 * 0.9)}% lower bound {lower:,.0f} of N_fail at B={b_small:g} "
-        f"({by[b_small].n_failed} seeds failed)"
-    )
-    first = {"until_samples": round(n_switch), **_phase_keys(small)}
-    if b_large == b_small:
-        rationale.append(
-            f"no larger batch that reached the target fails later than B={b_small:g}: one "
-            f"phase, which ends at {s:.3g} x {basis} = {n_switch:,.0f} samples (keep that "
-            "checkpoint: training on fails)"
-        )
-        return _Phases([first], b_large, n_switch, n_switch, s)
-    rationale.append(f"N_switch = {s:.3g} x {basis} = {n_switch:,.0f} samples")
-    fl = by[b_large].failure.median
+def _fmt(value: float | None, objective: str) -> str:
+    if value is None:
+        return "unknown"
+    if objective == "samples":
+        return f"{value:,.0f} samples"
+    if objective == "time":
+        return f"{value / 3600:.3g} h"
+    return f"cost {value:.4g}"
+
+
+def _why_small(chosen: planner.Plan, plans, objective: str, at: dict) -> str:
+    """Why this B_small: the fewest (or least) to the target, or within TOL of the plan that
+    is, with both numbers."""
+    fastest = planner.fastest(plans, objective)
+    v = chosen.value(objective)
+    what = {"samples": "the fewest samples", "time": "the least time",
+            "cost": "the least cost"}[objective]
+    via = "" if chosen.n_switch is None or chosen.n_switch >= at[chosen.b_small].progress else (
+        f" (switching to {chosen.b_large:g} at {chosen.n_switch:,.0f} before the target)")
+    if fastest is None or fastest.value(objective) >= v or fastest.b_small == chosen.b_small:
+        return f"{what} to the target ({_fmt(v, objective)}{via})"
+    f = fastest.value(objective)
+    return (f"{_fmt(v, objective)} to the target{via}, within {planner.TOL:.0%} of {what} "
+            f"({_fmt(f, objective)} at B={fastest.b_small:g}, {v / f:.2f}x): the data cannot "
+            f"tell them apart, and the larger batch takes fewer steps")
+
+
+def _failure_lines(chosen: planner.Plan, at: dict, safety: float) -> list[str]:
+    """The failure bounds the plan's end rests on, and whether it reaches the target in time."""
+    small = at[chosen.b_small]
+    lines = []
+    for c in {small.batch: small, chosen.b_large: at[chosen.b_large]}.values():
+        if c.fail is not None:
+            lines.append(f"failure bound of B={c.batch:g} (a single run): {c.fail_basis}"
+                         + ("; stricter safety s^2" if c.one_seed else ""))
+        elif c.batch != small.batch or chosen.n_switch is None:
+            reach = f" within {c.reach:,.0f} samples" if c.reach is not None else ""
+            lines.append(f"B={c.batch:g}: no seed failed{reach}")
+    if not planner.feasible(chosen):
+        lines.append(f"no plan reaches the target before its failure bound: B={small.batch:g} "
+                     f"needs {chosen.progress:,.0f} samples and ends at {chosen.end:,.0f}")
+    return lines
+
+
+def _phases(a: Analysis, p: planner.Plan, large_lr: str, rationale: list[str]) -> list[dict]:
+    """The phase list of plan `p`, with the lines that say where each phase ends and why."""
+    small = _setting(a, p.b_small)
+    s = f"{p.safety:.3g}"
+    if p.n_switch is None:
+        c_end = f"{p.end:,.0f}"
+        if p.stopped:
+            rationale.append(f"one phase, which ends at {s} x the failure bound of "
+                             f"B={p.b_small:g} = {c_end} samples (keep that checkpoint: "
+                             "training on fails)")
+        else:
+            rationale.append(f"one phase to the budget {c_end} samples: no failure bound of "
+                             f"B={p.b_small:g} before it")
+        return [{"until_samples": p.end, **_phase_keys(small)}]
+    large = _phase_keys(_setting(a, p.b_large))
     rationale.append(
-        f"B_large = {b_large:g}: the latest failure clock ("
-        + ("censored: no seed failed" if fl is None else f"{fl:,.0f} samples")
-        + ") among the larger batches that reached the target"
-    )
-    large, stop = _large_phase(a, by, (b_small, b_large), n_switch, s, budget, large_lr, small,
-                               rationale)
-    return _Phases([first, large], b_large, n_switch, stop, s)
-
-
-def _large_phase(a: Analysis, by: dict[float, BatchRow], batches: tuple[float, float],
-                 n_switch: float, s: float, budget: float, large_lr: str, small: dict,
-                 rationale: list[str]) -> tuple[dict, float | None]:
-    """The second phase (B_large from `n_switch` on) and where it stops short of the budget
-    (None: it runs to the budget); the reasons are appended to `rationale`."""
-    b_small, b_large = batches
-    large = _phase_keys(_setting(a, b_large))
+        f"switch to B_large = {p.b_large:g} at N_switch = {p.n_switch:,.0f} samples: it fails "
+        f"later than B={p.b_small:g}, and the end is latest when the switch comes "
+        + ("once B_small's median run reached the target" if p.n_switch >= p.progress
+           else "where the objective is least"))
     if large_lr == "hold":
         rationale.append(
-            f"large phase lr = B_small's {small['lr']:.4g} (--large-lr hold; B={b_large:g} "
-            f"ran at {large['lr']:.4g} in the sweep): a setting the sweep did not measure"
-        )
+            f"large phase lr = B_small's {small['lr']:.4g} (--large-lr hold; B={p.b_large:g} "
+            f"ran at {large['lr']:.4g} in the sweep): its failure bound is B={p.b_large:g}'s "
+            "at that larger lr (a smaller lr drifts no faster)")
         large["lr"] = small["lr"]
-        stop_at, why_stop = None, "its failure is not predicted (a setting the sweep " \
-            "did not measure): it runs to the budget"
-    else:
-        stop_at, why_stop = _large_phase_stop(by, b_small, b_large, n_switch, s)
-    stop = None
-    if stop_at is not None and stop_at < budget:
-        stop = stop_at
-    elif stop_at is not None:
-        why_stop += f", past the budget {budget:,.0f}: it runs to the budget"
-    rationale.append(f"the large phase ends at "
-                     f"{stop if stop is not None else budget:,.0f} samples: {why_stop}")
-    return {"until_samples": round(stop) if stop is not None else budget, **large}, stop
+    how = (f"where the failure fraction reaches {s}: N_switch / F({p.b_small:g}) + the rest / "
+           f"F({p.b_large:g}), counted from the start of training")
+    rationale.append(f"the large phase ends at {p.end:,.0f} samples: "
+                     + (how if p.stopped else "the budget, before its failure bound"))
+    return [{"until_samples": p.n_switch, **_phase_keys(small)},
+            {"until_samples": p.end, **large}]
 
 
-def _objective_picks(time: TimeClocks | None, by: dict[float, BatchRow], reached: list[float],
-                     b_samples: float, why_samples: str) -> dict:
-    """{objective: {batch, why, samples, seconds, cost}}: the batch each objective picks (samples:
-    B_crit's rule; time and cost: the least median time or cost to the target among the timed
-    batches that reached it) and what that batch spends to the target in each clock."""
-    def spend(b):
-        tb = time.at(b) if time is not None else None
-        return {"seconds": tb.progress.seconds if tb else None,
-                "cost": tb.progress.cost if tb else None}
-
-    def row(b, why):
-        return {"batch": b, "why": why, "samples": by[b].progress.median, **spend(b)}
-
-    picks = {"samples": row(b_samples, why_samples)}
-    for obj, unit in (("time", "seconds"), ("cost", "cost")):
-        timed = [b for b in reached if spend(b)[unit] is not None]
-        if timed:
-            best = min(timed, key=lambda b: (spend(b)[unit], b))
-            picks[obj] = row(best, f"the least median {obj} to the target among the timed "
-                                   f"batches that reached it ({time.source} throughput)")
-    return picks
+def _priced(p: planner.Plan) -> dict:
+    """A plan in every clock: its batches, switch, end and what it spends to the target."""
+    return {"batch": p.b_small, "b_large": p.b_large, "n_switch": p.n_switch, "end": p.end,
+            "samples": p.progress, "seconds": p.seconds, "cost": p.cost}
 
 
-def _objective_lines(picks: dict, chosen: str) -> list[str]:
-    """What each objective would pick and what that costs in the other clocks, against the
-    chosen objective's pick ("time: 2,048 from the start, 1.9x the samples, 0.6x the hours")."""
-    if len(picks) < 2:
+def _objective_lines(best: dict, chosen: str) -> list[str]:
+    """What each objective's plan is and what it costs in the other clocks, against the chosen
+    objective's plan ("time: 2,048 from the start, 1.9x the samples, 0.6x the hours")."""
+    priced = {k: p for k, p in best.items() if p is not None and (k == "samples" or
+                                                                  p.value(k) is not None)}
+    if len(priced) < 2:
         return []
-    ref = picks[chosen]
-    how = "B_crit's rule" if chosen == "samples" else f"the least {chosen} to the target"
-    out = [f"objective {chosen}: B_small = {ref['batch']:g} ({how})"]
-    for obj, p in picks.items():
-        parts = [f"B={p['batch']:g}"]
-        for key, unit in (("samples", "samples"), ("seconds", "hours"), ("cost", "cost")):
-            if p[key] is not None and ref[key]:
-                parts.append(f"{p[key] / ref[key]:.2f}x the {unit}")
+    ref = priced[chosen]
+    out = [f"objective {chosen}: the plan with the least {_UNIT[chosen]} to the target"]
+    for obj, p in priced.items():
+        shape = f"B={p.b_small:g}" + (f" -> {p.b_large:g} at {p.n_switch:,.0f}"
+                                      if p.n_switch is not None else "")
+        parts = [shape]
+        for key in ("samples", "time", "cost"):
+            v, r = p.value(key), ref.value(key)
+            if v is not None and r:
+                parts.append(f"{v / r:.2f}x the {_UNIT[key]}")
         parts.append(_spent_text(p))
         out.append(f"{obj} would pick " + ", ".join(parts))
     return out
 
 
-def _spent_text(p: dict) -> str:
-    """'10,240 samples, 1.3 h, 3.2 (cost)' to the target: what is known of it."""
-    bits = [f"{p['samples']:,.0f} samples" if p["samples"] is not None else None,
-            f"{p['seconds'] / 3600:.3g} h" if p["seconds"] is not None else None,
-            f"cost {p['cost']:.4g}" if p["cost"] is not None else None]
-    return "to the target: " + ", ".join(b for b in bits if b) if any(bits) else \
-        "to the target: not timed"
+def _spent_text(p: planner.Plan) -> str:
+    """'10,240 samples, 1.3 h, cost 3.2' to the target: what is known of it."""
+    bits = [f"{p.progress:,.0f} samples",
+            f"{p.seconds / 3600:.3g} h" if p.seconds is not None else None,
+            f"cost {p.cost:.4g}" if p.cost is not None else None]
+    return "to the target: " + ", ".join(b for b in bits if b)
 
 
 def _no_objective(sweep: str, objective: str, time: TimeClocks | None) -> str:
@@ -346,74 +348,35 @@ def _no_objective(sweep: str, objective: str, time: TimeClocks | None) -> str:
     return (f"--objective {objective}: no timed batch of sweep {sweep!r} reached the target")
 
 
-def _failure_lower_bound(batch: BatchRow) -> tuple[float | None, bool]:
-    """(lower bound of N_fail, rests on one seed). None when no seed failed."""
-    fail = batch.failure
-    n_failed = batch.n_failed
-    if n_failed <= 0:
-        return None, False
-    if n_failed == 1 or fail.low is None:
-        # one failed seed: its own clock (the median when it is the only seed; else the lower
-        # bound of the censored-aware median interval, which then is that seed)
-        value = next((v for v in (fail.low, fail.median, fail.lower_bound) if v is not None),
-                     None)
-        return value, True
-    return fail.low, False
-
-
 def _phase_keys(setting: dict) -> dict:
     return {k: setting[k] for k in ("prompts_per_batch", "lr", "clip_eps_low", "clip_eps_high")}
 
 
-def _predicted_progress(by: dict[float, BatchRow], b_small, n_switch) -> Predicted:
-    med = by[b_small].progress.median
-    if med is None:
-        return Predicted(None, f"B={b_small:g} never reached the target (censored)")
-    if n_switch is not None and med > n_switch:
-        return Predicted(
-            None,
-            f"B={b_small:g} reaches the target at {med:,.0f} samples, after the switch at "
-            f"{n_switch:,.0f}: the large phase's progress rate decides, not measured",
-        )
-    return Predicted(med, f"the median progress clock of B={b_small:g}, reached in phase 0")
+def _predicted_progress(p: planner.Plan, at: dict) -> Predicted:
+    small = at[p.b_small]
+    if p.n_switch is not None and p.n_switch < small.progress:
+        return Predicted(p.progress, f"B={p.b_small:g} to {p.n_switch:,.0f} samples, the rest "
+                         f"of the way at B={p.b_large:g}'s rate (the clock fraction)")
+    return Predicted(small.progress, f"the median progress clock of B={p.b_small:g}, reached "
+                     "in phase 0")
 
 
-def _large_phase_stop(by: dict[float, BatchRow], b_small, b_large, n_switch,
-                      s: float) -> tuple[float | None, str]:
-    """Where the large phase must end: the drift budget left at the switch, 1 - N_switch /
-    N_fail(B_small), spent at B_large's failure rate, times the safety s; lower bounds
-    throughout, as for the switch. None: B_large's failure is not predicted (no seed failed)."""
-    small, large = by[b_small].failure, by[b_large].failure
-    fs = next((v for v in (small.low, small.median) if v is not None), None)
-    fl = next((v for v in (large.low, large.median) if v is not None), None)
-    if fs is None or fl is None:
-        return None, (f"B={b_large:g} did not fail within the sweep (censored): no failure "
-                      "predicted, it runs to the budget")
-    left = max(0.0, 1 - n_switch / fs)
-    stop = n_switch + s * left * fl
-    return stop, (f"N_switch + {s:.3g} x the drift budget left at the switch ({left:.2f} of "
-                  f"B={b_small:g}'s failure clock lower bound {fs:,.0f}) x B={b_large:g}'s "
-                  f"lower bound {fl:,.0f}")
-
-
-def _predicted_failure(by: dict[float, BatchRow], b_small, b_large, n_switch,
-                       switched) -> Predicted:
-    """Drift budget left at the switch, spent at the large batch's rate."""
-    fs = by[b_small].failure.median
-    fl = by[b_large].failure.median
-    if n_switch is None:
-        return Predicted(None, f"no run at B={b_small:g} failed within the budget")
+def _predicted_failure(by: dict[float, BatchRow], p: planner.Plan) -> Predicted:
+    """Where the median run fails: the failure fraction reaches 1 on median clocks."""
+    fs = by[p.b_small].failure.median
+    if by[p.b_small].n_failed == 0:
+        return Predicted(None, f"no run at B={p.b_small:g} failed within the budget")
     if fs is None:
-        return Predicted(None, f"the median run at B={b_small:g} did not fail (censored)")
-    if not switched:
-        return Predicted(fs, f"the median failure clock of B={b_small:g} (no switch)")
+        return Predicted(None, f"the median run at B={p.b_small:g} did not fail (censored)")
+    if p.n_switch is None:
+        return Predicted(fs, f"the median failure clock of B={p.b_small:g} (no switch)")
+    fl = by[p.b_large].failure.median
     if fl is None:
-        return Predicted(None, f"B={b_large:g} did not fail within the budget: later than the "
+        return Predicted(None, f"B={p.b_large:g} did not fail within the budget: later than the "
                          "data reach")
-    return Predicted(
-        n_switch + (1 - n_switch / fs) * fl,
-        f"N_switch + the drift budget left at the switch spent at B={b_large:g}'s rate",
-    )
+    return Predicted(p.n_switch + (1 - p.n_switch / fs) * fl,
+                     f"N_switch + the failure fraction left at the switch spent at "
+                     f"B={p.b_large:g}'s median rate")
 
 
 def to_toml(schedule: dict) -> str:

@@ -6,9 +6,13 @@ seeds of each batch with replacement, the way the clocks' own bootstrap does, an
 every step after the per-run clocks (the per-batch aggregates, B_crit, the schedule) shows which
 parts of the verdict survive such a redraw.
 
+Each resample reruns what the main analysis runs: the same per-batch aggregation and the same
+B_crit estimators with their fallbacks (`perbatch`), then the same schedule rule.
+
 The rule, stated once: an outcome is *settled* when it holds in at least SETTLED (80%) of the
-resamples. The decision is settled when both the kind of B_crit (a point in the grid, a lower
-bound, an upper bound) and the schedule's shape (its batches, one phase or a switch) are.
+resamples. The decision is settled when its outcome is: B_small, whether it switches and to
+which B_large, and whether B_small's median seed collapses. B_crit's kind (a point in the grid,
+a lower bound, an upper bound) is reported beside it, with its own share.
 """
 
 from __future__ import annotations
@@ -40,20 +44,26 @@ class Stability:
     verdict: str  # one line: settled or not, and on what
     needs: list[dict] = field(default_factory=list)  # what would settle it: [{batch, what, why}]
     rule: str = (f"an outcome is settled when it holds in >= {SETTLED:.0%} of seed resamples; "
-                 "the decision when B_crit's kind and the schedule's shape both are")
+                 "the decision (B_small, the switch and B_large, whether B_small's median seed "
+                 "collapses) when it is; B_crit's kind is reported beside it")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def _shape(plan: dict | None) -> str:
-    """'512', '512 -> 2,048' (samples per batch of each phase), or 'none' (no schedule)."""
+def _shape(plan: dict | None, batches=None) -> str:
+    """'512', '512 -> 2,048' (samples per batch of each phase), or 'none' (no schedule); with
+    `batches`, whether B_small's median seed collapses is part of it."""
     if plan is None:
         return "none"
-    batches = [f"{plan['b_small']:,.0f}"]
+    out = f"{plan['b_small']:,.0f}"
     if len(plan["phases"]) > 1:
-        batches.append(f"{plan['b_large']:,.0f}")
-    return " -> ".join(batches)
+        out += f" -> {plan['b_large']:,.0f}"
+    if batches is not None:
+        row = next((b for b in batches if b.batch_samples == plan["b_small"]), None)
+        if row is not None and row.failure.median is not None:
+            out += " (its median seed collapses)"
+    return out
 
 
 def _kind(rec) -> str:
@@ -74,24 +84,16 @@ def _resample(a, rng):
 
 def _decide(a, rows, rng, schedule_kw: dict):
     """(recommended B_crit, per-batch rows, the schedule or None) from resampled run rows."""
-    from twoclocks_cli.clocks import critical
-    from twoclocks_cli.clocks.analysis import batch_rows, progress_by_batch
     from twoclocks_cli.clocks.cost import retimed
-    from twoclocks_cli.clocks.result import Critical, Recommended
+    from twoclocks_cli.clocks.perbatch import batch_rows, critical_estimates, progress_by_batch
     from twoclocks_cli.clocks.schedule import make_schedule
 
     opts = dataclasses.replace(a.options, bootstrap=INNER_BOOTSTRAP)
     batches = batch_rows(rows, rng, opts)
     prog = progress_by_batch(rows, batches)
-    # intervals of B_crit do not enter the decision: one replicate keeps the fits cheap
-    ests = {"empirical": critical.empirical(prog, rng, 1)}
-    # the fit is the fallback the recommendation reads only without a model-free estimate
-    ests["power"] = (critical.power(prog, rng, 1) if ests["empirical"].b_crit is None
-                     else critical.Estimate("power", None))
-    rec, why = critical.recommend(ests)
-    crit = Critical(empirical=ests["empirical"], power=ests["power"],
-                    mccandlish=critical.Estimate("mccandlish", None),
-                    recommended=Recommended.of(rec, why))
+    # the estimators and fallbacks of the analysis; intervals do not enter the decision, so one
+    # replicate keeps each resample cheap
+    crit = critical_estimates(prog, rows, a.critical.theory, rng, 1)
     resampled = dataclasses.replace(a, runs=rows, batches=batches, critical=crit)
     if schedule_kw.get("time") is not None:
         # the throughput is the same, the clocks in samples resampled: their time follows
@@ -137,30 +139,44 @@ def measure(a, reps: int = RESAMPLES, seed: int = 0, budget: float | None = None
             points.append(rec.b_crit)
         for b in batches:
             collapsed.setdefault(b.batch_samples, []).append(b.failure.median is not None)
-        shapes.append(_shape(plan))
+        shapes.append(_shape(plan, batches))
         if plan is not None and plan.get("n_switch") is not None:
             switches.append(plan["n_switch"])
     kind, kind_share, kind_shares = _shares(kinds)
     shape, shape_share, shape_shares = _shares(shapes)
     b_crit = {"kind": kind, "share": kind_share, "shares": kind_shares,
               "where": _interval(points), "settled": kind_share >= SETTLED}
+    main = _shape(_main_plan(a, kw), a.batches)
     coll = {f"{b:g}": {"share": sum(v) / len(v), "settled": not 1 - SETTLED < sum(v) / len(v)
                        < SETTLED} for b, v in sorted(collapsed.items())}
+    main_share = shape_shares.get(main, 0.0)
     sched = {"shape": shape, "share": shape_share, "shares": shape_shares,
              "switch_share": len(switches) / reps, "switch": _interval(switches),
-             "settled": shape_share >= SETTLED}
-    settled = b_crit["settled"] and sched["settled"]
+             "settled": main_share >= SETTLED, "main": main, "main_share": main_share}
+    settled = sched["settled"]
     needs = [] if settled else _needs(a, b_crit, coll, sched, points)
     return Stability(resamples=reps, b_crit=b_crit, collapses=coll, schedule=sched,
                      settled=settled, verdict=_verdict(b_crit, sched, settled, needs),
                      needs=needs)
 
 
+def _main_plan(a, kw: dict) -> dict | None:
+    """The schedule of the analysis itself (what the resamples' decisions are compared with)."""
+    from twoclocks_cli.clocks.schedule import make_schedule
+
+    try:
+        return make_schedule(a, **kw)
+    except AnalysisError:
+        return None
+
+
 def _verdict(b_crit: dict, sched: dict, settled: bool, needs: list[dict]) -> str:
-    what = (f"schedule {sched['shape']} in {sched['share']:.0%} of seed resamples, B_crit a "
-            f"{b_crit['kind']} in {b_crit['share']:.0%}")
+    what = (f"schedule {sched['main']} in {sched['main_share']:.0%} of seed resamples (B_crit "
+            f"a {b_crit['kind']} in {b_crit['share']:.0%})")
     if settled:
         return f"settled: {what}"
+    if sched["shape"] != sched["main"]:
+        what += f"; the resamples' most common decision is {sched['shape']} ({sched['share']:.0%})"
     wanted = "; ".join(f"{n['what']} at B={n['batch']:,.0f}" if n["what"] == "more seeds"
                        else f"{n['what']} ({n['batch']:,.0f})" for n in needs)
     return f"NOT settled: {what}" + (f"; would settle it: {wanted}" if wanted else "")
@@ -179,7 +195,7 @@ def _needs(a, b_crit: dict, coll: dict, sched: dict, points: list[float]) -> lis
                 "why": f"B={float(b):,.0f} collapses in {c['share']:.0%} of resamples"}
     if not sched["settled"]:
         for shape in list(sched["shares"])[:2]:
-            for part in shape.split(" -> "):
+            for part in shape.split(" (")[0].split(" -> "):
                 if part != "none":
                     b = float(part.replace(",", ""))
                     out.setdefault((b, "more seeds"), {

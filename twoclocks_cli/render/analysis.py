@@ -198,7 +198,8 @@ def estimate_text(e) -> str:
     if e.bound in ("lower", "upper"):
         return f"{'>=' if e.bound == 'lower' else '<='} {num(e.b_crit)}"
     if e.low is not None:
-        return f"{num(e.b_crit)} [{num(e.low)}, {'open' if e.high is None else num(e.high)}]"
+        low = f"<= {num(e.low)}" if e.low_bound else num(e.low)
+        return f"{num(e.b_crit)} [{low}, {'open' if e.high is None else num(e.high)}]"
     return num(e.b_crit)
 
 
@@ -229,6 +230,10 @@ def render_critical(con, crit) -> None:
     rec = crit.recommended
     con.print(f"[bold]recommended B_crit: {estimate_text(rec)}[/bold] "
               f"({rec.source or 'none'}): {rec.why}")
+    if rec.e_min_at is not None:
+        slower = ", ".join(num(b) for b in rec.slower)
+        con.print(f"E_min is the measured minimum at B={num(rec.e_min_at)}; B={slower} took more "
+                  "samples: slower under this lr rule (their lr is smaller)")
 
 
 def write_csv(a, path: str) -> None:
