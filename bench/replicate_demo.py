@@ -89,44 +89,62 @@ def _n(x) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
+def b_crit_text(rec: dict) -> str:
+    """B_crit as `analyze` prints it: '1,459 [943, open]', '>= 2,048', '<= 128', 'none'."""
+    b, bound = rec.get("b_crit"), rec.get("bound")
+    if b is None:
+        return "none"
+    if bound in ("lower", "upper"):
+        return f"{'>=' if bound == 'lower' else '<='} {b:,.0f}"
+    if rec.get("low") is None:
+        return f"{b:,.0f}"
+    low = ("<= " if rec.get("low_bound") else "") + f"{rec['low']:,.0f}"
+    high = "open" if rec.get("high") is None else f"{rec['high']:,.0f}"
+    return f"{b:,.0f} [{low}, {high}]"
+
+
 def summary(rep: dict) -> dict:
-    """The conclusions the issue asks to replicate, from one replication's JSON."""
+    """The conclusions the main job must replicate, from one replication's JSON."""
     a, s = rep["analysis"], rep["schedule"]
-    rec = a["critical_batch"].get("recommended") or {}
-    bound = rec.get("bound")
-    b = rec.get("b_crit")
-    b_text = ("-" if b is None else f">= {b:,.0f}" if bound == "lower"
-              else f"<= {b:,.0f}" if bound == "upper"
-              else f"{b:,.0f} [{_n(rec.get('low'))}, {_n(rec.get('high'))}]")
     per_batch = {
         f"{row['batch_samples']:g}": {
             "progress": row["progress"]["median"],
             "collapses": row["failure"].get("n_failed"),
-            "dips": row["failure"].get("n_dips"),
+            "runs_with_dips": row["failure"].get("runs_with_dips"),
             "runs": row["n_runs"],
         }
         for row in a["batches"]
     }
+    group = rep.get("group_size", 8)
     phases = " -> ".join(
-        f"{p['prompts_per_batch'] * 8:,} to {p['until_samples']:,.0f}" for p in s["phases"])
-    stab = s.get("stability") or {}
-    return {"tag": rep["tag"], "b_crit": b_text, "per_batch": per_batch, "schedule": phases,
-            "settled": stab.get("settled"), "verdict": stab.get("verdict")}
+        f"{p['prompts_per_batch'] * group:,} to {p['until_samples']:,.0f}" for p in s["phases"])
+    stab = (s.get("stability") or {}).get("schedule") or {}
+    share = stab.get("main_share", stab.get("share"))
+    settled = s.get("settled")
+    return {"tag": f"seeds {rep['tag'].split('_')[1]}, threads {rep['threads']}",
+            "b_crit": b_crit_text(a["critical_batch"].get("recommended") or {}),
+            "per_batch": per_batch, "b_small": s["b_small"], "schedule": phases,
+            "settled": settled, "share": share,
+            "verdict": (s.get("stability") or {}).get("verdict")}
 
 
 def table(rows: list[dict]) -> str:
-    """A markdown table of the replications' conclusions."""
+    """The markdown table docs/benchmarks.md shows, exactly as it is printed here."""
     batches = sorted({b for r in rows for b in r["per_batch"]}, key=float)
-    head = ["replication", "B_crit"] + [f"{b}: progress / collapses / dips" for b in batches] + [
-        "schedule", "settled"]
+    head = ["replication", "B_crit"] + [
+        f"{float(b):,.0f}: progress / collapsed / with dips" for b in batches] + [
+        "B_small", "schedule", "settled"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["tag"], r["b_crit"]]
         for b in batches:
             pb = r["per_batch"].get(b)
             cells.append("-" if pb is None else
-                         f"{_n(pb['progress'])} / {pb['collapses']} of {pb['runs']} / {pb['dips']}")
-        cells += [r["schedule"], str(r["settled"])]
+                         f"{_n(pb['progress'])} / {pb['collapses']} of {pb['runs']} / "
+                         f"{pb['runs_with_dips']} of {pb['runs']}")
+        settled = "-" if r["settled"] is None else (
+            f"{'yes' if r['settled'] else 'no'} ({r['share']:.0%})")
+        cells += [f"{r['b_small']:,.0f}", r["schedule"], settled]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -148,9 +148,14 @@ def test_the_schedule_is_the_brute_force_optimum_on_the_theory_model(sweeps, swe
     least, small, mine, key = brute_force(clocks, 0.8, BUDGET, "samples", False)
     assert plan["b_small"] == small
     assert plan["objectives"]["samples"]["samples"] == pytest.approx(least, rel=0.005)
-    ends = [p[3] for p in mine if p[key] <= least * 1.005]
-    assert plan["phases"][-1]["until_samples"] >= max(ends) * 0.99 - 1
-    assert planner.TOL == 0.10
+    top = [p for p in mine if p[key] <= least * 1.005]
+    latest = max(p[3] for p in top)
+    one = [p for p in top if p[2] is None and p[3] * (1 + planner.TOL) >= latest]
+    end = plan["phases"][-1]["until_samples"]
+    if one:  # a switch must buy more than TOL of training
+        assert len(plan["phases"]) == 1 and end == round(one[0][3])
+    else:
+        assert len(plan["phases"]) == 2 and end >= latest * 0.99 - 1
 
 
 @pytest.mark.parametrize("sweep", ["free", "capped"])

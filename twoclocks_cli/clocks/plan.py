@@ -16,8 +16,9 @@ rest at the new batch's rate. Then
 The plan chosen minimises the objective's clock to the target (samples, seconds or cost) over
 the feasible plans. Plans within TOL of the best are indistinguishable on a few seeds, so
 B_small is the largest first batch among them (fewer steps for the same work); of that batch's
-plans the one with the least clock, then the latest end (the most training before the failure
-bound), then the fewest phases. Only batches that reached the target enter, so every number a
+plans those with the least clock, and of those the fewest phases whose end is within TOL of the
+latest end (a switch must buy more than TOL of training before the failure bound), then the
+latest end. Only batches that reached the target enter, so every number a
 plan uses was measured.
 """
 
@@ -191,7 +192,8 @@ def feasible(plan: Plan) -> bool:
 def choose(plans: list[Plan], objective: str) -> Plan | None:
     """The plan the objective prefers (module docstring): B_small is the largest first batch of
     a plan within TOL of the least objective clock; among that batch's plans the least clock,
-    then the latest end, then the fewest phases. None: no feasible, priced plan."""
+    then the fewest phases ending within TOL of the latest end, then the latest end. None: no
+    feasible, priced plan."""
     ok = [p for p in plans if feasible(p) and p.value(objective) is not None]
     if not ok:
         return None
@@ -200,7 +202,10 @@ def choose(plans: list[Plan], objective: str) -> Plan | None:
     mine = [p for p in ok if p.b_small == b_small]
     least = min(p.value(objective) for p in mine)
     top = [p for p in mine if p.value(objective) <= least * (1 + 1e-9)]
-    return max(top, key=lambda p: (p.end, -p.phases))
+    latest = max(p.end for p in top)
+    # ends within TOL are as indistinguishable as clocks are: a switch must buy more than that
+    near = [p for p in top if p.end * (1 + TOL) >= latest]
+    return max(near, key=lambda p: (-p.phases, p.end))
 
 
 def fastest(plans: list[Plan], objective: str) -> Plan | None:

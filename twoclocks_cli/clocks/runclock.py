@@ -253,13 +253,13 @@ def run_clocks(run_id: int, sig: RunSignals, tau: float, opts: AnalysisOptions,
 
     Progress is read on the points logged before the metric's own collapse (the drop rule's),
     smoothed on their own, and must come before the failure by any rule (`n_fail`).
-    Where that smoothed curve first reaches `tau` and holds it for 3 points chooses the observed
-    upward crossing nearest it (a point below `tau`, the next at or above); the clock is where
-    the straight line between those two points meets `tau`. So it never lies before the last
-    point below the target preceding the first point at or above it, nor is it held at the next
-    point on a coarse eval grid (median error within 5% on known curves evaluated every 2,048,
-    1,024 and 256 samples with a 250-problem eval set: tests/unit/test_crossing_truth.py). No
-    crossing before the failure but one after it: censored at the failure, `collapsed`.
+    Where that smoothed curve first reaches `tau` chooses the observed upward crossing nearest
+    it (a point below `tau`, the next at or above); the clock is where the straight line between
+    those two points meets `tau`. So it never lies before the last point below the target
+    preceding the first point at or above it, nor is it held at the next point on a coarse eval
+    grid (median error within 2% on known curves evaluated every 2,048 and 1,024 samples with a
+    250-problem eval set, within 6% every 256: tests/unit/test_crossing_truth.py). No crossing
+    before the failure but one after it: censored at the failure, `collapsed`.
     """
     from twoclocks_cli.clocks.noise import sign_noise_scale
     from twoclocks_cli.clocks.stats import noise_scale
