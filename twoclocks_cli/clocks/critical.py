@@ -518,13 +518,18 @@ def recommend(ests: dict[str, Estimate | None]) -> tuple[Estimate | None, str]:
     if emp is not None and emp.b_crit is not None:
         why = "measured clocks (model-free E(B) = 2 E_min)"
         if emp.bound:
-            why += f": a {emp.bound} bound, the grid does not reach B_crit"
+            why += f": {article(emp.bound)} {emp.bound} bound, the grid does not reach B_crit"
         return emp, why
     for name in ("power", "linear", "theory", "sign_noise_scale", "noise_scale"):
         e = ests.get(name)
         if e is not None and e.b_crit is not None:
             return e, f"no model-free estimate ({emp.note if emp else 'no clocks'}); {name} next"
     return None, "no estimate: " + (emp.note if emp else "no clocks")
+
+
+def article(word: str) -> str:
+    """'a' or 'an' before `word` ('an upper bound')."""
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def disagreement(ests: dict[str, Estimate | None], chosen: Estimate | None) -> list[str]:

@@ -150,14 +150,14 @@ def switch_points(a: BatchClocks, b: BatchClocks, safety: float, budget: float,
                   after_target: bool) -> list[float]:
     """Where a switch from a to b can be optimal. On [0, E(a)] the plan's clocks are linear in
     the switch point and its constraints are half-lines, so the optimum is at an end of the
-    feasible interval: 0, E(a), the switch's room s F(a), and where progress meets the end or
-    the budget. Past E(a) the end only falls as the switch moves later (b fails later)."""
+    feasible interval: E(a), the switch's room s F(a), and where progress meets the end or the
+    budget (a switch at 0 is b alone, a one-phase plan). Past E(a) the end only falls as the
+    switch moves later (b fails later)."""
     s = safety**2 if (a.one_seed or b.one_seed) else safety
     fb = _large_fail(b)
     room = s * a.fail
     pts = [a.progress]
     if not after_target:
-        pts.append(0.0)
         slope = fb / a.fail - b.progress / a.progress  # progress <= end: n * slope <= s fb - Eb
         if slope != 0:
             pts.append((s * fb - b.progress) / slope)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from twoclocks_cli.clocks.critical import article
 from twoclocks_cli.core.errors import AnalysisError
 
 SETTLED = 0.8  # share of resamples in which an outcome must hold to be settled
@@ -172,7 +173,7 @@ def _main_plan(a, kw: dict) -> dict | None:
 
 def _verdict(b_crit: dict, sched: dict, settled: bool, needs: list[dict]) -> str:
     what = (f"schedule {sched['main']} in {sched['main_share']:.0%} of seed resamples (B_crit "
-            f"a {b_crit['kind']} in {b_crit['share']:.0%})")
+            f"{article(b_crit['kind'])} {b_crit['kind']} in {b_crit['share']:.0%})")
     if settled:
         return f"settled: {what}"
     if sched["shape"] != sched["main"]:
@@ -213,5 +214,6 @@ def _needs(a, b_crit: dict, coll: dict, sched: dict, points: list[float]) -> lis
         for b in (grid[0], grid[-1]):
             out.setdefault((b, "more seeds"), {
                 "batch": b, "what": "more seeds",
-                "why": f"B_crit is a {b_crit['kind']} in only {b_crit['share']:.0%} of resamples"})
+                "why": f"B_crit is {article(b_crit['kind'])} {b_crit['kind']} in only "
+                       f"{b_crit['share']:.0%} of resamples"})
     return [out[k] for k in sorted(out, key=lambda k: (k[0], k[1]))]
