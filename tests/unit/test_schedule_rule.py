@@ -222,3 +222,10 @@ def test_the_plan_matches_a_brute_force_search(case, objective):
     else:
         assert not one or one[0][3] * (1 + planner.TOL) < latest * 1.001
         assert got.end >= latest * (1 - 0.01)
+
+
+def test_a_switch_after_the_target_stays_after_it_in_whole_samples():
+    p = planner.Plan(512.0, 2048.0, 7947.4, 18264.3, True, 7947.4, None, None, 0.8)
+    assert planner.rounded(p).n_switch == 7948 and planner.rounded(p).end == 18264
+    before = planner.Plan(512.0, 2048.0, 5000.6, 18264.3, True, 9000.0, None, None, 0.8)
+    assert planner.rounded(before).n_switch == 5001

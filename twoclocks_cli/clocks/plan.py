@@ -215,6 +215,9 @@ def fastest(plans: list[Plan], objective: str) -> Plan | None:
 
 
 def rounded(plan: Plan) -> Plan:
-    """The plan with its switch and end in whole samples, as the phase list writes them."""
-    return replace(plan, n_switch=None if plan.n_switch is None else float(round(plan.n_switch)),
-                   end=float(round(plan.end)))
+    """The plan with its switch and end in whole samples, as the phase list writes them; a switch
+    after the target stays after it (rounded up)."""
+    n = plan.n_switch
+    if n is not None:
+        n = float(math.ceil(n) if n >= plan.progress else round(n))
+    return replace(plan, n_switch=n, end=float(round(plan.end)))
