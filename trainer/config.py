@@ -501,7 +501,7 @@ class TrainConfig(BaseModel):
 
 
 @functools.lru_cache(maxsize=64)
-def _module_found(module: str) -> bool:
+def module_found(module: str) -> bool:
     """Whether `module` can be imported, found without running it (a package's parent may run)."""
     try:
         return importlib.util.find_spec(module) is not None
@@ -574,8 +574,8 @@ def _check_reward(spec: str, path: Path) -> None:
     reward_search_dirs(path)
     module, _, name = spec.partition(":")
     where = (f"{path}: key 'reward' = {spec!r}: module {module!r}")
-    _module_found.cache_clear()
-    if not _module_found(module):
+    module_found.cache_clear()
+    if not module_found(module):
         raise ConfigError(f"{where} is not importable (looked on sys.path / PYTHONPATH, in "
                           f"{Path(path).resolve().parent} and in the working directory)")
     try:

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from trainer.rollout import Rollout, assemble
+from trainer.rollout.batch import Rollout, assemble
 
 
 class NonFiniteLogits(RuntimeError):

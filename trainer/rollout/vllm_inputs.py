@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.rollout import Rollout
+from trainer.rollout.batch import Rollout
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import INT64_MAX
 
 DEFAULT_PROMPT_TOKENS = 1024  # prompt room when vllm_max_prompt_tokens is None (capped by model)
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around the HF model
@@ -318,7 +319,7 @@ def request_seeds(n: int) -> list[int]:
     """One sampling seed per request, drawn from torch's global CPU generator: the trainer
     checkpoints that generator (and evaluation swaps in its own), so a resumed run sends the
     seeds the uninterrupted one sent. vLLM's engine-wide seed would restart with the engine."""
-    return [int(s) for s in torch.randint(0, 2**63 - 1, (n,), dtype=torch.long)]
+    return [int(s) for s in torch.randint(0, INT64_MAX, (n,), dtype=torch.long)]
 
 
 def weight_items(model) -> Iterator[tuple[str, torch.Tensor]]:

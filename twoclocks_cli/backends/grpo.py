@@ -191,14 +191,14 @@ def _need_reward(cfg: TrainConfig, refuse) -> None:
     """The reward: math-verify for a built-in one, else its module importable."""
     import importlib.util
 
-    from trainer.config import BUILTIN_REWARDS, _module_found
+    from trainer.config import BUILTIN_REWARDS, module_found
 
     module = cfg.reward.partition(":")[0]
     if cfg.reward in BUILTIN_REWARDS:
         if importlib.util.find_spec("math_verify") is None:
             refuse("reward", "needs math-verify, part of the train extra (pip install "
                    "'twoclocks[train]')")
-    elif not _module_found(module):
+    elif not module_found(module):
         refuse("reward", f"module {module!r} is not importable (looked on sys.path and "
                "PYTHONPATH, which the runs inherit; put its folder on PYTHONPATH or "
                "install it)")

@@ -220,7 +220,8 @@ def phases_of(cell: dict) -> list[Phase]:
     return out
 
 
-def _phase_at(phases: list[Phase], samples: float) -> int:
+def phase_at(phases: list[Phase], samples: float) -> int:
+    """The index of the phase running at `samples`: the run's and the probe's replay's one rule."""
     for i, ph in enumerate(phases):
         if samples < ph.until_samples:
             return i
@@ -330,7 +331,7 @@ def _extra(step: int, logged: int, ctl) -> dict:
 def _phase_now(phases: list[Phase], samples: float, ctl) -> tuple[Phase, int]:
     """The phase at `samples` and its index; under a controller, its batch and lr (the index
     is then its decisions so far)."""
-    k = _phase_at(phases, samples)
+    k = phase_at(phases, samples)
     ph = phases[k]
     if ctl is not None:
         ph = Phase(math.inf, ctl.prompts, ph.group_size, ctl.lr, ph.clip_eps_low,

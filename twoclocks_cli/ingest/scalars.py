@@ -149,7 +149,7 @@ def _picks(run: TrackedRun, names: dict[str, str], opts: IngestOptions) -> dict[
     picks = mapping.choose_sources(names, tabular.ALIASES, {
         k: v for k, v in opts.column_map.items() if k != "samples"})
     for target, eval_ in (("accuracy", False), ("eval_accuracy", True)):
-        if target not in picks and (src := trl._reward_pick(set(names), eval_)):
+        if target not in picks and (src := trl.reward_pick(set(names), eval_)):
             picks[target] = src
     return {k: names.get(v, v) for k, v in picks.items()}
 

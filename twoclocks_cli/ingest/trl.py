@@ -88,7 +88,7 @@ def _array_item_offsets(text: str, key: str) -> list[int]:
     return []
 
 
-def _reward_pick(keys: set[str], eval_: bool) -> str | None:
+def reward_pick(keys: set[str], eval_: bool) -> str | None:
     """The per-function reward that is the accuracy: named acc*/correct*, or the only one."""
     fns: dict[str, str] = {}
     for k in sorted(keys):
@@ -129,7 +129,7 @@ def parse(path: Path, opts: IngestOptions) -> ParsedLog:
     )
     picks = mapping.choose_sources(present, mapping.TRL_KEYS, opts.column_map)
     for target, eval_ in (("accuracy", False), ("eval_accuracy", True)):
-        if target not in picks and (src := _reward_pick(present, eval_)):
+        if target not in picks and (src := reward_pick(present, eval_)):
             picks[target] = src
     wanted = set(picks.values())
     for i, step, numbers, others in records:

@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import mapping
-from twoclocks_cli.ingest.trl import _reward_pick
+from twoclocks_cli.ingest.trl import reward_pick
 
 BACKEND = "trl"  # the same backend name as `ingest --format trl`: one kind of run
 
@@ -117,7 +117,7 @@ class TwoClocksCallback(TrainerCallback):
                    if isinstance(v, int | float) and not isinstance(v, bool)}
         picks = mapping.choose_sources(numbers, mapping.TRL_KEYS, {})
         for target, eval_ in (("accuracy", False), ("eval_accuracy", True)):
-            if target not in picks and (src := _reward_pick(set(numbers), eval_)):
+            if target not in picks and (src := reward_pick(set(numbers), eval_)):
                 picks[target] = src
         if any(k.startswith("eval_") for k in numbers):  # an eval log: only its own keys
             picks = {t: s for t, s in picks.items() if s.startswith("eval_")}

@@ -47,7 +47,7 @@ class ProbeResult:
 
 def state_at(run, at: float):
     """(ModelConfig, cap, the run's one-row SimState after its last step within `at` samples)."""
-    from twoclocks_cli.backends.sim import _phase_at, phases_of
+    from twoclocks_cli.backends.sim import phase_at, phases_of
     from twoclocks_cli.theory.model import ModelConfig
     from twoclocks_cli.theory.simulate import SimState
 
@@ -57,7 +57,7 @@ def state_at(run, at: float):
     state = SimState.start(cfg, 1, int(cell.get("seed") or 0))
     cap = None
     while True:  # the backend's own step sequence (same calls, so the same noise draws)
-        ph = phases[_phase_at(phases, float(state.samples[0]))]
+        ph = phases[phase_at(phases, float(state.samples[0]))]
         if state.samples[0] + ph.batch > at:
             break
         cap = cfg.cap_for(ph.clip_eps_low, ph.clip_eps_high)
