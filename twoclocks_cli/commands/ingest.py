@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.core.limits import INT32_MAX, SWEEP_NAME
+from twoclocks_cli.core.limits import INT32_MAX, NAME_CHARS, SWEEP_NAME
 from twoclocks_cli.options import DbOption, JsonOption, in_paths, within
 from twoclocks_cli.render.ingest import render_ingested
 
@@ -141,8 +141,8 @@ def _check_options(sweep: str, lr, batch_prompts, group_size, seed) -> None:
     from twoclocks_cli.core.errors import ConfigError
 
     if not re.fullmatch(SWEEP_NAME, sweep):
-        raise ConfigError(f"--sweep {sweep!r}: a sweep name is 1-200 letters, digits, '.', '_' "
-                          "or '-', starting with a letter or digit")
+        raise ConfigError(f"--sweep {sweep!r}: a sweep name is 1-{NAME_CHARS} letters, digits, "
+                          "'.', '_' or '-', starting with a letter or digit")
     from twoclocks_cli.ingest.base import check_params
 
     check_params({"lr": lr, "batch_prompts": batch_prompts, "group_size": group_size,

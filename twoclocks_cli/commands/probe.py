@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from twoclocks_cli.core.limits import INT32_MAX, INT64_MAX
 from twoclocks_cli.options import (
     COUNT,
     SAMPLES,
@@ -23,7 +24,7 @@ from twoclocks_cli.render.probe import render_grpo_probe, render_sim_probe, stag
 def probe(
     run_id: Annotated[int, typer.Argument(metavar="RUN", help="The run id to branch.")],
     at: Annotated[float, typer.Option("--at", help="Branch at this many samples of the run.",
-                                      callback=within(0, 2**63 - 1))],
+                                      callback=within(0, INT64_MAX))],
     batches: Annotated[str, typer.Option(
         "--batches", help="Batch sizes of the branches, in samples (e.g. 8,16,32,64,128).")],
     branch_samples: Annotated[float, typer.Option(
@@ -65,7 +66,7 @@ def probe(
     from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.store import Store
 
-    sizes = parse_numbers(batches, "--batches", 1, 2**31 - 1)
+    sizes = parse_numbers(batches, "--batches", 1, INT32_MAX)
     store = Store.open(db)
     run = store.get_run(run_id)
     if run.backend == "sim":

@@ -19,12 +19,13 @@ from twoclocks_cli.options import DbOption, JsonOption
 
 def _check_budget(budget: float | None) -> int | None:
     from twoclocks_cli.core.errors import ConfigError
+    from twoclocks_cli.core.limits import INT64_MAX
 
     if budget is None:
         return None
-    if not (math.isfinite(budget) and 0 < budget <= 2**63 - 1) or budget != int(budget):
+    if not (math.isfinite(budget) and 0 < budget <= INT64_MAX) or budget != int(budget):
         raise ConfigError(f"--budget {budget:g}: must be a whole number of samples from 1 to "
-                          f"{2**63 - 1:,}")
+                          f"{INT64_MAX:,}")
     return int(budget)
 
 

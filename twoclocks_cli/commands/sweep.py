@@ -31,7 +31,6 @@ def sweep(
     With --json: one document (counts, and per cell its run id, submitted or skipped, status).
     """
     from twoclocks_cli.config import load_plan
-    from twoclocks_cli.core.errors import ConfigError
     from twoclocks_cli.launch import sweeps
     from twoclocks_cli.launch.monitor import snapshot
     from twoclocks_cli.render.status import follow, sweep_table, wait_quietly
@@ -40,8 +39,7 @@ def sweep(
     from twoclocks_cli.store import Store
     from twoclocks_cli.store.engine import resolve_url
 
-    if executor is not None and executor not in ("local", "slurm", "debug", "auto"):
-        raise ConfigError(f"--executor {executor!r}: allowed are local, slurm, debug, auto")
+    sweeps.check_executor(executor)
     p = load_plan(config)
     cfg = p.config
     print_warnings(p.warnings)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from twoclocks_cli.options import COUNT, JsonOption, parse_numbers, within
+from twoclocks_cli.options import COUNT, SAMPLES, JsonOption, parse_numbers, within
 from twoclocks_cli.render.theory import render_theory
 
 MAX_BATCH = 1e9  # samples per batch the model is asked about
@@ -93,7 +93,7 @@ def theory(
     seeds: Annotated[int, typer.Option(help="Seeds per batch when simulating.",
                                        callback=COUNT)] = 3,
     budget: Annotated[float, typer.Option(help="Samples per simulated run.",
-                                          callback=within(0, 2**63 - 1, low_open=True))] = 1e5,
+                                          callback=SAMPLES)] = 1e5,
     lr_scan: Annotated[
         str | None, typer.Option(help="Also give B_crit at lr0 times these factors, e.g. 0.3,3.")
     ] = None,

@@ -13,6 +13,10 @@ from twoclocks_cli.core.limits import INT64_MAX, SWEEP_NAME
 
 Alpha = Annotated[float, Field(ge=-4, le=4)]  # a larger exponent overflows lr at any grid
 BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]  # the backends' registry
+# the one list of executor names (`launch.sweeps.choose_executor` builds each): the config's
+# `executor` and the --executor of `sweep` and `probe` take these
+EXECUTORS = ("local", "slurm", "debug", "auto")
+ExecutorName = Literal[EXECUTORS]  # type: ignore[valid-type]
 
 
 class _Strict(BaseModel):
@@ -186,7 +190,7 @@ class SweepConfig(_Strict):
     trl: Trl | None = Field(None, description="The trl backend's entry point and GRPOConfig.")
     command: Command | None = Field(
         None, description="The command backend's command template and log.")
-    executor: Literal["local", "slurm", "debug", "auto"] = Field(
+    executor: ExecutorName = Field(
         "auto", description="local, slurm, debug (in-process, blocking) or auto (slurm when "
         "sbatch is on PATH, else local).")
     store: str | None = Field(

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.limits import NAME_CHARS
 from twoclocks_cli.ingest import (
     base,
     detect,
@@ -209,10 +210,12 @@ def _resolve(log: ParsedLog, opts: IngestOptions) -> _Plan:
 
 
 def _run_name(log: ParsedLog) -> str:
+    """The run's name: the tracker's, else the log's folder/file; the end the column holds."""
     if log.run_name:  # one run of a source holding several: the tracker's own name
-        return log.run_name[-200:]
+        return log.run_name[-NAME_CHARS:]
     path = log.path
-    return f"{path.parent.name}/{path.name}"[-200:] if path.parent.name else path.name[-200:]
+    name = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+    return name[-NAME_CHARS:]
 
 
 def _upsert_run(store, plan: _Plan, sweep_name: str, fmt: str,

@@ -17,8 +17,6 @@ from twoclocks_cli.launch import sweeps
 from twoclocks_cli.launch.state import PENDING, RETRYABLE
 from twoclocks_cli.store.models import RunStatus
 
-EXECUTORS = ("local", "slurm", "debug", "auto")
-
 
 @dataclass
 class Stage:
@@ -39,10 +37,8 @@ class Stage:
 def executor(parent_sweep_config: dict | None, name: str | None, sweep: str):
     """The executor for the probe's cells (refused before anything is written)."""
     from twoclocks_cli.config.models import Local, Slurm
-    from twoclocks_cli.core.errors import ConfigError
 
-    if name is not None and name not in EXECUTORS:
-        raise ConfigError(f"--executor {name!r}: allowed are {', '.join(EXECUTORS)}")
+    sweeps.check_executor(name)
     d = parent_sweep_config or {}
     cfg = SimpleNamespace(name=sweep, executor=name or d.get("executor") or "local",
                           local=Local.model_validate(d.get("local") or {}),

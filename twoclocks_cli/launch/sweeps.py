@@ -35,6 +35,14 @@ def absolute_db_url(url: str) -> str:
     return url
 
 
+def check_executor(name: str | None) -> None:
+    """Refuse an --executor that names no executor, before anything is read or written."""
+    from twoclocks_cli.config.models import EXECUTORS
+
+    if name is not None and name not in EXECUTORS:
+        raise ConfigError(f"--executor {name!r}: allowed are {', '.join(EXECUTORS)}")
+
+
 def choose_executor(cfg: SweepConfig, name: str | None = None):
     """The executor object for `name` (default: the config's; auto → slurm if present)."""
     from twoclocks_cli.launch import slurm

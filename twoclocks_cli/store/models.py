@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from twoclocks_cli.core.limits import NAME_CHARS
+
 
 def utcnow() -> datetime:
     """Timezone-aware now, the only clock the store uses."""
@@ -68,7 +70,7 @@ class Sweep(Base):
     __tablename__ = "sweeps"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    name: Mapped[str] = mapped_column(String(NAME_CHARS), unique=True)
     backend: Mapped[str] = mapped_column(String(32))
     config: Mapped[dict] = mapped_column(JSON, default=dict)
     executor: Mapped[str | None] = mapped_column(String(32))
@@ -90,7 +92,7 @@ class Run(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
     cell_id: Mapped[str] = mapped_column(String(64))
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(NAME_CHARS))
     backend: Mapped[str] = mapped_column(String(32))
     batch_prompts: Mapped[int | None] = mapped_column(Integer)
     group_size: Mapped[int | None] = mapped_column(Integer)

@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from twoclocks_cli.core.errors import ConfigError, NotFoundError, StoreError
+from twoclocks_cli.core.limits import INT64_MAX
 from twoclocks_cli.store.analyses import AnalysisQueries
 from twoclocks_cli.store.engine import describe_db_error, make_engine, mask_url, resolve_url
 from twoclocks_cli.store.lifecycle import LifecycleQueries
@@ -107,7 +108,7 @@ class Store(RegistryQueries, LifecycleQueries, AnalysisQueries):
             return list(s.scalars(query).all())
 
     def get_run(self, run_id: int) -> Run:
-        if not 0 < run_id <= 2**63 - 1:  # no row can hold it; SQLite would overflow on it
+        if not 0 < run_id <= INT64_MAX:  # no row can hold it; SQLite would overflow on it
             raise NotFoundError(f"no run with id {run_id}")
         with self.session() as s:
             run = s.get(Run, run_id, options=[selectinload(Run.sweep)])
