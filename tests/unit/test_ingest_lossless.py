@@ -281,10 +281,10 @@ def test_analyze_repeats_the_resumed_run_caveat_ingest_printed(tmp_path):
 # -- 11. where the progress crossing is placed (docs/concepts.md says the same) ------------------
 
 
-def test_the_crossing_is_never_interpolated_before_the_first_logged_point_at_the_target(tmp_path):
+def test_the_crossing_lies_on_the_chord_of_the_logged_points_that_bracket_it(tmp_path):
     """The smoothed curve crosses 0.5 between steps 4 and 5 (its 5-point mean at step 5 is
-    0.508); the first logged value at or above 0.5 is step 7's: the clock is step 7's samples,
-    not an interpolation before it."""
+    0.508); the logged points that bracket 0.5 are step 6 (0.49) and step 7 (0.9): the clock is
+    where their chord meets 0.5, step 6 + 0.01 / 0.41, never before step 6."""
     db = tmp_path / "s.db"
     f = tmp_path / "c.csv"
     values = [0.1, 0.2, 0.3, 0.4, 0.45, 0.49, 0.9, 0.9, 0.9, 0.9]
@@ -294,13 +294,16 @@ def test_the_crossing_is_never_interpolated_before_the_first_logged_point_at_the
                      "--json")
     assert proc.returncode == 0, proc.stderr
     progress = json.loads(proc.stdout)["runs"][0]["progress"]
-    assert (progress["samples"], progress["steps"]) == (7 * 32, 7)
-    # where the smoothed curve crosses after a logged point at the target (a one-step spike at
-    # step 4), it is interpolated between smoothed points 7 (0.36) and 8 (0.52): step 7.875
+    step = 6 + 0.01 / 0.41
+    assert progress["samples"] == pytest.approx(step * 32)
+    assert progress["steps"] == pytest.approx(step)
+    # a one-step spike at step 4 is a bracket too (3 -> 4), but the smoothed curve first reaches
+    # 0.5 at step 7.875 (between smoothed points 7, 0.36, and 8, 0.52): the bracket nearest it is
+    # steps 7 (0.3) and 8 (0.5), whose chord meets 0.5 at step 8
     values = [0.1, 0.1, 0.1, 0.6, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.9, 0.9]
     f.write_text("step,reward_mean\n" + "".join(f"{s},{v}\n" for s, v in enumerate(values, 1)))
     _ingest(db, str(f), "--sweep", "spike", "--batch-prompts", "4", "--group-size", "8",
             "--lr", "1e-3")
     proc = twoclocks("analyze", "spike", "--target", "0.5", "--db", f"sqlite:///{db}", "--json")
     progress = json.loads(proc.stdout)["runs"][0]["progress"]
-    assert progress["samples"] == pytest.approx(7.875 * 32)
+    assert progress["samples"] == pytest.approx(8 * 32)
