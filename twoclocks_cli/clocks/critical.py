@@ -67,6 +67,16 @@ class Estimate:
             return False
         return self.low <= value <= (math.inf if self.high is None else self.high)
 
+    def minimum_text(self) -> str | None:
+        """Where E_min is a measured minimum, that and the batches left of it (else None)."""
+        from twoclocks_cli.core.numbers import num
+
+        if self.e_min_at is None:
+            return None
+        slower = ", ".join(num(b) for b in self.slower)
+        return (f"E_min is the measured minimum at B={num(self.e_min_at)}; B={slower} took more "
+                "samples: slower under this lr rule (their lr is smaller)")
+
     def text(self) -> str:
         """'>= 512', '<= 8', '36 [30, 41]', '10,240' (samples; thousands separated)."""
         from twoclocks_cli.core.numbers import num

@@ -189,12 +189,17 @@ def feasible(plan: Plan) -> bool:
     return plan.progress <= plan.end * (1 + 1e-9)
 
 
+def _priced_feasible(plans: list[Plan], objective: str) -> list[Plan]:
+    """The plans that reach the target before they end and that the objective can price."""
+    return [p for p in plans if feasible(p) and p.value(objective) is not None]
+
+
 def choose(plans: list[Plan], objective: str) -> Plan | None:
     """The plan the objective prefers (module docstring): B_small is the largest first batch of
     a plan within TOL of the least objective clock; among that batch's plans the least clock,
     then the fewest phases ending within TOL of the latest end, then the latest end. None: no
     feasible, priced plan."""
-    ok = [p for p in plans if feasible(p) and p.value(objective) is not None]
+    ok = _priced_feasible(plans, objective)
     if not ok:
         return None
     best = min(p.value(objective) for p in ok)
@@ -210,7 +215,7 @@ def choose(plans: list[Plan], objective: str) -> Plan | None:
 
 def fastest(plans: list[Plan], objective: str) -> Plan | None:
     """The feasible plan of least objective clock, no tolerance (what the tolerance gave up)."""
-    ok = [p for p in plans if feasible(p) and p.value(objective) is not None]
+    ok = _priced_feasible(plans, objective)
     return min(ok, key=lambda p: (p.value(objective), -p.b_small)) if ok else None
 
 

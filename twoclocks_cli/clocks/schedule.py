@@ -155,7 +155,7 @@ def make_schedule(a: Analysis, budget: float | None = None, safety: float = 0.8,
     rec = a.critical.recommended
     at = {c.batch: c for c in clocks}
     rationale = [f"B_crit {rec.text()} samples ({rec.source or 'none'}: {rec.why})"]
-    rationale += _e_min_line(rec)
+    rationale += [rec.minimum_text()] if rec.minimum_text() else []
     rationale += [
         f"grid = {[f'{b:g}' for b in grid]}; reached the target: {[f'{b:g}' for b in reached]}",
         "median samples to the target: " + "; ".join(
@@ -208,15 +208,6 @@ def _check_choices(objective: str, safety: float, large_lr: str) -> None:
         raise AnalysisError(f"--safety {safety}: must be in (0, 1]")
     if large_lr not in LARGE_LR:
         raise AnalysisError(f"--large-lr {large_lr!r}: must be one of {', '.join(LARGE_LR)}")
-
-
-def _e_min_line(rec) -> list[str]:
-    """Where E_min is a measured minimum, the batches left of it and why they are slower."""
-    if rec.e_min_at is None:
-        return []
-    slower = ", ".join(f"{b:g}" for b in rec.slower)
-    return [f"E_min is the measured minimum at B={rec.e_min_at:g}; B={slower} took more "
-            "samples: slower under this lr rule (their lr is smaller)"]
 
 
 _UNIT = {"samples": "samples", "time": "hours", "cost": "cost"}

@@ -230,10 +230,8 @@ def render_critical(con, crit) -> None:
     rec = crit.recommended
     con.print(f"[bold]recommended B_crit: {estimate_text(rec)}[/bold] "
               f"({rec.source or 'none'}): {rec.why}")
-    if rec.e_min_at is not None:
-        slower = ", ".join(num(b) for b in rec.slower)
-        con.print(f"E_min is the measured minimum at B={num(rec.e_min_at)}; B={slower} took more "
-                  "samples: slower under this lr rule (their lr is smaller)")
+    if rec.minimum_text():
+        con.print(rec.minimum_text())
 
 
 def write_csv(a, path: str) -> None:
