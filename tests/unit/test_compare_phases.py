@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from twoclocks_cli.commands.compare import merged_phases
+from twoclocks_cli.render.compare import merged_phases
 
 
 def _ph(prompts, lr, start, end, steps):
