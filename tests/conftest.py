@@ -17,8 +17,8 @@ pyproject's addopts). The hooks below keep that sound and fast on a 2-core machi
   others, so that worker does not wait on the build's lock.
 
 The lanes are markers (pyproject.toml): `make test-fast` runs the tests marked none of slow,
-postgres, slurm, tiny_model and subprocess, and an audit hook here fails a test there that
-starts a process.
+postgres, slurm, tiny_model and subprocess, and an audit hook (tests/support/lane.py, whose
+hooks this file takes) fails a test there that starts a process.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     if "torch" in sys.modules:  # imported before this file (a plugin): too late for the env
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# the fast lane's guard: its hooks, taken by name
+from tests.support.lane import pytest_configure, pytest_runtest_protocol  # noqa: E402, F401
 from tests.support.pgserver import PgServer  # noqa: E402
 
 _db_counter = itertools.count()
@@ -46,10 +48,9 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 # Markers choose the lanes (pyproject's [tool.pytest.ini_options] markers). Those a test's
 # fixtures imply are added here; a module says the rest with `pytestmark`. `make test-fast`
-# runs every test marked none of these, with an audit hook that fails a test starting a process.
+# runs every test marked none of these (lane.OUTSIDE_FAST_LANE), with an audit hook that fails a
+# test starting a process (tests/support/lane.py).
 _SERVER_FIXTURES = {"pg_server", "pg_url"}
-OUTSIDE_FAST_LANE = ("slow", "postgres", "slurm", "tiny_model", "subprocess")
-FAST_LANE = os.environ.get("TWOCLOCKS_TEST_LANE") == "fast"
 
 
 def _implied_markers(item) -> list[str]:
@@ -80,32 +81,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(Path(_module(item)).stem))
     # the tests needing the built tiny model last (a stable sort: every process orders alike)
     items.sort(key=lambda item: item.get_closest_marker("tiny_model") is not None)
-
-
-_in_test = False
-
-
-def _refuse_processes(event: str, args) -> None:
-    """The fast lane's guard: a test that starts a process must say so (`subprocess` marker)."""
-    if _in_test and event in ("subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn",
-                              "os.fork", "os.forkpty", "os.exec"):
-        raise RuntimeError(f"{event} in the fast lane: mark the test or its module "
-                           "pytest.mark.subprocess (it starts a process)")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Guard only while a test runs (xdist starts its workers as processes, before any test)."""
-    global _in_test
-    _in_test = FAST_LANE
-    try:
-        yield
-    finally:
-        _in_test = False
-
-
-if FAST_LANE:
-    sys.addaudithook(_refuse_processes)
 
 
 @pytest.hookimpl(trylast=True)  # after xdist has sent this worker's collection

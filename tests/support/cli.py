@@ -1,11 +1,14 @@
-"""Run the real `twoclocks` CLI in a subprocess and capture its output."""
+"""Run the real `twoclocks` CLI, in a subprocess or in this process, and capture its output."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -19,6 +22,36 @@ def twoclocks(*args: str, cwd: Path | None = None, env: dict | None = None,
     )
 
 
+@dataclass
+class InProcess:
+    """What `twoclocks_inproc` captured, named as subprocess.CompletedProcess names it."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def twoclocks_inproc(*args: str, cwd: Path | None = None, env: dict | None = None) -> InProcess:
+    """`twoclocks ARGS...` run in this process (click's test runner on the real app): exit code,
+    stdout and stderr kept apart, as `twoclocks` returns them without a process start. `env`
+    entries are set (None: removed) for the call only; `cwd` is the working directory meanwhile.
+    An exception escaping the CLI is its traceback on stderr with exit 1, as in a process that
+    let it through, so `assert_one_line_error` fails on it."""
+    from typer.testing import CliRunner
+
+    from twoclocks_cli.app import app
+
+    argv = [str(a) for a in args]
+    with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext():
+        r = CliRunner().invoke(app, argv, env=env)  # click >= 8.2: stderr always apart
+    stderr, code = r.stderr, r.exit_code
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(r.exception))
+        code = 1
+    return InProcess(argv, code, r.stdout, stderr)
+
+
 def free_port() -> int:
     """A loopback port free now (for `accelerate launch --main_process_port`: its default, 29500,
     is taken when two tests launch at once on two pytest-xdist workers)."""
@@ -29,8 +62,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:
-    """The CLI failed with exit `code`, printed exactly one line on stderr, no traceback."""
+def assert_one_line_error(proc: subprocess.CompletedProcess | InProcess, *needles: str,
+                          code: int = 2) -> str:
+    """The CLI failed with exit `code`, printed exactly one line on stderr, no traceback (run
+    in a process by `twoclocks` or in this one by `twoclocks_inproc`)."""
     assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
