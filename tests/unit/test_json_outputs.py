@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from tests.support.cli import twoclocks
-
-pytestmark = pytest.mark.subprocess
+from tests.support.cli import twoclocks_inproc
 
 
 def test_db_current_upgrade_downgrade_json(tmp_path):
@@ -17,14 +13,14 @@ def test_db_current_upgrade_downgrade_json(tmp_path):
     from twoclocks_cli.store.migrate import current_revision, head_revision
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    up = json.loads(twoclocks("db", "upgrade", "--db", url, "--json").stdout)
+    up = json.loads(twoclocks_inproc("db", "upgrade", "--db", url, "--json").stdout)
     assert up["after"] == head_revision() and up["before"] is None
-    cur = json.loads(twoclocks("db", "current", "--db", url, "--json").stdout)
+    cur = json.loads(twoclocks_inproc("db", "current", "--db", url, "--json").stdout)
     assert cur == {"url": url, "revision": current_revision(make_engine(url)),
                    "head": head_revision(), "state": "up to date"}
-    down = json.loads(twoclocks("db", "downgrade", "base", "--db", url, "--json").stdout)
+    down = json.loads(twoclocks_inproc("db", "downgrade", "base", "--db", url, "--json").stdout)
     assert down["before"] == head_revision() and down["after"] == "base"
-    cur = json.loads(twoclocks("db", "current", "--db", url, "--json").stdout)
+    cur = json.loads(twoclocks_inproc("db", "current", "--db", url, "--json").stdout)
     assert cur["revision"] is None and cur["state"] == "empty"
 
 
@@ -45,11 +41,11 @@ def test_status_shows_standalone_train_runs_and_watch_json_streams_lines(tmp_pat
     with store.metric_writer(alone.id) as w:
         for step in range(1, 8):
             w.log(step, 128 * step, {"reward_mean": 0.1})
-    snap = json.loads(twoclocks("status", "--db", url, "--json").stdout)
+    snap = json.loads(twoclocks_inproc("status", "--db", url, "--json").stdout)
     assert [(r["name"], r["last_step"]) for r in snap["standalone"]] == [("my-run", 7)]
-    table = twoclocks("status", "--db", url)
+    table = twoclocks_inproc("status", "--db", url)
     assert "runs of `twoclocks train` (no sweep): 1" in table.stdout and "my-run" in table.stdout
-    watch = twoclocks("status", "--db", url, "--watch", "--json", "--interval", "0.2")
+    watch = twoclocks_inproc("status", "--db", url, "--watch", "--json", "--interval", "0.2")
     lines = [ln for ln in watch.stdout.splitlines() if ln.strip()]
     assert watch.returncode == 0 and len(lines) == 1  # nothing runs: one object, then done
     assert json.loads(lines[0])["sweeps"]["sw"] == {"completed": 1}
