@@ -11,12 +11,10 @@ import json
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.core.limits import INT32_MAX as STEP_MAX
 from twoclocks_cli.core.limits import INT64_MAX as SAMPLES_MAX
 from twoclocks_cli.ingest.base import to_number, to_step
-
-pytestmark = pytest.mark.subprocess
 
 CASES = [
     ("a.csv", "step,reward_mean\n0,0.1\n9223372036854775808,0.2\n", "csv", ["a.csv:3", "'step'"]),
@@ -33,8 +31,8 @@ CASES = [
 def test_out_of_range_numbers_are_one_line_and_write_nothing(tmp_path, name, text, fmt, needles):
     (tmp_path / name).write_text(text)
     db = tmp_path / "s.db"
-    proc = twoclocks("ingest", str(tmp_path / name), "--format", fmt, "--db", f"sqlite:///{db}",
-                     "--group-size", "4", "--batch-prompts", "2")
+    proc = twoclocks_inproc("ingest", str(tmp_path / name), "--format", fmt,
+                            "--db", f"sqlite:///{db}", "--group-size", "4", "--batch-prompts", "2")
     assert_one_line_error(proc, *needles, "nothing was written")
     if db.exists():
         import sqlite3
