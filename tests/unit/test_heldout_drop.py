@@ -7,13 +7,10 @@ curves."""
 
 import json
 
-import pytest
 from typer.testing import CliRunner
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.app import app
-
-pytestmark = pytest.mark.subprocess
 
 GROUP = 8
 PROMPTS = (4, 16)
@@ -86,5 +83,5 @@ def test_the_heldout_drop_is_the_failure_while_the_reward_rises(tmp_path, sqlite
 
 def test_a_drop_metric_no_run_logged_is_one_line(tmp_path, sqlite_url):
     _ingest(tmp_path, sqlite_url)
-    r = twoclocks("analyze", "mem", "--drop-metric", "eval_acc", "--db", sqlite_url)
+    r = twoclocks_inproc("analyze", "mem", "--drop-metric", "eval_acc", "--db", sqlite_url)
     assert_one_line_error(r, "--drop-metric 'eval_acc': not logged by any run of 'mem'")

@@ -4,14 +4,11 @@
 import json
 
 import numpy as np
-import pytest
 from typer.testing import CliRunner
 
 from tests.fixtures.ingest import synthetic as syn
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.app import app
-
-pytestmark = pytest.mark.subprocess
 
 
 def _ingest_with_verl_names(tmp_path, db_url):
@@ -26,7 +23,7 @@ def _ingest_with_verl_names(tmp_path, db_url):
 
 
 def _analyze(db_url, metric):
-    proc = twoclocks("analyze", "syn", "--metric", metric, "--json", "--db", db_url)
+    proc = twoclocks_inproc("analyze", "syn", "--metric", metric, "--json", "--db", db_url)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -40,5 +37,5 @@ def test_a_source_name_stands_for_its_store_key(tmp_path, sqlite_url):
     for a, b in zip(by_source["batches"], by_store_key["batches"], strict=True):
         assert a["progress"] == b["progress"] and a["failure"] == b["failure"]
     # a name neither stored nor imported is still refused, naming what is there
-    assert_one_line_error(twoclocks("analyze", "syn", "--metric", "critic/score/max", "--db",
-                                    sqlite_url), "critic/score/max", "reward_mean")
+    assert_one_line_error(twoclocks_inproc("analyze", "syn", "--metric", "critic/score/max",
+                                           "--db", sqlite_url), "critic/score/max", "reward_mean")
