@@ -29,6 +29,7 @@ FLOORS = [
     ["twoclocks_cli.config"],  # the planner asks the backends
     ["twoclocks_cli.suggest", "twoclocks_cli.adaptive.probe"],  # they plan sweeps
     ["twoclocks_cli.launch"],
+    ["twoclocks_cli.gather"],  # what a command shows, collected from the store and the clocks
     ["twoclocks_cli.render"],
     ["twoclocks_cli.options", "twoclocks_cli.crash"],
     ["twoclocks_cli.export"],  # checks its output path with the options' own rule
@@ -261,6 +262,43 @@ def test_no_command_imports_another_command():
     bad = [f"{a} -> {b}" for a, b in _edges()
            if a.startswith("twoclocks_cli.commands.") and b.startswith("twoclocks_cli.commands.")]
     assert not bad, "\n".join(bad)
+
+
+def _store_readers(root: Path = ROOT) -> list[str]:
+    """`module.function` of every render function that takes a `store` parameter, and
+    `module -> store` for every render module that imports the store."""
+    bad = []
+    mods = _modules(root)
+    for name, path in sorted(mods.items()):
+        if not name.startswith("twoclocks_cli.render"):
+            continue
+        bad += [f"{name} -> {m}" for m in sorted(_scan(name, path, set(mods)).imports)
+                if m.startswith("twoclocks_cli.store")]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                params = node.args.args + node.args.kwonlyargs + node.args.posonlyargs
+                if any(a.arg == "store" for a in params):
+                    bad.append(f"{name}.{node.name}(store)")
+    return bad
+
+
+def test_renderers_receive_data_and_never_read_the_store():
+    """A command gathers (gather/, clocks/) and hands `render/` the result: a renderer that
+    reads the store climbs back down the floors it sits on."""
+    bad = _store_readers()
+    assert not bad, "renderers that read the store:\n" + "\n".join(bad)
+
+
+def test_the_store_rule_finds_a_renderer_that_reads_it(tmp_path):
+    pkg = tmp_path / "twoclocks_cli" / "render"
+    pkg.mkdir(parents=True)
+    (tmp_path / "twoclocks_cli" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "page.py").write_text("def draw(store, out):\n    return store.runs()\n")
+    (tmp_path / "twoclocks_cli" / "store.py").write_text("")
+    (pkg / "table.py").write_text("def rows():\n    from twoclocks_cli import store\n")
+    assert _store_readers(tmp_path) == ["twoclocks_cli.render.page.draw(store)",
+                                        "twoclocks_cli.render.table -> twoclocks_cli.store"]
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

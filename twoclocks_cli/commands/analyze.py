@@ -93,7 +93,8 @@ def _analyze_one(store, sweep: str | None, opts, cost_model, save: bool, as_json
     if plot:
         from twoclocks_cli.render.plot import plot_analysis
 
-        plot_analysis(store, result, plot)
+        curves = store.load_metric([r.run_id for r in result.runs], result.metric)
+        plot_analysis(curves, result, plot)
     if as_json:
         typer.echo(result.dumps())
     else:

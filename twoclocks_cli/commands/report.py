@@ -44,7 +44,8 @@ def report(
 
     The numbers are those of the sweep's latest stored analysis (`twoclocks analyze`) while it
     is current; a stale one is redone with its own options, and a new result is stored."""
-    from twoclocks_cli.render.report import ReportOptions, write_report
+    from twoclocks_cli.gather.report import ReportOptions, collect
+    from twoclocks_cli.render.report import write_report
     from twoclocks_cli.store import Store
 
     given = {"metric": metric, "target": target, "smoothing": smoothing, "window": window}
@@ -53,7 +54,7 @@ def report(
         analysis = None  # reuse the stored analysis while it is current
     opts = ReportOptions(sweep=sweep, out=out, safety=safety, budget=budget, analysis=analysis,
                          runs=tuple(run or ()))
-    page = write_report(Store.open(db), opts)
+    page = write_report(collect(Store.open(db), opts), out)
     pngs = sorted(p.name for p in page.parent.glob("*.png"))
     if as_json:
         print_json({"index": str(page), "images": pngs})

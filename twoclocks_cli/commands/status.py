@@ -21,7 +21,7 @@ def status(
     as_json: JsonOption = False,
 ) -> None:
     """Show the cells of SWEEP (or a summary of all sweeps), reconciled with the scheduler."""
-    from twoclocks_cli.launch.monitor import poll, snapshot
+    from twoclocks_cli.launch.monitor import poll, snapshot, watcher
     from twoclocks_cli.render import status as view
     from twoclocks_cli.render.tables import console
     from twoclocks_cli.store import Store
@@ -31,7 +31,7 @@ def status(
         poll(store, sweep, interval, lambda snap: print_json(snap, indent=None))
         return
     if watch:
-        view.follow(store, sweep, interval)
+        view.follow(watcher(store, sweep, interval), sweep)
         return
     snap = snapshot(store, sweep)
     if as_json:

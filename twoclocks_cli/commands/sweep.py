@@ -32,7 +32,7 @@ def sweep(
     """
     from twoclocks_cli.config import load_plan
     from twoclocks_cli.launch import sweeps
-    from twoclocks_cli.launch.monitor import snapshot
+    from twoclocks_cli.launch.monitor import snapshot, watcher
     from twoclocks_cli.render.status import follow, sweep_table, wait_quietly
     from twoclocks_cli.render.tables import console
     from twoclocks_cli.render.warnings import print_warnings
@@ -54,7 +54,8 @@ def sweep(
                    f"{len(job_ids)} via {ex.name}" + (f" to {store.url}" if job_ids else ""),
                    err=as_json)
         if wait:
-            snap = wait_quietly(store, cfg.name) if as_json else follow(store, cfg.name)
+            watch = watcher(store, cfg.name)
+            snap = wait_quietly(watch) if as_json else follow(watch, cfg.name)
         else:
             snap = snapshot(store, cfg.name)
     mine = [r for r in snap["runs"] if r["cell_id"] in reg.runs]

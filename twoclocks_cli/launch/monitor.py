@@ -42,3 +42,9 @@ def poll(store, sweep: str | None, interval: float = 2.0, on_snapshot=None) -> d
         if not waiting(snap, sweep):
             return snap
         time.sleep(interval)
+
+
+def watcher(store, sweep: str | None, interval: float = 2.0):
+    """`poll` of `sweep` as a function of its `on_snapshot` alone: what a live view is given,
+    so that it never reads the store itself."""
+    return lambda on_snapshot: poll(store, sweep, interval, on_snapshot)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from twoclocks_cli.core.errors import LaunchError
 from twoclocks_cli.launch import sweeps
+from twoclocks_cli.launch.monitor import watcher
 from twoclocks_cli.launch.state import PENDING, RETRYABLE
 from twoclocks_cli.store.models import RunStatus
 
@@ -48,7 +49,8 @@ def executor(parent_sweep_config: dict | None, name: str | None, sweep: str):
 
 def advance(store, probe, ex, db_url: str, wait: bool, retry_failed: bool, source: str,
             follow=None) -> Stage:
-    """Register the probe's cells and submit what is due; `follow(store, sweep)` waits."""
+    """Register the probe's cells and submit what is due; `follow(watch, sweep)` (a view of
+    render.status) waits on the sweep's snapshots."""
     from twoclocks_cli.adaptive.probe.grpo import register
 
     runs = register(store, probe, source)
@@ -59,7 +61,7 @@ def advance(store, probe, ex, db_url: str, wait: bool, retry_failed: bool, sourc
     if replay_id is not None:
         submitted += _submit(store, reg, [replay_id], wanted, ex, db_url)
         if wait and store.get_run(replay_id).status != RunStatus.completed.value:
-            follow(store, probe.sweep)
+            follow(watcher(store, probe.sweep), probe.sweep)
         status = store.get_run(replay_id).status
         if status in (RunStatus.failed.value, RunStatus.cancelled.value, RunStatus.diverged.value):
             run = store.get_run(replay_id)
@@ -73,7 +75,7 @@ def advance(store, probe, ex, db_url: str, wait: bool, retry_failed: bool, sourc
     ids = [runs[b.cell.cell_id] for b in probe.branches]
     submitted += _submit(store, reg, ids, wanted, ex, db_url)
     if wait:
-        follow(store, probe.sweep)
+        follow(watcher(store, probe.sweep), probe.sweep)
     return _stage(store, probe, runs, submitted)
 
 

@@ -3,7 +3,7 @@ batch size with the B_crit estimates, and small multiples of the other logged me
 
 `analyze --plot` puts the first two side by side in one PNG; `report` writes each as its own PNG.
 All of them read the typed analysis (`clocks.result.Analysis`); curves come from
-`store.load_metric`. matplotlib is imported only when a figure is drawn.
+the store's `load_metric`, read by the command. matplotlib is imported only when a figure is drawn.
 """
 
 from __future__ import annotations
@@ -160,9 +160,9 @@ def _power_bk(b_crit: float, a: float) -> float:
 # -- figures --------------------------------------------------------------------------------
 
 
-def plot_analysis(store, a: Analysis, path: str) -> None:
-    """`analyze --plot`: (1) metric vs samples, clocks marked; (2) clocks vs B, log-log."""
-    curves = store.load_metric([r.run_id for r in a.runs], a.metric)
+def plot_analysis(curves: dict, a: Analysis, path: str) -> None:
+    """`analyze --plot`: (1) metric vs samples ({run_id: Series}), clocks marked; (2) clocks vs
+    B, log-log."""
     batch_of = {r.run_id: r.batch_samples for r in a.runs}
     fig, (ax1, ax2) = _pyplot().subplots(1, 2, figsize=(13, 5))
     draw_curves(ax1, curves, batch_of, a.metric, a)

@@ -72,25 +72,22 @@ def sweeps_table(snap: dict):
     return table
 
 
-def follow(store, sweep: str | None, interval: float = 2.0) -> dict:
-    """Live table until nothing of `sweep` is submitted or running; returns the last snapshot."""
+def follow(watch, sweep: str | None) -> dict:
+    """A live table of each snapshot `watch(on_snapshot)` delivers (launch.monitor.watcher:
+    until nothing of `sweep` is submitted or running); returns the last snapshot."""
     from rich.live import Live
-
-    from twoclocks_cli.launch.monitor import poll
 
     render = (lambda s: sweep_table(s, sweep)) if sweep else sweeps_table
     with Live(console=console(), refresh_per_second=4) as live:
-        snap = poll(store, sweep, interval, lambda s: live.update(render(s)))
+        snap = watch(lambda s: live.update(render(s)))
     notes(snap)
     return snap
 
 
-def wait_quietly(store, sweep: str, interval: float = 2.0) -> dict:
-    """Like `follow` with nothing on stdout (for --json): poll until nothing of `sweep` is
-    submitted or running; notes on stderr; returns the last snapshot."""
-    from twoclocks_cli.launch.monitor import poll
-
-    snap = poll(store, sweep, interval)
+def wait_quietly(watch, sweep: str | None = None) -> dict:
+    """Like `follow` with nothing on stdout (for --json): wait for `watch`'s last snapshot;
+    notes on stderr."""
+    snap = watch(None)
     notes(snap)
     return snap
 
