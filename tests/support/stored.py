@@ -6,12 +6,13 @@ import json
 import sqlite3
 from pathlib import Path
 
-from tests.support.cli import twoclocks
+from tests.support.cli import twoclocks_inproc
 
 
 def ingest(db: Path, *args: str) -> list[dict]:
-    """`twoclocks ingest ARGS --json` into the SQLite file `db`; its records (exit 0 asserted)."""
-    proc = twoclocks("ingest", *args, "--db", f"sqlite:///{db}", "--json")
+    """`twoclocks ingest ARGS --json` into the SQLite file `db`, run in this process; its records
+    (exit 0 asserted)."""
+    proc = twoclocks_inproc("ingest", *args, "--db", f"sqlite:///{db}", "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

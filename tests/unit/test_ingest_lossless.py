@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from tests.support.stored import ingest as _ingest
 from tests.support.stored import metric_rows as _rows
-
-pytestmark = pytest.mark.subprocess
 
 BANNER = ("2025-06-01 10:00:00,123\tINFO worker.py:1832 -- Started a local Ray instance. View "
           "the dashboard at 127.0.0.1:8265 \n")
@@ -153,7 +151,7 @@ def test_a_crashed_log_with_rays_banner_is_skipped_and_the_good_one_imported(tmp
     reward = _prompt_counting_log(good, header=True)
     _ingest(db, str(good), "--sweep", "before")  # a store with a run in it
     before = _dump(db)
-    proc = twoclocks("ingest", str(crashed), str(good), "--db", f"sqlite:///{db}")
+    proc = twoclocks_inproc("ingest", str(crashed), str(good), "--db", f"sqlite:///{db}")
     assert_one_line_error(proc, f"{crashed}: no `step:N - key:value` line",
                           "logged no training step")
     assert _dump(db) == before
@@ -179,7 +177,7 @@ def test_a_verl_log_without_config_or_critic_asks_for_the_group_size(tmp_path):
                                   for s, v in reward.items()))
     _ingest(db, str(f), "--sweep", "before", "--batch-prompts", "4", "--group-size", "8")
     before = _dump(db)
-    proc = twoclocks("ingest", str(f), "--batch-prompts", "4", "--db", f"sqlite:///{db}")
+    proc = twoclocks_inproc("ingest", str(f), "--batch-prompts", "4", "--db", f"sqlite:///{db}")
     assert_one_line_error(proc, f"{f}: samples are not logged", "pass --group-size",
                           "no verl config", "not PPO")
     assert _dump(db) == before
@@ -239,22 +237,23 @@ def test_preference_and_sft_logs_are_refused_by_their_keys(tmp_path):
     before = _dump(db)
     dpo = _llama_factory_log(tmp_path / "trainer_log.jsonl", dpo=True)
     for args in ([], ["--map", "step=current_steps", "--batch-prompts", "2", "--group-size", "2"]):
-        proc = twoclocks("ingest", str(dpo), *args, "--db", url)
+        proc = twoclocks_inproc("ingest", str(dpo), *args, "--db", url)
         assert_one_line_error(proc, f"{dpo}: a LLaMA-Factory trainer_log.jsonl",
                               "preference accuracy", "nothing imported")
     (tmp_path / "sft").mkdir()
     sft = _llama_factory_log(tmp_path / "sft" / "trainer_log.jsonl", dpo=False)
-    assert_one_line_error(twoclocks("ingest", str(sft), "--db", url),
+    assert_one_line_error(twoclocks_inproc("ingest", str(sft), "--db", url),
                           "LLaMA-Factory trainer_log.jsonl", "no reward (SFT)")
     pref = tmp_path / "dpo.csv"
     pref.write_text("step,rewards/chosen,rewards/rejected,rewards/accuracies\n1,0.1,-0.1,0.6\n")
-    assert_one_line_error(twoclocks("ingest", str(pref), "--map", "accuracy=rewards/accuracies",
-                                    "--db", url), "preference-training (DPO-style)")
+    assert_one_line_error(twoclocks_inproc("ingest", str(pref),
+                                           "--map", "accuracy=rewards/accuracies", "--db", url),
+                          "preference-training (DPO-style)")
     verl_sft = tmp_path / "sft.log"
     verl_sft.write_text("+ torchrun -m verl.trainer.fsdp_sft_trainer data.train_batch_size=64\n"
                         + "".join(f"step:{s} - train/loss:{2 - s / 10} - train/lr(1e-3):0.01\n"
                                   for s in range(1, 4)))
-    assert_one_line_error(twoclocks("ingest", str(verl_sft), "--db", url),
+    assert_one_line_error(twoclocks_inproc("ingest", str(verl_sft), "--db", url),
                           f"{verl_sft}: an SFT log")
     assert _dump(db) == before
 
@@ -272,7 +271,7 @@ def test_analyze_repeats_the_resumed_run_caveat_ingest_printed(tmp_path):
                            for s in range(101, 113)))
     (r,) = _ingest(db, str(f), "--sweep", "res")
     caveat = next(n for n in r["notes"] if "first training step is 101" in n)
-    proc = twoclocks("analyze", "res", "--db", f"sqlite:///{db}", "--json")
+    proc = twoclocks_inproc("analyze", "res", "--db", f"sqlite:///{db}", "--json")
     assert proc.returncode == 0, proc.stderr
     warnings = json.loads(proc.stdout)["warnings"]
     assert any(w.endswith(caveat) and w.startswith(f"run {r['run_id']} (") for w in warnings)
@@ -290,8 +289,8 @@ def test_the_crossing_lies_on_the_chord_of_the_logged_points_that_bracket_it(tmp
     values = [0.1, 0.2, 0.3, 0.4, 0.45, 0.49, 0.9, 0.9, 0.9, 0.9]
     f.write_text("step,reward_mean\n" + "".join(f"{s},{v}\n" for s, v in enumerate(values, 1)))
     _ingest(db, str(f), "--batch-prompts", "4", "--group-size", "8", "--lr", "1e-3")
-    proc = twoclocks("analyze", "imported", "--target", "0.5", "--db", f"sqlite:///{db}",
-                     "--json")
+    proc = twoclocks_inproc("analyze", "imported", "--target", "0.5", "--db", f"sqlite:///{db}",
+                            "--json")
     assert proc.returncode == 0, proc.stderr
     progress = json.loads(proc.stdout)["runs"][0]["progress"]
     step = 6 + 0.01 / 0.41
@@ -304,6 +303,7 @@ def test_the_crossing_lies_on_the_chord_of_the_logged_points_that_bracket_it(tmp
     f.write_text("step,reward_mean\n" + "".join(f"{s},{v}\n" for s, v in enumerate(values, 1)))
     _ingest(db, str(f), "--sweep", "spike", "--batch-prompts", "4", "--group-size", "8",
             "--lr", "1e-3")
-    proc = twoclocks("analyze", "spike", "--target", "0.5", "--db", f"sqlite:///{db}", "--json")
+    proc = twoclocks_inproc("analyze", "spike", "--target", "0.5", "--db", f"sqlite:///{db}",
+                            "--json")
     progress = json.loads(proc.stdout)["runs"][0]["progress"]
     assert progress["samples"] == pytest.approx(8 * 32)

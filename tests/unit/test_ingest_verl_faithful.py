@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.ingest import IngestOptions, parse_file
-
-pytestmark = pytest.mark.subprocess
 
 FIX = Path(__file__).parents[1] / "fixtures" / "ingest"
 
@@ -73,12 +71,12 @@ def test_a_crashed_log_says_it_has_no_step_and_skip_bad_skips_only_it(tmp_path):
     with pytest.raises(ConfigError, match="no `step:N - key:value` line"):
         _parse("verl_crashed.log")
     url = f"sqlite:///{tmp_path / 's.db'}"
-    proc = twoclocks("ingest", str(FIX / "verl_crashed.log"), str(FIX / "verl_new.log"),
-                     "-f", "verl", "--db", url)
+    proc = twoclocks_inproc("ingest", str(FIX / "verl_crashed.log"), str(FIX / "verl_new.log"),
+                            "-f", "verl", "--db", url)
     assert_one_line_error(proc, "verl_crashed.log: no `step:N - key:value` line")
     assert not (tmp_path / "s.db").exists() or _runs(tmp_path / "s.db") == 0  # nothing written
-    proc = twoclocks("ingest", str(FIX / "verl_crashed.log"), str(FIX / "verl_new.log"),
-                     "-f", "verl", "--db", url, "--skip-bad", "--json")
+    proc = twoclocks_inproc("ingest", str(FIX / "verl_crashed.log"), str(FIX / "verl_new.log"),
+                            "-f", "verl", "--db", url, "--skip-bad", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert [r["action"] for r in out] == ["skipped", "created"]
@@ -88,18 +86,19 @@ def test_a_crashed_log_says_it_has_no_step_and_skip_bad_skips_only_it(tmp_path):
 
 def test_the_notes_reach_the_cli(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    proc = twoclocks("ingest", str(FIX / "verl_ray_interleaved.log"), "-f", "verl", "--db", url)
+    proc = twoclocks_inproc("ingest", str(FIX / "verl_ray_interleaved.log"), "-f", "verl",
+                            "--db", url)
     assert proc.returncode == 0, proc.stderr
     assert "note: the file ends mid-line" in proc.stdout
     assert "lr 1e-06" in proc.stdout
-    proc = twoclocks("ingest", str(FIX / "verl_new.log"), "-f", "verl", "--db", url,
-                     "--sweep", "nolr", "--json")
+    proc = twoclocks_inproc("ingest", str(FIX / "verl_new.log"), "-f", "verl", "--db", url,
+                            "--sweep", "nolr", "--json")
     out = json.loads(proc.stdout)
     assert not any("lr was not found" in n for n in out[0]["notes"])  # the config has it
     bare = tmp_path / "bare.log"
     bare.write_text("step:1 - critic/score/mean:0.25\nstep:2 - critic/score/mean:0.5\n")
-    proc = twoclocks("ingest", str(bare), "-f", "verl", "--db", url, "--sweep", "bare",
-                     "--batch-prompts", "4", "--group-size", "2")
+    proc = twoclocks_inproc("ingest", str(bare), "-f", "verl", "--db", url, "--sweep", "bare",
+                            "--batch-prompts", "4", "--group-size", "2")
     assert proc.returncode == 0, proc.stderr
     assert "note: the run's lr was not found in the log (pass --lr)" in proc.stdout
 
@@ -117,8 +116,8 @@ def test_dpo_and_sft_trainer_states_are_not_rl_runs(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     for folder, needle in (("trl_dpo", "a preference-training (DPO-style)"),
                            ("trl_sft", "no reward was logged")):
-        proc = twoclocks("ingest", str(FIX / folder), "-f", "trl", "--db", url,
-                         "--batch-prompts", "4", "--group-size", "2")
+        proc = twoclocks_inproc("ingest", str(FIX / folder), "-f", "trl", "--db", url,
+                                "--batch-prompts", "4", "--group-size", "2")
         assert_one_line_error(proc, f"{folder}/trainer_state.json: ", needle)
     assert _runs(tmp_path / "s.db") == 0
 
@@ -158,7 +157,8 @@ def test_grpo_without_rollout_n_still_asks_for_the_group_size(tmp_path):
                  "data.train_batch_size=16\nstep:1 - critic/score/mean:0.2\n")
     log = parse_file(f, IngestOptions(fmt="verl"))
     assert "group_size" not in log.params  # GRPO needs n > 1: never defaulted to 1
-    proc = twoclocks("ingest", str(f), "-f", "verl", "--db", f"sqlite:///{tmp_path / 's.db'}")
+    proc = twoclocks_inproc("ingest", str(f), "-f", "verl",
+                            "--db", f"sqlite:///{tmp_path / 's.db'}")
     assert_one_line_error(proc, "pass --group-size")
 
 
@@ -168,7 +168,7 @@ def test_old_verl_first_update_at_step_0_shifts_the_samples(tmp_path):
                  "actor_rollout_ref.rollout.n=2\n"
                  + "".join(f"step:{s} - critic/score/mean:{0.1 * s:.1f}\n" for s in range(3)))
     url = f"sqlite:///{tmp_path / 's.db'}"
-    proc = twoclocks("ingest", str(f), "-f", "verl", "--db", url, "--json")
+    proc = twoclocks_inproc("ingest", str(f), "-f", "verl", "--db", url, "--json")
     assert proc.returncode == 0, proc.stderr
     assert any("first update is logged as step 0" in n for n in json.loads(proc.stdout)[0]["notes"])
     with sqlite3.connect(tmp_path / "s.db") as con:
@@ -186,8 +186,8 @@ def test_old_verl_first_update_at_step_0_shifts_the_samples(tmp_path):
 ])
 def test_bad_ingest_options_are_one_line_and_write_nothing(tmp_path, args, needle):
     db = tmp_path / "s.db"
-    proc = twoclocks("ingest", str(FIX / "verl_new.log"), "-f", "verl", "--db", f"sqlite:///{db}",
-                     *args)
+    proc = twoclocks_inproc("ingest", str(FIX / "verl_new.log"), "-f", "verl",
+                            "--db", f"sqlite:///{db}", *args)
     assert_one_line_error(proc, needle)
     assert not db.exists() or _runs(db) == 0
 
@@ -213,7 +213,7 @@ def test_the_logs_own_running_sample_count_wins(tmp_path):
     assert "rollout/total_num_samples" not in log.unmapped
     assert any("a running total" in n for n in log.notes)
     url = f"sqlite:///{tmp_path / 's.db'}"
-    proc = twoclocks("ingest", str(tmp_path / "dapo.log"), "-f", "verl", "--db", url)
+    proc = twoclocks_inproc("ingest", str(tmp_path / "dapo.log"), "-f", "verl", "--db", url)
     assert proc.returncode == 0, proc.stderr
     with sqlite3.connect(tmp_path / "s.db") as con:
         rows = con.execute("select distinct step, samples from metrics order by step").fetchall()
