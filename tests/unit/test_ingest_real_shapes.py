@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.core.errors import ConfigError
-
-pytestmark = pytest.mark.subprocess
 
 FIX = Path(__file__).parents[1] / "fixtures" / "ingest"
 
@@ -42,7 +40,7 @@ def _dump(db: Path) -> list[str]:
 
 
 def _ingest_json(*args: str) -> list[dict]:
-    proc = twoclocks("ingest", *args, "--json")
+    proc = twoclocks_inproc("ingest", *args, "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -83,16 +81,16 @@ def test_every_format_is_told_from_its_content_whatever_the_file_is_called(tmp_p
     rid = out[0]["run_id"]
     assert _series(db, rid, "reward_mean")[:2] == [(1, 8, 0.1803), (2, 16, 0.2417)]
     # the text output says it too; re-importing with the format given is the same run
-    proc = twoclocks("ingest", str(verl), "--sweep", "v", "--db", url)
+    proc = twoclocks_inproc("ingest", str(verl), "--sweep", "v", "--db", url)
     assert proc.returncode == 0, proc.stderr
     assert "unchanged" in proc.stdout and "format verl (detected from its content)" in proc.stdout
-    proc = twoclocks("ingest", str(verl), "-f", "verl", "--sweep", "v", "--db", url)
+    proc = twoclocks_inproc("ingest", str(verl), "-f", "verl", "--sweep", "v", "--db", url)
     assert "unchanged" in proc.stdout and "format verl\n" in proc.stdout
 
 
 def test_a_crashed_verl_log_is_still_told_apart_and_said_to_have_no_step(tmp_path):
     _, url = _db(tmp_path)
-    proc = twoclocks("ingest", str(FIX / "verl_crashed.log"), "--db", url)
+    proc = twoclocks_inproc("ingest", str(FIX / "verl_crashed.log"), "--db", url)
     assert_one_line_error(proc, "verl_crashed.log: no `step:N - key:value` line")
 
 
@@ -111,7 +109,7 @@ def test_an_undetectable_file_is_one_line_and_the_store_is_untouched(tmp_path):
                         (folder, "a folder without a trainer_state.json")):
         # first in line or behind a good file: either way nothing is written
         for args in ([str(bad)], [str(FIX / "verl_old.log"), str(bad)]):
-            proc = twoclocks("ingest", *args, "--db", url)
+            proc = twoclocks_inproc("ingest", *args, "--db", url)
             assert_one_line_error(proc, f"{bad}: {needle}", "verl console log",
                                   "trainer_state.json", "JSON Lines", "CSV",
                                   "--format trl|verl|csv|jsonl")
@@ -126,8 +124,8 @@ def test_format_still_overrides_what_the_content_says(tmp_path):
     jsonl = tmp_path / "metrics.log"
     shutil.copy(FIX / "table.jsonl", jsonl)
     # read as CSV because it was told so: the CSV reader's complaint, not a JSONL import
-    proc = twoclocks("ingest", str(jsonl), "--format", "csv", "--batch-prompts", "4",
-                     "--group-size", "2", "--db", url)
+    proc = twoclocks_inproc("ingest", str(jsonl), "--format", "csv", "--batch-prompts", "4",
+                            "--group-size", "2", "--db", url)
     assert_one_line_error(proc, f"{jsonl}: no step column")
     assert _dump(db) == before
 
@@ -292,6 +290,7 @@ def _wait_for(db: Path, query: str, want, timeout: float = 60):
     raise AssertionError(f"{query} never gave {want} (last: {got})")
 
 
+@pytest.mark.subprocess  # a follower process reading the file while this test writes it
 def test_follow_takes_an_unterminated_last_line_only_once_the_file_is_finished(tmp_path):
     """A growing file's last line may really be partial while it is written, and a partial
     verl line can parse (`...actor/entropy:0.5` of 0.55): --follow never stores it then, and
@@ -356,7 +355,7 @@ def test_an_unreadable_config_dict_is_named_when_the_batch_size_is_missing(tmp_p
     log = tmp_path / "nobatch.log"
     log.write_text(text.replace(" data.train_batch_size=32", ""))
     db, url = _db(tmp_path)
-    proc = twoclocks("ingest", str(log), "--db", url)
+    proc = twoclocks_inproc("ingest", str(log), "--db", url)
     assert_one_line_error(proc, "the batch size is unknown; pass --batch-prompts",
                           "the printed config dict (line 3) could not be read")
     assert _sql(db, "select count(*) from runs") == [(0,)]
