@@ -4,6 +4,8 @@ Each store key lists the source keys that mean it, newest naming first; the firs
 file wins for the whole file (so a file never mixes two sources for one key). Names that depend on
 the user's reward functions or data sources (TRL `rewards/<fn>/mean`, verl
 `val-core/<source>/reward/mean@N`) are resolved by the format modules and added as explicit picks.
+Keys as HF's tracker callbacks log them (`train/reward`, `eval/rewards/acc/mean`) are looked up
+under the trainer's own names (`console_name`).
 """
 
 from __future__ import annotations
@@ -64,8 +66,13 @@ STORE_KEYS = (
     "tis_capped_frac", "time_total_s",
 )
 
-# Columns a table may use for its x axes (besides what --map names).
-STEP_COLUMNS = ("step", "global_step", "_step", "trainer/global_step", "training/global_step")
+# Columns a table may use for its x axes (besides what --map names), first found wins: the
+# trainer's own step before W&B's `_step`, which counts every log call (HF's evaluations and a
+# completions table each take one); verl logs at its global step, so its `_step` is that step,
+# and its `training/global_step` is absent from the evaluation before training. LLaMA-Factory's
+# trainer_log.jsonl names the global step `current_steps`.
+STEP_COLUMNS = ("step", "global_step", "train/global_step", "trainer/global_step", "_step",
+                "training/global_step", "current_steps")
 SAMPLES_COLUMN = "samples"
 AXES = ("step", "samples")
 
@@ -81,11 +88,25 @@ RL_KEYS = frozenset({"reward", "reward_std", "frac_reward_zero_std", "completion
 _LLAMA_FACTORY = {"current_steps", "total_steps", "percentage", "elapsed_time"}
 
 
-def not_rl(keys: Iterable[str]) -> str | None:
+def console_name(key: str) -> str:
+    """A key as the trainer's console names it: HF's tracker callbacks (W&B, TensorBoard,
+    MLflow) log `loss` as `train/loss` and `eval_reward` as `eval/reward`."""
+    if key.startswith("train/"):
+        return key[len("train/"):]
+    if key.startswith("eval/"):
+        return "eval_" + key[len("eval/"):]
+    return key
+
+
+def not_rl(keys: Iterable[str], mapped: Iterable[str] = ()) -> str | None:
     """Why a log with these metric names is not an RL run's (its 'accuracy' would be no
     progress clock), or None when it may be one: a preference trainer's keys, LLaMA-Factory's
-    trainer log without a reward, verl's SFT trainer's `train/loss` without a reward."""
-    have = set(keys)
+    trainer log without a reward, verl's SFT trainer's `train/loss` without a reward. Keys are
+    judged under their console names too (HF's `train/reward` is TRL's `reward`); `mapped`: the
+    store keys `--map` names, a reward among them answering `train/loss` (never a preference
+    trainer's keys: its accuracy is no verifiable reward whatever the map says)."""
+    keys = set(keys)
+    have = keys | {console_name(k) for k in keys}
     if have & RL_KEYS or any(k.startswith(("rewards/", "val-core/")) and k not in
                              PREFERENCE_KEYS for k in have):
         return None
@@ -96,14 +117,15 @@ def not_rl(keys: Iterable[str]) -> str | None:
         what = ("its accuracy is the trainer's rewards/accuracies, preference accuracy (DPO-"
                 "style)" if "accuracy" in have else "it logs no reward (SFT)")
         return f"a LLaMA-Factory trainer_log.jsonl without a reward: {what}"
-    if "train/loss" in have and not have & {"accuracy", "eval_accuracy"}:
+    if "train/loss" in have and not (have | set(mapped)) & {"reward_mean", "accuracy",
+                                                           "eval_accuracy"}:
         return "an SFT log (train/loss and no reward, as verl's SFT trainer logs)"
     return None
 
 
-def refuse_not_rl(where, keys: Iterable[str]) -> None:
+def refuse_not_rl(where, keys: Iterable[str], mapped: Iterable[str] = ()) -> None:
     """ConfigError naming why the log at `where` is not an RL run's, when it is not."""
-    if why := not_rl(keys):
+    if why := not_rl(keys, mapped):
         raise ConfigError(f"{where}: {why}; only RL runs (GRPO, PPO) have the two clocks; "
                           "nothing imported")
 

@@ -1,9 +1,12 @@
 """Generic tables: CSV with a header row, or JSON Lines (one object per line).
 
 Columns are matched to store keys by `--map KEY=COLUMN`, else by the store's own names, else by
-the TRL and verl names in `mapping`. The step column is `--map step=...` or the first of
-`mapping.STEP_COLUMNS`; a `samples` column (or `--map samples=...`) gives the samples axis,
-otherwise it is derived from the batch size. Empty cells and nulls are missing values. verl's
+the TRL and verl names in `mapping`, also under HF's tracker prefixes (a W&B history export's
+`train/reward`, `eval/rewards/<fn>/mean`). The step column is `--map step=...` or the first of
+`mapping.STEP_COLUMNS` (a W&B export's `train/global_step` before its `_step`); a `samples`
+column (or `--map samples=...`) gives the samples axis, otherwise it is derived from the batch
+size. Empty cells and nulls are missing values; a row with neither a step nor a metric (a W&B
+row of another log call, e.g. a completions table) is no step. verl's
 `val-core/<source>/reward/mean@N` columns give the held-out accuracy as verl's log reader takes
 it; without a configured lr, the run's lr is the peak lr logged.
 """
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.core.limits import INT64_MAX
-from twoclocks_cli.ingest import mapping, verl
+from twoclocks_cli.ingest import mapping, trl, verl
 from twoclocks_cli.ingest.base import (
     IngestOptions,
     ParsedLog,
@@ -74,16 +77,45 @@ _CONFIG_NAMES = {
 }
 
 
-def _config_params(record: dict) -> dict[str, tuple[float, str]]:
-    """{run column: (value, source key)} stated by a config-like object (numbers only)."""
-    out = {}
-    for key, v in flat_config(record).items():
-        if isinstance(v, bool) or not isinstance(v, int | float):
+_INTEGERS = ("batch_prompts", "group_size", "seed")
+
+
+def _config_number(value) -> float | int | None:
+    """A config value as a number: a JSON number, or a numeric string (`"2e-06"`, `"3"`) as
+    some config dumps write them; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return value
+
+
+def _config_params(record: dict) -> tuple[dict[str, tuple[float, str]], dict[str, tuple]]:
+    """{run column: (value, source key)} stated by a config-like object, and {run column:
+    (value, source key)} of the settings it gives as something other than a number."""
+    out, unread = {}, {}
+    for key, raw in flat_config(record).items():
+        column = next((c for name, c in _CONFIG_NAMES.items()
+                       if key == name or key.endswith("." + name)), None)
+        if column is None or column in out:
             continue
-        for name, column in _CONFIG_NAMES.items():
-            if (key == name or key.endswith("." + name)) and column not in out:
-                out[column] = (v, key)
-    return out
+        v = _config_number(raw)
+        if v is None:
+            if raw is not None and column not in unread:
+                unread[column] = (raw, key)
+            continue
+        if column in _INTEGERS and isinstance(v, float) and v.is_integer():
+            v = int(v)
+        out[column] = (v, key)
+    return out, {c: u for c, u in unread.items() if c not in out}
 
 
 def cut_last_line(log: ParsedLog, text: str, whole=None) -> str:
@@ -154,7 +186,6 @@ def _missing(raw) -> bool:
 
 def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: IngestOptions) -> None:
     """Rows of raw cells → per-step store values, marking bad lines."""
-    mapping.refuse_not_rl(log.path, columns)
     explicit = opts.column_map
     absent = [f"{k}={v}" for k, v in explicit.items() if v not in columns]
     if absent:
@@ -162,6 +193,8 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
             f"{log.path}: --map {', '.join(absent)}: no such column "
             f"(columns: {', '.join(columns[:30])})"
         )
+    # judged on the names as mapped: the columns, their console names, the store keys --map sets
+    mapping.refuse_not_rl(log.path, columns, [k for k in explicit if k not in mapping.AXES])
     step_col = explicit.get("step") or next((c for c in mapping.STEP_COLUMNS if c in columns), None)
     if step_col is None:
         raise ConfigError(
@@ -171,20 +204,26 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
     samples_col = explicit.get("samples") or (
         mapping.SAMPLES_COLUMN if mapping.SAMPLES_COLUMN in columns else None
     )
-    picks = mapping.choose_sources(
-        [c for c in columns if c not in (step_col, samples_col)], ALIASES, explicit
-    )
+    picks = _picks([c for c in columns if c not in (step_col, samples_col)], explicit)
     evals = [] if "eval_accuracy" in picks else [
         c for c in columns if c not in picks.values() and c not in (step_col, samples_col)
         and (verl._VAL_CORE.match(c) or verl._VAL_OLD.match(c))]
-    other = 0
+    other, stepless, unread, settings = 0, 0, {}, set()
     for number, record in rows:
         if opts.fmt == "jsonl" and step_col not in record:  # a config or summary object
             other += 1
-            for column, (v, key) in _config_params(record).items():
+            params, not_numbers = _config_params(record)
+            for column, (v, key) in params.items():
                 if column not in log.params:
                     log.params[column] = v
                     log.params_from[column] = f"log line {number} ({key})"
+                    settings.add(key)
+            for column, (raw, key) in not_numbers.items():
+                unread.setdefault(column, (raw, f"log line {number} ({key})"))
+            continue
+        if _missing(record.get(step_col)) and all(
+                _missing(record.get(c)) for c in [*picks.values(), *evals, samples_col] if c):
+            stepless += 1  # another log call's row (a W&B table, a summary): no step, no metric
             continue
         try:
             step = to_step(record.get(step_col))
@@ -218,23 +257,58 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
                          "not steps: not imported as metrics"
                          + (f"; run settings read from them: {', '.join(sorted(log.params))}"
                             if log.params else ""))
+    if stepless:
+        log.notes.append(f"{stepless} row(s) with no {step_col!r} and no metric this tool reads "
+                         "(rows of other log calls, such as a W&B completions table) are not "
+                         "steps: not imported")
+    unread = {c: u for c, u in unread.items() if c not in log.params}
+    for column, (raw, where) in sorted(unread.items()):
+        if column != "lr":  # said with the lr the run gets instead (_peak_lr)
+            log.notes.append(f"{column} is {raw!r} at {where}, not a number: not read")
+    if "batch_prompts" in unread or "group_size" in unread:
+        log.batch_hint = "; ".join(f"{c} is {raw!r} at {where}, not a number"
+                                   for c, (raw, where) in sorted(unread.items())
+                                   if c in ("batch_prompts", "group_size"))
     if evals:
         picks = {**picks, "eval_accuracy": "val-core/<source>/reward/mean@N or val/test_score"}
     log.sources = {**picks, "step": step_col, **({"samples": samples_col} if samples_col else {})}
-    log.unmapped = mapping.unmapped(columns, picks, ignore=(step_col, samples_col or "", *evals))
-    _peak_lr(log)
+    log.unmapped = mapping.unmapped(columns, picks, ignore=(step_col, samples_col or "", *evals,
+                                                            *settings))
+    _peak_lr(log, unread.get("lr"))
 
 
-def _peak_lr(log: ParsedLog) -> None:
+def _picks(columns: list[str], explicit: dict[str, str]) -> dict[str, str]:
+    """store key -> column: --map's, else the first alias present under the column's own name
+    or its console name (a raw name wins over another column's console name); the accuracy
+    and held-out accuracy from TRL's per-function rewards, as trl's reader takes them."""
+    names: dict[str, str] = {}  # console name -> column
+    for column in columns:
+        names.setdefault(mapping.console_name(column), column)
+    names.update({c: c for c in columns})
+    picks = mapping.choose_sources(names, ALIASES, explicit)
+    for target, eval_ in (("accuracy", False), ("eval_accuracy", True)):
+        if target not in picks and (src := trl.reward_pick(set(names), eval_)):
+            picks[target] = src
+    return {k: names.get(v, v) for k, v in picks.items()}
+
+
+def _peak_lr(log: ParsedLog, unread: tuple | None) -> None:
     """Without a configured lr (a `cfg` line, --lr), the run's lr is the peak lr logged (after
-    warm-up, before any decay), with a note."""
+    warm-up, before any decay), with a note; `unread`: the (value, where) of an lr the file
+    gives as something other than a number."""
+    stated = (f"the file's lr is {unread[0]!r} at {unread[1]}, not a number" if unread
+              else "the file states no configured lr")
     lrs = [v["lr"] for v in log.steps.values() if v.get("lr", 0) > 0 and v["lr"] < float("inf")]
-    if "lr" in log.params or not lrs:
+    if "lr" in log.params:
+        return
+    if not lrs:
+        if unread:
+            log.notes.append(f"{stated}: not read, and no lr is logged; --lr sets it")
         return
     log.params["lr"] = max(lrs)
     log.params_from["lr"] = f"log (peak {log.sources['lr']} logged)"
-    log.notes.append(f"lr = {max(lrs):.3g}, the peak {log.sources['lr']} logged: the file "
-                     "states no configured lr; --lr sets it")
+    log.notes.append(f"lr = {max(lrs):.3g}, the peak {log.sources['lr']} logged: {stated}; "
+                     "--lr sets it")
 
 
 def parse(path: Path, opts: IngestOptions) -> ParsedLog:
