@@ -22,8 +22,8 @@ from tests.support import trackers as tk
 from tests.unit.test_fuzz_inputs import FUZZ
 from tests.unit.test_fuzz_newer_commands import Here
 
-pytestmark = pytest.mark.subprocess
-
+# the tests given `sources` or `mlruns`: the trackers' libraries write them in a process each
+trackers_write = pytest.mark.subprocess
 VERL = Path(__file__).parents[1] / "fixtures" / "ingest" / "verl_new.log"
 ROWS = [(s, {tk.REWARD: s / 8}) for s in range(4)]
 FAR = 2**40  # a step a 32-bit column cannot hold
@@ -116,6 +116,7 @@ SOURCE_CASES = [
 ]
 
 
+@trackers_write
 @pytest.mark.parametrize("source,extra,needle", SOURCE_CASES,
                          ids=[f"{c[0]}-{' '.join(c[1])}" for c in SOURCE_CASES])
 def test_a_source_value_the_store_cannot_take(tmp_path_factory, sources, empty_store, source,
@@ -139,6 +140,7 @@ def test_a_verl_config_the_store_cannot_take(tmp_path_factory, empty_store, swap
     here.refuses(["ingest", str(log), "--db", "DB"], needle)
 
 
+@trackers_write
 def test_a_tensorboard_record_claiming_a_terabyte(tmp_path_factory, sources, empty_store):
     """A record header (with a valid checksum) saying 2^40 bytes follow: refused, not read."""
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
@@ -213,6 +215,7 @@ def _break(store: Path, how: str) -> None:
         (run / "meta.yaml").write_bytes(b"\xff\xfe\x00\x81" * 64)
 
 
+@trackers_write
 @pytest.mark.parametrize("how", ["garbage metric rows", "NaN text", "empty run meta.yaml",
                                  "broken experiment meta.yaml", "binary meta.yaml"])
 def test_a_broken_mlruns_folder_is_one_line(tmp_path_factory, mlruns, empty_store, how):
@@ -262,6 +265,7 @@ def test_any_number_in_a_verl_config(tmp_path_factory, empty_store, field, value
         assert 1 <= run["batch_samples"] <= 2**31 - 1, (value, run)
 
 
+@trackers_write
 def test_an_mlruns_folder_is_imported_and_left_as_it_was(tmp_path_factory, mlruns, empty_store):
     """MLflow's file store makes a `.trash` folder on opening one that lacks it; the import
     takes it away again, so the source is byte-for-byte and folder-for-folder the same."""
