@@ -30,6 +30,14 @@ from twoclocks_cli.core.numbers import short
 # strict: a string, a bool or a float is never turned into a number of another type; finite only
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _REWARD = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# Held-out problems per evaluation at most: each is generated at every evaluation and the set is
+# built in memory before the first step (GSM8K's whole test set is 1,319 problems)
+MAX_EVAL_SIZE = 100_000
+# The widest field width or precision a prompt_template's {question} may ask for (characters)
+MAX_FORMAT_WIDTH = 1000
+# A format spec: [[fill]align][sign][z][#][0][width][grouping][.precision][type]
+_SPEC = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d*)[_,]?(?:\.(?P<precision>\d*))?"
+                   r"[A-Za-z%]?")
 # The rewards trainer/rewards.py builds in: the strict `\boxed{int}` policy, the stated final answer
 BUILTIN_REWARDS = ("math-verify", "math-verify-final")
 
@@ -325,7 +333,10 @@ class TrainConfig(BaseModel):
         "time this many more samples were consumed (0 = never); "
         "also before the first step and at the end.",
     )
-    eval_size: Int32 = Field(256, gt=0, description="Held-out problems per evaluation.")
+    eval_size: int = Field(  # not Int32: its own bound is the lower one
+        256, gt=0, le=MAX_EVAL_SIZE, description="Held-out problems per evaluation (at most "
+        f"{MAX_EVAL_SIZE:,}: each is one generation at every evaluation, and the set is held in "
+        "memory).")
     eval_temperature: float = Field(
         1.0,
         ge=0,
@@ -365,6 +376,7 @@ class TrainConfig(BaseModel):
                              "(write {{ and }} for a literal brace)")
         if "question" not in names:
             raise ValueError("prompt_template must contain {question}")
+        _check_specs(value)
         try:
             value.format(question="1+1")
         except (ValueError, TypeError) as err:  # a conversion or format spec str cannot take
@@ -500,6 +512,23 @@ class TrainConfig(BaseModel):
             raise ConfigError(describe(err, source, data, rename)) from None
 
 
+def _check_specs(template: str) -> None:
+    """ValueError for a {question} format spec that holds a field or asks for a width or
+    precision past MAX_FORMAT_WIDTH: read before formatting, which would build the padding."""
+    for _, name, spec, _ in string.Formatter().parse(template):
+        if name is None or not spec:
+            continue
+        field = f"{{{name}:{spec if len(spec) <= 40 else spec[:39] + '…'}}}"
+        if "{" in spec:
+            raise ValueError(f"{field}: a format spec may not hold a field")
+        found = _SPEC.fullmatch(spec)
+        for part in ("width", "precision"):
+            digits = (found.group(part) or "") if found else ""
+            if len(digits) > 6 or (digits and int(digits) > MAX_FORMAT_WIDTH):
+                size = digits if len(digits) <= 20 else f"{len(digits)} digits"
+                raise ValueError(f"{field}: a {part} of {size}; at most {MAX_FORMAT_WIDTH}")
+
+
 @functools.lru_cache(maxsize=64)
 def module_found(module: str) -> bool:
     """Whether `module` can be imported, found without running it (a package's parent may run)."""
@@ -584,3 +613,31 @@ def _check_reward(spec: str, path: Path) -> None:
         raise ConfigError(f"{where} fails to import: {type(err).__name__}: {err}") from None
     if not callable(func):
         raise ConfigError(f"{where} has no function {name!r}")
+    check_reward_call(spec, func, f"{path}: key 'reward' = {spec!r}")
+
+
+# the call the trainer makes to a user's reward function, and what it must give back
+REWARD_CALL = "(completions: list[str], problems: list[Problem]) -> list[float]"
+
+
+def check_reward_call(spec: str, func, where: str) -> None:
+    """ConfigError naming the user's reward function, its file and the signature the trainer
+    calls it with, when `func` cannot take `func(completions, problems)`: found when it is
+    loaded, not as a TypeError mid-training."""
+    import inspect
+
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # no readable signature (a C function): called as it is
+        return
+    try:
+        signature.bind([], [])
+    except TypeError as err:
+        try:
+            file = inspect.getsourcefile(func) or inspect.getfile(func)
+        except TypeError:
+            file = "an unknown file"
+        name = spec.partition(":")[2]
+        raise ConfigError(f"{where}: function {name}{signature} in {file} cannot be called "
+                          f"as {name}(completions, problems) ({err}); the trainer calls "
+                          f"{name}{REWARD_CALL} with two positional arguments") from None

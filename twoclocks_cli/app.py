@@ -60,10 +60,21 @@ def _is_usage_error(err: BaseException) -> bool:
             and "NoArgsIsHelpError" not in names)
 
 
+# the longest error line shown: a value echoed whole (a 2 MB string, a 4 KB path) is cut in the
+# middle, so the file and key at the start and what is allowed at the end both stay
+LINE_MAX = 600
+_LINE_TAIL = 200
+
+
 def _line(err: TwoclocksError | str) -> str:
-    """A project error's message as the one line it must be."""
+    """A project error's message as the one line it must be, at most LINE_MAX characters."""
     text = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
-    return text or type(err).__name__
+    text = text or type(err).__name__
+    if len(text) <= LINE_MAX:
+        return text
+    head = LINE_MAX - _LINE_TAIL - 40  # room for the marker below
+    cut = len(text) - head - _LINE_TAIL
+    return f"{text[:head]} … ({cut:,} characters cut) … {text[-_LINE_TAIL:]}"
 
 
 app = typer.Typer(

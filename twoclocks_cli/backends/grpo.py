@@ -141,6 +141,8 @@ def check_needs(cfg: TrainConfig, source: str, rename=None, hub: bool = False,
 
     once(("extra",), lambda: _need_extra(source))
     once(("model", cfg.model), lambda: _need_model(cfg, refuse))
+    once(("context", cfg.model, cfg.max_new_tokens, cfg.rollout_engine,
+          cfg.vllm_max_prompt_tokens), lambda: _need_context(cfg, refuse))
     once(("data", cfg.dataset, cfg.eval_dataset, cfg.dataset_split, cfg.question_key,
           cfg.answer_key, cfg.eval_size, cfg.arith_min_value, cfg.arith_max_value,
           tuple(cfg.arith_ops)), lambda: _need_data(cfg, source, hub, refuse))
@@ -170,6 +172,25 @@ def _need_model(cfg: TrainConfig, refuse) -> None:
 
     if problem := model_problem(cfg.model):
         refuse("model", problem)
+
+
+def _need_context(cfg: TrainConfig, refuse) -> None:
+    """The completions (and vLLM's prompt room, when set) fit the model's context, read from
+    its config alone: a longer max_new_tokens would only fail once the model runs."""
+    from trainer.tiny import model_positions
+
+    positions = model_positions(cfg.model)
+    if positions is None:
+        return
+    if cfg.max_new_tokens >= positions:
+        refuse("max_new_tokens", f"the model's context is {positions:,} tokens "
+               f"(max_position_embeddings), which must hold the prompt too: at most "
+               f"{positions - 1:,}")
+    room = cfg.vllm_max_prompt_tokens
+    if cfg.rollout_engine == "vllm" and room is not None and room + cfg.max_new_tokens > positions:
+        refuse("vllm_max_prompt_tokens", f"with max_new_tokens = {cfg.max_new_tokens:,} it "
+               f"exceeds the model's context of {positions:,} tokens: at most "
+               f"{positions - cfg.max_new_tokens:,}")
 
 
 def _need_data(cfg: TrainConfig, source: str, hub: bool, refuse) -> None:

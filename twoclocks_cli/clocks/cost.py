@@ -20,7 +20,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twoclocks_cli.clocks.stats import CONF
-from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.errors import AnalysisError, ConfigError
+from twoclocks_cli.core.numbers import short
 
 OBJECTIVES = ("samples", "time", "cost")
 # seconds per optimizer step as a tracker logs it whole (TRL's step_time): the throughput's
@@ -30,6 +31,11 @@ STEP_TIME_KEY = "time_step_s"
 # train_runtime): the source for runs that log no seconds per step at all
 RUNTIME_KEY = "time_total_s"
 _BOOT_CELLS = 2_000_000  # resampled step times held at once by the throughput's bootstrap
+# Bounds of a cost file's numbers: past a million seconds (11.6 days) per step or per sample a
+# timing is a unit mistake, and under these bounds a clock of up to INT64 samples stays a finite
+# number of seconds and of money.
+MAX_SECONDS = 1e6
+MAX_PRICE_PER_HOUR = 1e9
 
 
 class CostFile(BaseModel):
@@ -40,16 +46,17 @@ class CostFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     step_overhead_s: float | None = Field(
-        None, ge=0, description="Fixed seconds per optimizer step whatever the batch (weight "
-        "sync to the inference engine, launch and logging).")
+        None, ge=0, le=MAX_SECONDS, description="Fixed seconds per optimizer step whatever the "
+        "batch (weight sync to the inference engine, launch and logging).")
     gen_s_per_sample: float | None = Field(
-        None, ge=0, description="Generation (rollout) seconds per sampled completion, at full "
-        "utilisation.")
+        None, ge=0, le=MAX_SECONDS, description="Generation (rollout) seconds per sampled "
+        "completion, at full utilisation.")
     update_s_per_sample: float | None = Field(
-        None, ge=0, description="Reward and policy-update seconds per sampled completion.")
+        None, ge=0, le=MAX_SECONDS,
+        description="Reward and policy-update seconds per sampled completion.")
     price_per_hour: float | None = Field(
-        None, gt=0, description="Price of the machines the run uses, per hour (any currency); "
-        "without it there is no cost clock.")
+        None, gt=0, le=MAX_PRICE_PER_HOUR, description="Price of the machines the run uses, per "
+        "hour (any currency); without it there is no cost clock.")
 
     @property
     def timed(self) -> bool:
@@ -82,14 +89,28 @@ def load_cost(path: str | Path) -> CostFile:
 
 
 def _problem(err: dict, path) -> str:
-    """One line for a cost file's first problem: file, key, value and what is allowed."""
-    allowed = ", ".join(CostFile.model_fields)
+    """One line for a cost file's first problem: file, key, value (shortened) and what is
+    allowed."""
     key = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
-        return f"{path}: unknown key {key!r}: allowed are {allowed}"
-    rule = {"greater_than_equal": "a number >= 0", "greater_than": "a number > 0"}.get(
-        err["type"], "a finite number")
-    return f"{path}: {key} = {err.get('input')!r}: must be {rule}"
+        return f"{path}: unknown key {short(key)}: allowed are {', '.join(CostFile.model_fields)}"
+    number = "a number" if err["type"] in _RANGE_ERRORS else "a finite number"
+    return f"{path}: {key} = {short(err.get('input'))}: must be {number} {_bounds(key)}"
+
+
+_RANGE_ERRORS = ("greater_than_equal", "greater_than", "less_than_equal")
+
+
+def _bounds(key: str) -> str:
+    """What a cost file's key allows, from its field's bounds (`>= 0 and <= 1e+06`)."""
+    if key not in CostFile.model_fields:
+        return ""
+    meta = CostFile.model_fields[key].metadata
+    low = next((f">= {m.ge:g}" for m in meta if getattr(m, "ge", None) is not None),
+               next((f"> {m.gt:g}" for m in meta if getattr(m, "gt", None) is not None), ""))
+    high = next((f"<= {m.le:g}" for m in meta if getattr(m, "le", None) is not None), "")
+    unit = " seconds" if key.endswith(("_s", "_s_per_sample")) else ""
+    return " and ".join(filter(None, (low, high))) + unit
 
 
 @dataclass
@@ -277,11 +298,24 @@ def _timed(batches, throughputs: dict, source: str, price: float | None,
     missing = [b.batch_samples for b in batches if b.batch_samples not in throughputs]
     out = TimeClocks(source=source, price_per_hour=price, batches=rows,
                      cost_file=cost_file)
+    for row in rows:
+        _refuse_overflow(row, source)
     out.b_crit_time, out.b_crit_time_bound, out.note = b_crit_in_time(rows)
     if missing:
         out.note += (f"; no timing logged at B={', '.join(f'{b:g}' for b in missing)}: "
                      "left out")
     return out
+
+
+def _refuse_overflow(row: TimedBatch, source: str) -> None:
+    """AnalysisError when a clock in time or money of `row` is beyond a float (huge logged step
+    times): an `inf` would read as a result and be stored as one."""
+    for name, clock in (("time to target", row.progress), ("time to failure", row.failure)):
+        if any(v is not None and not np.isfinite(v) for v in asdict(clock).values()):
+            raise AnalysisError(
+                f"the {name} at B={row.batch_samples:g} is beyond a float: "
+                f"{row.throughput.seconds_per_sample:g} seconds per sample ({source} throughput) "
+                "times its samples; check the timings (logged time_* metrics or --cost)")
 
 
 def b_crit_in_time(rows: list[TimedBatch]) -> tuple[float | None, str | None, str]:

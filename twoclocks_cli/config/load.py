@@ -117,7 +117,7 @@ def describe(error: dict, data: dict, source: str) -> str:
         allowed = _allowed_keys(parent)
         hint = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
         where = ".".join(parent) or "top level"
-        msg = f"{source}: unknown key {dotted!r} = {short(value)}"
+        msg = f"{source}: unknown key {short(dotted)} = {short(value)}"
         if hint:
             msg += f": did you mean {'.'.join(parent + [hint[0]])!r}?"
         return msg + f" (allowed in {where}: {', '.join(allowed)})"

@@ -157,7 +157,7 @@ def _axes(cfg: SweepConfig, backend: SweepBackend, source: str) -> dict[str, lis
                               "value")
         if name not in g.zip and \
                 len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
-            raise ConfigError(f"{source}: key {key!r} = {values!r}: values repeat; each cell "
+            raise ConfigError(f"{source}: key {key!r} = {short(values)}: values repeat; each cell "
                               "must be distinct")
     for b in axes["batch"]:
         if b <= 0:
@@ -186,12 +186,12 @@ def _combinations(cfg: SweepConfig, axes: dict[str, list], source: str) -> list[
     zipped = list(dict.fromkeys(cfg.grid.zip))
     for name in zipped:
         if name not in axes:
-            raise ConfigError(f"{source}: key 'grid.zip' = {name!r}: not an axis; allowed: "
+            raise ConfigError(f"{source}: key 'grid.zip' = {short(name)}: not an axis; allowed: "
                               f"{', '.join(axes)}")
     if zipped:
         lengths = {name: len(axes[name]) for name in zipped}
         if len(set(lengths.values())) > 1:
-            raise ConfigError(f"{source}: key 'grid.zip' = {zipped!r}: zipped axes need equal "
+            raise ConfigError(f"{source}: key 'grid.zip' = {short(zipped)}: zipped axes need equal "
                               f"lengths, got {lengths}")
     size = math.prod(len(v) for n, v in axes.items() if n not in zipped)
     size *= len(axes[zipped[0]]) if zipped else 1
@@ -308,7 +308,7 @@ def _resolve(cfg: SweepConfig, backend: SweepBackend, combo: dict, source: str,
         bad = _nonfinite_key(cell)
         if bad:
             key, value = bad
-            raise ConfigError(f"{source}: key {_written_as(cfg, backend, key)!r} = {value!r}: "
+            raise ConfigError(f"{source}: key {_written_as(cfg, backend, key)!r} = {short(value)}: "
                               "must be a finite number (cells are stored as JSON; use a large "
                               "finite value)") from None
         raise ConfigError(f"{source}: a cell option cannot be stored as JSON: {exc}") from None

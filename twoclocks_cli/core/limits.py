@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.numbers import short
 
 INT32_MAX = 2**31 - 1  # runs.seed/batch_* and metrics.step are INTEGER (32-bit on PostgreSQL)
 INT64_MAX = 2**63 - 1  # metrics.samples is BIGINT
@@ -76,5 +77,5 @@ def refuse_nul(data: Any, source: str) -> None:
     column or argv can carry one."""
     bad = nul_key(data)
     if bad:
-        raise ConfigError(f"{source}: key {bad!r}: contains a NUL character, which no key or "
+        raise ConfigError(f"{source}: key {short(bad)}: contains a NUL character, which no key or "
                           "value may hold")

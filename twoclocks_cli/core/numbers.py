@@ -41,7 +41,16 @@ def count(x) -> str:
     return f"{round(x):,}" if math.isfinite(x) else str(x)
 
 
-def short(value, limit: int = 60) -> str:
-    """`repr(value)` cut to `limit` characters, for quoting a user's value in a one-line error."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def short(value, limit: int = 80) -> str:
+    """`repr(value)` for quoting a user's value in a one-line error: at most `limit` characters,
+    a longer one cut with an ellipsis and its full length (a 2 MB string stays one short line)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        return f"an integer of {value.bit_length():,} bits"
+    if len(text) <= limit:
+        return text
+    size = (f"{len(value):,} characters" if isinstance(value, str | bytes)
+            else f"{len(value):,} items" if isinstance(value, list | tuple | dict | set)
+            else f"{len(text):,} characters written out")
+    return f"{text[: max(limit - 1, 1)]}… ({size})"

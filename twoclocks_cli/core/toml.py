@@ -1,7 +1,7 @@
 """The project's one TOML reader and writer.
 
-`read(path, what)` loads a file, every problem (missing, unreadable, not TOML) one ConfigError
-line naming the file. The writer:
+`read(path, what)` loads a file, every problem (missing, a folder or FIFO, over the size cap,
+unreadable, not TOML) one ConfigError line naming the file. The writer:
 
 `value(v)` writes one TOML value (bool, int, finite float, string, list, inline table);
 `dumps(doc)` a document: the scalars of each table, then its sub-tables (`[a.b]`) and its lists
@@ -17,24 +17,30 @@ import tomllib
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
+from twoclocks_cli.core.files import MAX_CONFIG_BYTES, read_regular
+from twoclocks_cli.core.numbers import short
 
 
-def read(path: str | Path, what: str = "config file", hint: str = "") -> dict:
-    """The TOML document at `path`; a missing, unreadable or invalid file is one ConfigError
-    line (`what` names the kind of file, `hint` says how to make a missing one)."""
+def read(path: str | Path, what: str = "config file", hint: str = "",
+         max_bytes: int = MAX_CONFIG_BYTES) -> dict:
+    """The TOML document at `path`; a missing, unreadable, special (folder, FIFO, device),
+    oversized (over `max_bytes`) or invalid file is one ConfigError line (`what` names the kind
+    of file, `hint` says how to make a missing one)."""
     path = Path(path)
+    data = read_regular(path, max_bytes, what, hint)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise ConfigError(f"{path}: {what} not found{hint}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: cannot read: not UTF-8 text (byte {err.start})") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as a text-mode read gives it
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+    except ValueError as err:  # an integer past Python's digit limit for int()
+        raise ConfigError(f"{path}: not valid TOML here: {str(err).split(':')[0]}") from None
 
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -58,7 +64,7 @@ def string(text: str) -> str:
 def key(name: str) -> str:
     """A key: bare when it may be, else quoted."""
     if not isinstance(name, str):
-        raise ConfigError(f"cannot write the key {name!r} to TOML: keys are strings")
+        raise ConfigError(f"cannot write the key {short(name)} to TOML: keys are strings")
     return name if _BARE.match(name) else string(name)
 
 
