@@ -141,6 +141,16 @@ def test_a_trl_runs_wandb_history_imports_on_its_own_global_step(tmp_path, how, 
     assert {"_step", "_runtime", "_timestamp", "train/epoch"} <= set(out["unmapped"])
 
 
+def test_without_train_loss_the_steps_are_still_the_global_steps(tmp_path):
+    """Before: `_step` was the step (0, 2, 5, ... here), the sample axis off by its ratio."""
+    frame, truth = _trl_history("new")
+    path = _write(frame.drop(columns=["train/loss"]), tmp_path, "jsonl")
+    db, url = _db(tmp_path)
+    out = _ingest(url, path, "--batch-prompts", str(P), "--group-size", str(G))
+    assert _series(db, out["run_id"], "reward_mean") == {gs: (gs * BATCH, t["reward"])
+                                                         for gs, t in truth.items()}
+
+
 def test_the_same_export_with_a_full_map_is_read_as_mapped(tmp_path):
     """Before: `--map` did not help; the guard saw `train/loss` and no reward name."""
     frame, truth = _trl_history("new")

@@ -262,19 +262,25 @@ def _translate(log: ParsedLog, rows: list[Row], columns: list[str], opts: Ingest
                          "(rows of other log calls, such as a W&B completions table) are not "
                          "steps: not imported")
     unread = {c: u for c, u in unread.items() if c not in log.params}
-    for column, (raw, where) in sorted(unread.items()):
-        if column != "lr":  # said with the lr the run gets instead (_peak_lr)
-            log.notes.append(f"{column} is {raw!r} at {where}, not a number: not read")
-    if "batch_prompts" in unread or "group_size" in unread:
-        log.batch_hint = "; ".join(f"{c} is {raw!r} at {where}, not a number"
-                                   for c, (raw, where) in sorted(unread.items())
-                                   if c in ("batch_prompts", "group_size"))
+    _note_unread(log, unread)
     if evals:
         picks = {**picks, "eval_accuracy": "val-core/<source>/reward/mean@N or val/test_score"}
     log.sources = {**picks, "step": step_col, **({"samples": samples_col} if samples_col else {})}
     log.unmapped = mapping.unmapped(columns, picks, ignore=(step_col, samples_col or "", *evals,
                                                             *settings))
     _peak_lr(log, unread.get("lr"))
+
+
+def _note_unread(log: ParsedLog, unread: dict[str, tuple]) -> None:
+    """Notes on the settings a config gives as something other than a number ({column: (value,
+    where)}); an unread batch size also goes into the error that asks for it."""
+    for column, (raw, where) in sorted(unread.items()):
+        if column != "lr":  # said with the lr the run gets instead (_peak_lr)
+            log.notes.append(f"{column} is {raw!r} at {where}, not a number: not read")
+    batch = [f"{c} is {raw!r} at {where}, not a number" for c, (raw, where)
+             in sorted(unread.items()) if c in ("batch_prompts", "group_size")]
+    if batch:
+        log.batch_hint = "; ".join(batch)
 
 
 def _picks(columns: list[str], explicit: dict[str, str]) -> dict[str, str]:
