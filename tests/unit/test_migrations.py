@@ -7,7 +7,7 @@ import time
 import pytest
 from sqlalchemy import inspect
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.core.errors import StoreError
 from twoclocks_cli.store import Store
 from twoclocks_cli.store.engine import make_engine
@@ -19,8 +19,6 @@ from twoclocks_cli.store.migrate import (
     known_revisions,
     upgrade,
 )
-
-pytestmark = pytest.mark.subprocess
 
 TABLES = {"sweeps", "runs", "metrics", "run_events"}
 
@@ -45,14 +43,14 @@ def test_empty_to_head_then_base_then_head(db_url):
 
 
 def test_db_commands_through_cli(db_url):
-    up = twoclocks("db", "upgrade", "--db", db_url)
+    up = twoclocks_inproc("db", "upgrade", "--db", db_url)
     assert up.returncode == 0, up.stderr
-    cur = twoclocks("db", "current", "--db", db_url)
+    cur = twoclocks_inproc("db", "current", "--db", db_url)
     assert f"revision {head_revision()}" in cur.stdout and "up to date" in cur.stdout
-    down = twoclocks("db", "downgrade", "base", "--db", db_url)
+    down = twoclocks_inproc("db", "downgrade", "base", "--db", db_url)
     assert down.returncode == 0, down.stderr
-    assert "empty" in twoclocks("db", "current", "--db", db_url).stdout
-    assert_one_line_error(twoclocks("db", "downgrade", "nosuchrev", "--db", db_url),
+    assert "empty" in twoclocks_inproc("db", "current", "--db", db_url).stdout
+    assert_one_line_error(twoclocks_inproc("db", "downgrade", "nosuchrev", "--db", db_url),
                           "unknown revision 'nosuchrev'")
 
 
@@ -65,11 +63,12 @@ def test_out_of_date_database_says_upgrade(db_url):
     downgrade(engine, revisions[0])
     with pytest.raises(StoreError, match="run `twoclocks db upgrade`"):
         ensure_schema(engine)
-    assert_one_line_error(twoclocks("runs", "list", "--db", db_url), "twoclocks db upgrade")
-    assert twoclocks("db", "upgrade", "--db", db_url).returncode == 0
-    assert twoclocks("runs", "list", "--db", db_url).returncode == 0
+    assert_one_line_error(twoclocks_inproc("runs", "list", "--db", db_url), "twoclocks db upgrade")
+    assert twoclocks_inproc("db", "upgrade", "--db", db_url).returncode == 0
+    assert twoclocks_inproc("runs", "list", "--db", db_url).returncode == 0
 
 
+@pytest.mark.subprocess  # eight processes race to migrate one store
 def test_first_use_migration_race_exactly_one_migrates(db_url):
     start_at = f"{time.time() + 3.0:.3f}"
     procs = [
