@@ -197,3 +197,130 @@ def tensorboard_sweep(folder: Path) -> Path:
                        "actor_rollout_ref.actor.optim.lr": lr_of(p)}, {})
         w.close()
     return folder
+
+
+# --- OpenRLHF (train_ppo_ray): its W&B and TensorBoard loggers, as its trainer calls them ---
+
+ORLHF_PROMPTS, ORLHF_GROUP, ORLHF_LR, ORLHF_SEED = 8, 4, 2.0 ** -21, 1234  # exact in float32
+ORLHF_STEPS, ORLHF_EVAL_EVERY = 12, 3
+
+
+def openrlhf_config(prompts: int = ORLHF_PROMPTS, group: int = ORLHF_GROUP, lr: float = ORLHF_LR,
+                    seed: int = ORLHF_SEED) -> dict:
+    """Part of OpenRLHF's flat argparse namespace (`args.__dict__`, what its WandbLogger passes
+    as the run's config): train_batch_size counts samples per optimizer update, not prompts."""
+    return {"pretrain": "Qwen/Qwen2.5-0.5B-Instruct", "prompt_data": "openai/gsm8k",
+            "rollout_batch_size": prompts, "micro_rollout_batch_size": 2,
+            "n_samples_per_prompt": group, "train_batch_size": prompts * group // 2,
+            "micro_train_batch_size": 2, "max_epochs": 1, "num_episodes": 1,
+            "actor_learning_rate": lr, "critic_learning_rate": 9e-6, "seed": seed,
+            "advantage_estimator": "group_norm", "init_kl_coef": 1e-3, "use_kl_loss": True,
+            "eval_steps": ORLHF_EVAL_EVERY, "eval_n_samples_per_prompt": 4,
+            "eval_temperature": 0.6, "logging_steps": 1, "save_steps": -1,
+            "use_wandb": "KEY", "wandb_project": "openrlhf_train_ppo",
+            "wandb_run_name": "qwen-gsm8k", "use_tensorboard": None}
+
+
+def openrlhf_nested_config(prompts: int, group: int, lr: float, seed: int) -> dict:
+    """The same settings under OpenRLHF's dotted options (`--rollout.batch_size`, ...), nested
+    as its `hierarchize` nests them; the actor's AdamW lr beside an unused Muon lr."""
+    return {"rollout": {"batch_size": prompts, "n_samples_per_prompt": group,
+                        "micro_batch_size": 2},
+            "train": {"batch_size": prompts * group // 2, "micro_batch_size": 2, "seed": seed},
+            "actor": {"optim": "adam", "adam": {"lr": lr, "eps": 1e-8}, "muon": {"lr": 0.02}},
+            "critic": {"optim": "adam", "adam": {"lr": 9e-6}},
+            "eval": {"steps": ORLHF_EVAL_EVERY, "n_samples_per_prompt": 4},
+            "logger": {"logging_steps": 1, "wandb": {"project": "openrlhf_train_ppo"}}}
+
+
+def openrlhf_train(step: int) -> dict[str, float]:
+    """What OpenRLHF's actor returns after global step `step` (its status dict: the loss, the
+    lr, and the experience's info averaged), exact in 32-bit floats."""
+    return {"policy_loss": _q(0.02 - step / 2048), "actor_lr": ORLHF_LR * min(1, step / 4),
+            "reward": _q(0.2 + step / 32), "score": _q(0.2 + step / 32),
+            "response_length": 200.0 + 8 * step, "total_length": 300.0 + 8 * step,
+            "truncated": _q(step / 256), "return": _q(0.1 + step / 64),
+            "kl": _q(step / 4096), "logprobs_diff": _q(step / 8192),
+            "ppo_clip_ratio": _q(step / 1024), "ppo_kl": _q(step / 16384),
+            "group_reward_std": _q(0.4 - step / 128)}
+
+
+def openrlhf_eval(step: int, sources: tuple[str, ...] = ("gsm8k",), n: int = 4) -> dict:
+    """OpenRLHF's evaluate() logs: pass@n and pass1 per data source, lengths, a count."""
+    out: dict[str, float] = {}
+    for i, ds in enumerate(sources):
+        out[f"eval_{ds}_pass{n}"] = _q(0.5 + step / 64 - i / 16)
+        out[f"eval_{ds}_pass1"] = _q(0.25 + step / 64 - i / 16)
+        out[f"eval_{ds}_response_length_mean"] = 180.0 + step + i
+    out["eval_response_length_mean"] = 180.0 + step
+    out["eval_num_samples"] = 64.0 * n
+    return out
+
+
+_OPENRLHF_WANDB = r"""
+import json, sys
+from types import SimpleNamespace
+import wandb
+
+def hierarchize(tree):  # OpenRLHF's dotted options: nested namespaces (utils/config.py)
+    return SimpleNamespace(**{k: hierarchize(v) if isinstance(v, dict) else v
+                              for k, v in tree.items()})
+
+spec = json.loads(sys.argv[1])
+for run in spec["runs"]:
+    # WandbLogger.__init__: the whole args namespace as config, its metrics on two step axes
+    config = hierarchize(run["config"]).__dict__ if run.get("nested") else run["config"]
+    wandb.init(project="openrlhf_train_ppo", dir=spec["dir"], name=run["name"],
+               config=config, reinit=True,
+               settings=wandb.Settings(silent=True, x_disable_stats=True))
+    wandb.define_metric("train/global_step")
+    wandb.define_metric("train/*", step_metric="train/global_step", step_sync=True)
+    wandb.define_metric(run["eval_axis"])
+    wandb.define_metric("eval/*", step_metric=run["eval_axis"], step_sync=True)
+    table = wandb.Table(columns=["global_step", "text", "reward"])
+    for step, train, evals in run["steps"]:
+        # log_train: the sample table in a row of its own, then train/<k> with the global step
+        table = wandb.Table(columns=table.columns, data=table.data)
+        table.add_data(step, "Sample: 1+1=2", train["reward"])
+        wandb.log({"train/generated_samples": table})
+        wandb.log({"train/%s" % k: v for k, v in {**train, "global_step": step}.items()})
+        if evals:  # log_eval: eval/<k> with eval/global_step, no train/global_step
+            wandb.log({"eval/%s" % k: v for k, v in {**evals, "global_step": step}.items()})
+    wandb.finish()
+"""
+
+
+def openrlhf_steps(sources: tuple[str, ...] = ("gsm8k",)) -> list:
+    """[(global step, train status, eval logs or {})]: an evaluation every ORLHF_EVAL_EVERY."""
+    return [(s, openrlhf_train(s), openrlhf_eval(s, sources) if s % ORLHF_EVAL_EVERY == 0
+             else {}) for s in range(1, ORLHF_STEPS + 1)]
+
+
+def write_openrlhf_wandb(folder: Path, runs: list[dict], timeout: float = 180) -> Path:
+    """OpenRLHF runs as its WandbLogger writes them, offline, under folder/wandb: each
+    {"name", "config", "steps": openrlhf_steps(...), "eval_axis": "eval/global_step" (its SFT,
+    RM and DPO trainers) or "eval/epoch" (its PPO logger; the rows still carry
+    eval/global_step), "nested": True for a config of dotted options (OpenRLHF after 0.9: its
+    namespace of namespaces, as `openrlhf_nested_config` gives)}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _python(_OPENRLHF_WANDB, json.dumps({"dir": str(folder), "runs": runs}),
+            env={**WANDB_ENV, "WANDB_DIR": str(folder)}, timeout=timeout)
+    return folder / "wandb"
+
+
+def write_openrlhf_tensorboard(folder: Path, name: str = "qwen-gsm8k",
+                               sources: tuple[str, ...] = ("gsm8k",)) -> Path:
+    """An OpenRLHF run as its TensorboardLogger writes it (torch's SummaryWriter under
+    tensorboard_dir/run_name): train/<k> and eval/<k> scalars at the global step, the sample
+    as text; no config."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(log_dir=str(folder / name))
+    for step, train, evals in openrlhf_steps(sources):
+        w.add_text("train/generated_samples", "Sample:\\n1+1=2\\n\\nReward: 1.0000", step)
+        for k, v in train.items():
+            w.add_scalar(f"train/{k}", v, step)
+        for k, v in evals.items():
+            w.add_scalar(f"eval/{k}", v, step)
+    w.close()
+    return folder / name

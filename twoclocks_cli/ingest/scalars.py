@@ -9,7 +9,9 @@ are looked up; the store keeps, per store key, the source key as the tracker has
 prompts per step, group size and lr come from its config where the tracker kept one (verl's
 `data.train_batch_size`, `actor_rollout_ref.rollout.n`, `actor_rollout_ref.actor.optim.lr`; a
 flat `prompts_per_batch` / `group_size` / `num_generations` / `lr` / `learning_rate` / `seed`),
-else from the options, else (lr only) the peak lr logged, with a note.
+else from the options, else (lr only) the peak lr logged, with a note. An OpenRLHF run (its
+config's rollout keys, or keys only its loggers write) is read with its own names and config
+keys (see openrlhf.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twoclocks_cli.core.errors import ConfigError
-from twoclocks_cli.ingest import mapping, tabular, trl, verl
+from twoclocks_cli.ingest import mapping, openrlhf, tabular, trl, verl
 from twoclocks_cli.ingest.base import (
     IngestOptions,
     NoStepsError,
@@ -60,15 +62,21 @@ class TrackedRun:
 
 
 def select_runs(source, runs: list[TrackedRun], opts: IngestOptions) -> list[TrackedRun]:
-    """The runs `--run GLOB` names (by name or id; all without it); none is an error."""
+    """The runs `--run GLOB` names (all without it); none is an error. A glob is matched
+    against the run's id, its name, and each '/'-separated tail of the name: an MLflow run's
+    own name as well as `experiment/run`, a TensorBoard run's folder as well as its path."""
     from fnmatch import fnmatchcase
 
     if not runs:
         raise ConfigError(f"{source}: holds no run; nothing imported")
     if not opts.runs:
         return runs
-    chosen = [r for r in runs if any(fnmatchcase(r.name, g) or fnmatchcase(r.key, g)
-                                     for g in opts.runs)]
+
+    def names(r: TrackedRun) -> list[str]:
+        parts = r.name.split("/")
+        return [r.key, *("/".join(parts[i:]) for i in range(len(parts)))]
+
+    chosen = [r for r in runs if any(fnmatchcase(n, g) for n in names(r) for g in opts.runs)]
     if not chosen:
         names = ", ".join(r.name for r in runs[:12])
         raise ConfigError(f"{source}: no run matches --run {' '.join(opts.runs)} "
@@ -137,21 +145,41 @@ def _number(value) -> float | None:
     return v if v == v and abs(v) != float("inf") else None
 
 
-def _picks(run: TrackedRun, names: dict[str, str], opts: IngestOptions) -> dict[str, str]:
-    """store key -> source key (as the tracker has it) for this run."""
+def _picks(run: TrackedRun, names: dict[str, str], opts: IngestOptions,
+           orlhf: bool) -> dict[str, str]:
+    """store key -> source key (as the tracker has it) for this run; an OpenRLHF run's own
+    names first."""
     present = set(names.values()) | set(names)
     absent = sorted(f"{k}={v}" for k, v in opts.column_map.items()
                     if k not in mapping.AXES and v not in present)
     if absent:
-        keys = ", ".join(sorted(names.values())[:30])
+        keys = sorted(set(names.values()))  # a key and its normalised name are one key
+        more = f", ... {len(keys)} in all" if len(keys) > 30 else ""
         raise ConfigError(f"--map {', '.join(absent)}: run {run.name} has no such key "
-                          f"(keys: {keys})")
-    picks = mapping.choose_sources(names, tabular.ALIASES, {
+                          f"(keys: {', '.join(keys[:30])}{more})")
+    table = tabular.ALIASES
+    if orlhf:
+        table = {k: openrlhf.KEYS.get(k, ()) + table.get(k, ())
+                 for k in dict.fromkeys([*openrlhf.KEYS, *table])}
+    picks = mapping.choose_sources(names, table, {
         k: v for k, v in opts.column_map.items() if k != "samples"})
     for target, eval_ in (("accuracy", False), ("eval_accuracy", True)):
         if target not in picks and (src := trl.reward_pick(set(names), eval_)):
             picks[target] = src
     return {k: names.get(v, v) for k, v in picks.items()}
+
+
+def _openrlhf_eval(log: ParsedLog, present: set[str], picks: dict[str, str]) -> None:
+    """An OpenRLHF run's held-out accuracy: its one eval source's pass@1; with several, none
+    (which one is the user's to say), with a note naming them."""
+    keys = openrlhf.pass1_keys(present)
+    if "eval_accuracy" in picks or not keys:
+        return
+    if len(keys) == 1:
+        picks["eval_accuracy"] = keys[0]
+        return
+    log.notes.append(f"held-out accuracy not imported: {len(keys)} eval sources log a pass@1 "
+                     f"({', '.join(keys[:6])}); --map eval_accuracy=KEY picks one")
 
 
 def to_log(run: TrackedRun, path: Path, fmt: str, opts: IngestOptions) -> ParsedLog:
@@ -169,7 +197,10 @@ def to_log(run: TrackedRun, path: Path, fmt: str, opts: IngestOptions) -> Parsed
     mapping.refuse_not_rl(log.where, names)
     for key in present:  # a raw name wins over another key's normalised one
         names[key] = key
-    picks = _picks(run, names, opts)
+    orlhf = openrlhf.recognise(run.config, present)
+    picks = _picks(run, names, opts, bool(orlhf))
+    if orlhf:
+        _openrlhf_eval(log, present, picks)
     samples_key = opts.column_map.get("samples")
     evals: set[str] = set()
     for step in sorted(run.steps):
@@ -196,7 +227,7 @@ def to_log(run: TrackedRun, path: Path, fmt: str, opts: IngestOptions) -> Parsed
     log.sources = {**picks, "step": run.step_key,
                    **({"samples": samples_key} if samples_key else {})}
     log.unmapped = mapping.unmapped(present, picks, ignore=evals | {samples_key or ""})
-    _settings(log, run)
+    _settings(log, run, orlhf)
     _note_resumed(log)
     return log
 
@@ -211,10 +242,18 @@ def _samples(log: ParsedLog, step: int, value: float) -> int:
         raise ConfigError(f"{log.where}: step {step}: samples {exc}") from None
 
 
-def _settings(log: ParsedLog, run: TrackedRun) -> None:
-    """Prompts per step, group size, lr and seed from the run's config; else the peak lr
-    logged; and where the batch would be, for the "pass --batch-prompts" error."""
+def _settings(log: ParsedLog, run: TrackedRun, orlhf: str = "") -> None:
+    """Prompts per step, group size, lr and seed from the run's config (an OpenRLHF run's own
+    keys first); else the peak lr logged; and where the batch would be, for the "pass
+    --batch-prompts" error."""
     params, origin = config_params(run.config)
+    if orlhf:
+        own, own_origin = openrlhf.params(run.config)
+        params, origin = {**params, **own}, {**origin, **own_origin}
+        log.notes.append(f"an OpenRLHF run ({orlhf}): one step is one rollout of "
+                         "rollout_batch_size prompts x n_samples_per_prompt")
+        if note := openrlhf.filtering_note(run.config):
+            log.notes.append(note)
     flat = flat_config(run.config)
     if "batch_prompts" not in params and (trl_prompts := _trl_prompts(flat)) is not None:
         params["batch_prompts"], origin["batch_prompts"] = trl_prompts, "TRL's GRPOConfig"
@@ -230,7 +269,11 @@ def _settings(log: ParsedLog, run: TrackedRun) -> None:
         log.params_from["lr"] = f"log (peak {log.sources.get('lr')} logged)"
         log.notes.append(f"lr = {max(lrs):.3g}, the peak {log.sources.get('lr')} logged: the "
                          f"{run.config_from} holds no configured lr; --lr sets it")
-    if "per_device_train_batch_size" in flat or "num_generations" in flat:
+    if orlhf:
+        log.batch_hint = (f"the {run.config_from} holds no rollout_batch_size and "
+                          "n_samples_per_prompt, an OpenRLHF run's --batch-prompts and "
+                          "--group-size")
+    elif "per_device_train_batch_size" in flat or "num_generations" in flat:
         log.batch_hint = ("a TRL run's config counts completions per device "
                           "(per_device_train_batch_size), not prompts: prompts per step = "
                           "per-device batch x processes x gradient accumulation / "

@@ -2,6 +2,8 @@
 
 verl's `tensorboard` logger and HF/TRL's `report_to="tensorboard"` write scalars with the step
 they train at; a folder of folders (verl's `tensorboard_log/<project>/`, HF's `runs/`) is a sweep.
+OpenRLHF's `TensorboardLogger` writes `train/<k>` and `eval/<k>` at its global step and no config
+(its names are read in scalars.py).
 Records are read with tensorboard's own reader (CRC-checked) and `Event` protobuf: a record that
 fails its checksum is a corrupt file, refused; a last record cut off mid-write (a run still
 going) is left out, with a note. Scalars are old-style `simple_value`s or new-style scalar

@@ -6,7 +6,10 @@ each chunk with a CRC-32 and a type (whole, first, middle, last), each record a 
 `Record` decoded with the wandb package's own message classes (`pip install -e '.[sources]'`).
 The run record gives the run's id, name and config (later `config` records update it); each
 `history` record is one logged row (`_step` is the step, or HF/TRL's `train/global_step` when
-the row has it). A chunk that fails its checksum is a corrupt file: refused. A last record cut
+the row has it; a row without it at its `eval/global_step`, as OpenRLHF logs its evaluations in
+rows of their own). Step axes (those keys, and every `define_metric(step_metric=...)`) are not
+metrics; nor are media (a table's `nrows`, an image's `width`: the items under a key with a
+`_type`). A chunk that fails its checksum is a corrupt file: refused. A last record cut
 off mid-write (a run still going) is left out, with a note. Run directories of one run id (a run
 resumed into a new directory) are joined in the order they were made; a later directory's steps
 replace the earlier one's from its first step on (the run went back to a checkpoint).
@@ -38,6 +41,9 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 # the trainer's own step (HF/TRL, verl): W&B's `_step` counts log calls and, in a run resumed
 # offline without `step=`, starts again at 0
 _STEP_KEYS = ("train/global_step", "trainer/global_step", "training/global_step", "global_step")
+# the training step of a row that logs an evaluation alone (OpenRLHF: `eval/*` rows carry it and
+# no `train/global_step`)
+_EVAL_STEP_KEYS = ("eval/global_step",)
 
 
 def run_files(path: Path) -> list[Path]:
@@ -135,6 +141,18 @@ def _key(item) -> str:
     return item.key or ".".join(item.nested_key)
 
 
+def _history_row(history) -> dict[str, float]:
+    """A history record's numbers, without a media object's fields (W&B logs a table, image or
+    histogram as the items under its key, one of them `_type`)."""
+    media = {tuple(i.nested_key[:-1]) for i in history.item
+             if len(i.nested_key) > 1 and i.nested_key[-1] == "_type"}
+    row = {_key(i): v for i in history.item
+           if not (media and tuple(i.nested_key[:-1]) in media) and (v := _value(i)) is not None}
+    if "_step" not in row and history.HasField("step"):
+        row["_step"] = float(history.step.num)
+    return row
+
+
 def _set(tree: dict, keys: list[str], value) -> None:
     for k in keys[:-1]:
         tree = tree.setdefault(k, {}) if isinstance(tree.get(k, {}), dict) else {}
@@ -147,6 +165,7 @@ class _Part:
     def __init__(self, path: Path):
         self.path, self.run_id, self.name, self.config = path, "", "", {}
         self.rows: list[dict[str, float]] = []
+        self.axes: set[str] = set()  # keys `define_metric` names as step metrics
         self.exited, self.resumed = False, False
 
 
@@ -175,10 +194,9 @@ def read_part(path: Path, opts: IngestOptions, notes: list[str]) -> tuple[_Part,
             for item in record.config.remove:
                 part.config.pop(item.key, None)
         elif kind == "history":
-            row = {_key(i): v for i in record.history.item if (v := _value(i)) is not None}
-            if "_step" not in row and record.history.HasField("step"):
-                row["_step"] = float(record.history.step.num)
-            part.rows.append(row)
+            part.rows.append(_history_row(record.history))
+        elif kind == "metric" and record.metric.step_metric:
+            part.axes.add(record.metric.step_metric)
         elif kind == "exit":
             part.exited = True
     part.config.pop("_wandb", None)
@@ -222,21 +240,24 @@ def _run(parts: list[tuple[_Part, bytes]], opts: IngestOptions,
 
 
 def _steps(part: _Part, run: scalars.TrackedRun, opts: IngestOptions) -> dict:
-    """step -> {key: value} of one part's history rows (internal `_` keys left out)."""
+    """step -> {key: value} of one part's history rows (internal `_` keys and step axes left
+    out; a row with nothing else, such as a media row, is no step)."""
     steps: dict[int, dict[str, float]] = {}
     without = 0
     same = _step_is_trainers(part.rows, run.step_key)
+    axes = part.axes | {run.step_key, *_STEP_KEYS, *_EVAL_STEP_KEYS}
     for row in part.rows:
-        key = run.step_key if run.step_key in row else "_step" if same and "_step" in row \
-            else None
+        values = {k: v for k, v in row.items() if not k.startswith("_") and k not in axes}
+        if not values:
+            continue
+        key = _row_step(row, run.step_key, same)
         if key is None:
             without += 1
             continue
         try:
             step = to_step(row[key])
         except ValueError as exc:
-            raise ConfigError(f"{part.path}: {run.step_key} {exc}") from None
-        values = {k: v for k, v in row.items() if not k.startswith("_") and k != run.step_key}
+            raise ConfigError(f"{part.path}: {key} {exc}") from None
         have = steps.setdefault(step, {})
         run.duplicates += sum(1 for k in values if k in have)
         have.update(values)
@@ -244,6 +265,19 @@ def _steps(part: _Part, run: scalars.TrackedRun, opts: IngestOptions) -> dict:
         run.notes.append(f"{without} history row(s) of {part.path.name} without "
                          f"{run.step_key!r} are not steps: not imported")
     return steps
+
+
+def _row_step(row: dict, key: str, same: bool) -> str | None:
+    """The key holding a row's training step: the run's step key; else an evaluation row's
+    own global step (when the run steps on the trainer's); else `_step` when it is the
+    trainer's (`same`)."""
+    if key in row:
+        return key
+    if key != "_step":
+        own = next((k for k in _EVAL_STEP_KEYS if k in row), None)
+        if own is not None:
+            return own
+    return "_step" if same and "_step" in row else None
 
 
 def _step_is_trainers(rows: list[dict], key: str) -> bool:
