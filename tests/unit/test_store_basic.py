@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.core.errors import StoreError
 from twoclocks_cli.store import Run, RunStatus, Store, Sweep
 from twoclocks_cli.store.engine import parse_url, resolve_url
@@ -101,11 +101,10 @@ def test_bad_urls_are_one_line_without_the_password(url, needles):
         assert needle in line, (needle, line)
 
 
-@pytest.mark.subprocess
 def test_empty_db_option_is_an_error_not_the_default(tmp_path):
     with pytest.raises(StoreError, match="empty database URL"):
         resolve_url("")
-    proc = twoclocks("status", "--db", "", cwd=tmp_path)
+    proc = twoclocks_inproc("status", "--db", "", cwd=tmp_path)
     assert_one_line_error(proc, "--db ''", "empty database URL")
     assert not (tmp_path / "twoclocks.db").exists()  # no silent fallback to ./twoclocks.db
 
@@ -122,13 +121,12 @@ def test_sqlite_paths_the_os_refuses(tmp_path):
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:",
                                  "sqlite:///file:x?mode=memory&uri=true"])
-@pytest.mark.subprocess
 def test_an_in_memory_database_is_refused(tmp_path, url):
     """What a command writes to an in-memory store is gone at exit: refused, by --db and env."""
     config = Path(__file__).parents[2] / "examples" / "sim-sweep.toml"
-    proc = twoclocks("sweep", str(config), "--db", url, cwd=tmp_path)
+    proc = twoclocks_inproc("sweep", str(config), "--db", url, cwd=tmp_path)
     assert_one_line_error(proc, f"--db {url!r}", "in-memory")
-    proc = twoclocks("sweeps", "list", cwd=tmp_path, env={"TWOCLOCKS_DB": url})
+    proc = twoclocks_inproc("sweeps", "list", cwd=tmp_path, env={"TWOCLOCKS_DB": url})
     assert_one_line_error(proc, "in-memory")
     assert list(tmp_path.iterdir()) == []  # no sweep folder, no fallback store
 
@@ -171,7 +169,6 @@ def test_a_store_behind_a_folder_this_user_may_not_enter_is_one_line(tmp_path, b
     assert list((locked / "sub").iterdir()) == []
 
 
-@pytest.mark.subprocess
 def test_a_foreign_sqlite_file_is_refused_not_migrated(tmp_path):
     path = tmp_path / "theirs.db"
     con = sqlite3.connect(path)
@@ -183,7 +180,7 @@ def test_a_foreign_sqlite_file_is_refused_not_migrated(tmp_path):
     with pytest.raises(StoreError, match=r"has tables \(customers\).*not a twoclocks store"):
         Store.open(f"sqlite:///{path}")
     for args in (["status"], ["db", "upgrade"]):
-        assert_one_line_error(twoclocks(*args, "--db", f"sqlite:///{path}"), "customers",
+        assert_one_line_error(twoclocks_inproc(*args, "--db", f"sqlite:///{path}"), "customers",
                               "not a twoclocks store")
     assert _dump(path) == before  # no twoclocks table was added beside theirs
 
