@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.config import parse_config, plan
 from twoclocks_cli.core.errors import ConfigError
 
@@ -74,12 +74,11 @@ REJECTIONS = [
 ]
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize("old,new,needles", REJECTIONS, ids=[r[1][:24] for r in REJECTIONS])
 def test_rejections_through_the_cli(tmp_path, old, new, needles):
     path = _write(tmp_path, VALID.replace(old, new))
     db = tmp_path / "store.db"
-    proc = twoclocks("sweep", str(path), "--db", f"sqlite:///{db}")
+    proc = twoclocks_inproc("sweep", str(path), "--db", f"sqlite:///{db}")
     line = assert_one_line_error(proc, str(path), *needles)
     assert line.startswith("error: ")
     assert not db.exists() or _sweep_count(f"sqlite:///{db}") == 0
@@ -96,11 +95,10 @@ def _sweep_count(url: str) -> int:
         store.close()
 
 
-@pytest.mark.subprocess
 def test_plan_json_and_warnings_through_the_cli(tmp_path):
     path = _write(tmp_path, VALID.replace("sample_budget = 4096", "sample_budget = 1024")
                   .replace("seeds = [0]", "seeds = [0]\nclip_low = [0.1, 0.2]"))
-    proc = twoclocks("plan", str(path), "--json")
+    proc = twoclocks_inproc("plan", str(path), "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert [c["prompts"] for c in out["cells"]] == [2, 2, 4, 4, 8, 8]
