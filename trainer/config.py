@@ -565,7 +565,7 @@ def describe(err: ValidationError, source: str, data: dict,
         if near and len(parts) == 1 and rename:
             near = [rename(near[0])]
         hint = f"; did you mean '{'.'.join(parts[:-1] + near[:1])}'?" if near else ""
-        return f"{source}: unknown key '{loc}'{hint}"
+        return f"{source}: unknown key {short(loc)}{hint}"
     msg = _MESSAGES.get(e["type"], e["msg"].removeprefix("Value error, "))
     msg = msg.replace("Input should be", "must be")
     if e["type"] == "missing":

@@ -282,6 +282,13 @@ def test_a_huge_value_in_a_sweep_or_train_config_is_shown_short(tmp_path):
     train.write_text('prompt_template = "' + "q" * 500_000 + '{quest}"\n')
     here.refuses(["train", str(train), "--db", here.url], "key 'prompt_template' = 'qqq",
                  "(500,007 characters)", "unknown placeholder {quest}")
+    train.write_text('"' + "k" * 500_000 + '" = 1\n')
+    here.refuses(["train", str(train), "--db", here.url], "unknown key 'kkk",
+                 "(500,000 characters)")
+    train.write_text('batch_schedule = "adaptive"\n[adaptive]\nbatch_max = "'
+                     + "b" * 500_000 + '"\n')
+    here.refuses(["train", str(train), "--db", here.url], "key 'adaptive.batch_max' = 'bbb",
+                 "(500,000 characters)")
     assert not here.db.exists()
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.core.limits import INT32_MAX
+from twoclocks_cli.core.numbers import short
 
 
 class AdaptiveConfig(BaseModel):
@@ -125,7 +126,7 @@ class AdaptiveConfig(BaseModel):
     def from_dict(cls, data, where: str = "adaptive") -> AdaptiveConfig:
         """Validate a config table; a bad key or value is one ConfigError naming it."""
         if not isinstance(data, dict):
-            raise ConfigError(f"{where} = {data!r}: must be a table (batch_schedule = "
+            raise ConfigError(f"{where} = {short(data)}: must be a table (batch_schedule = "
                               "\"adaptive\" needs [adaptive] with at least batch_max)")
         try:
             return cls(**data)
@@ -134,7 +135,7 @@ class AdaptiveConfig(BaseModel):
             loc = ".".join(str(x) for x in e["loc"])
             key = f"{where}.{loc}" if loc else where
             value = data.get(e["loc"][0]) if e["loc"] else None
-            shown = f" = {value!r}" if e["loc"] and e["loc"][0] in data else ""
+            shown = f" = {short(value)}" if e["loc"] and e["loc"][0] in data else ""
             allowed = ", ".join(cls.model_fields)
             hint = f" (allowed keys: {allowed})" if e["type"] == "extra_forbidden" else ""
             raise ConfigError(f"{key}{shown}: {e['msg']}{hint}") from None
