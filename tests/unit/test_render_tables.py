@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.support.cli import twoclocks
+from tests.support.cli import twoclocks_inproc
 from twoclocks_cli.core.numbers import count, num
 from twoclocks_cli.render.tables import LOG_WIDTH, console
 
@@ -44,7 +44,6 @@ def test_console_is_log_wide_off_a_terminal():
     assert len(rows) == 1 and "x" * 300 in rows[0]  # one line, not wrapped at 80 columns
 
 
-@pytest.mark.subprocess
 def test_a_long_row_is_one_line_and_a_number_has_separators_in_a_log(tmp_path):
     """`runs list`/`runs show` redirected (a pipe, COLUMNS=80 as in a batch job): the row with
     a 250-character name is whole on one line; a last value of 10175.3 reads 10,175 in the
@@ -64,15 +63,15 @@ def test_a_long_row_is_one_line_and_a_number_has_separators_in_a_log(tmp_path):
         w.log(1, 8192, {"samples_seen": 10175.3})
     store.close()
     env = {"COLUMNS": "80"}
-    listed = twoclocks("runs", "list", "--db", url, env=env)
+    listed = twoclocks_inproc("runs", "list", "--db", url, env=env)
     assert listed.returncode == 0, listed.stderr
     rows = [ln for ln in listed.stdout.splitlines() if name in ln]
     assert len(rows) == 1 and "8,192" in rows[0] and "completed" in rows[0], listed.stdout
     assert len(rows[0]) > 250
-    shown = twoclocks("runs", "show", str(rid), "--db", url, env=env)
+    shown = twoclocks_inproc("runs", "show", str(rid), "--db", url, env=env)
     line = next(ln for ln in shown.stdout.splitlines() if "samples_seen" in ln)
     assert "10,175" in line and "10,175.3" not in line and "e+04" not in line, line
-    rec = json.loads(twoclocks("runs", "show", str(rid), "--json", "--db", url).stdout)
+    rec = json.loads(twoclocks_inproc("runs", "show", str(rid), "--json", "--db", url).stdout)
     assert rec["metrics"]["samples_seen"]["last"] == 10175.3  # full precision in --json
 
 
@@ -87,7 +86,6 @@ def test_b_crit_estimates_read_with_separators():
     assert estimate_text(Estimate("linear", None)) == "none"
 
 
-@pytest.mark.subprocess
 def test_plan_and_estimate_texts_use_the_shared_numbers():
     from pathlib import Path
 
@@ -96,7 +94,7 @@ def test_plan_and_estimate_texts_use_the_shared_numbers():
     assert Estimate("empirical", 10240.0, bound="lower").text() == ">= 10,240"
     assert Estimate("power", 10175.3, 9876.5, None).text() == "10,175 [9,876, open]"
     example = Path(__file__).parents[2] / "examples" / "sim-sweep.toml"
-    out = twoclocks("plan", str(example), env={"COLUMNS": "80"}).stdout
+    out = twoclocks_inproc("plan", str(example), env={"COLUMNS": "80"}).stdout
     # budget 65,536 samples; 2 prompts x 8 = 16 samples a step -> 4,096 steps (by hand)
     assert "65,536 samples each" in out
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in out.splitlines()
