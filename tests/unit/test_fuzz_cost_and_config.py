@@ -441,3 +441,25 @@ def test_a_reward_function_of_the_wrong_signature_is_named_at_load(tmp_path, nam
         (tmp_path / "g.toml").write_text(f'reward = "{module}:{good}"\n')
         assert load_config(tmp_path / "g.toml").reward == f"{module}:{good}"
         assert load_reward(f"{module}:{good}")(["a", "b"], [None, None]) == [0.0, 0.0]
+
+
+_SPEC_PARTS = st.sampled_from(["{question", "}", "{", ":", "!r", "!s", "!x", ">", "<", "^", "=",
+                               ".", "_", ",", "0", "9", "99999999999", "1001", "f", "s", "x",
+                               "{0}", "[0]", ".upper", "Q: "])
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=300)
+@given(parts=st.lists(_SPEC_PARTS, min_size=1, max_size=8))
+def test_any_prompt_template_renders_small_or_is_one_line(parts):
+    """A template built from format-string pieces is accepted and renders a question within the
+    bound's width, or is refused as one ConfigError line (never a KeyError or MemoryError)."""
+    from trainer.config import MAX_FORMAT_WIDTH, TrainConfig
+
+    template = "".join(parts)
+    try:
+        cfg = TrainConfig.from_dict({"prompt_template": template})
+    except ConfigError as err:
+        assert "\n" not in str(err) and "prompt_template" in str(err)
+        return
+    text = cfg.prompt_template.format(question="12+34")
+    assert len(text) <= len(template) * (MAX_FORMAT_WIDTH + 5)
