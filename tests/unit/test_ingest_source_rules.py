@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli.ingest import detect, scalars, wandb_csv
 
 
@@ -113,14 +113,13 @@ def test_tracker_names_as_the_console_names_them(key, console):
     assert scalars.normal_name(key) == console
 
 
-@pytest.mark.subprocess
 def test_follow_refuses_a_store_and_a_folder_of_several_runs(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    proc = twoclocks("ingest", "--from", "mlflow:sqlite:///x.db", "--follow", "--db", url)
+    proc = twoclocks_inproc("ingest", "--from", "mlflow:sqlite:///x.db", "--follow", "--db", url)
     assert_one_line_error(proc, "an MLflow store is imported whole")
-    proc = twoclocks("ingest", "--from", "wandb:./wandb", "--db", url)
+    proc = twoclocks_inproc("ingest", "--from", "wandb:./wandb", "--db", url)
     assert_one_line_error(proc, "--from 'wandb:./wandb': expected mlflow:URI")
-    proc = twoclocks("ingest", "--db", url)
+    proc = twoclocks_inproc("ingest", "--db", url)
     assert_one_line_error(proc, "nothing to import")
     assert not (tmp_path / "s.db").exists()
 
