@@ -11,7 +11,8 @@ from trainer.data import Problem
 from trainer.rewards import FINAL_BOXED, MathVerifyReward, load_reward
 from twoclocks_cli.core.errors import ConfigError
 
-pytestmark = pytest.mark.subprocess
+# a pool of workers (workers >= 1, the `reward` fixture's 2) forks processes; workers=0 scores here
+forks = pytest.mark.subprocess
 
 P = Problem("23+41", "64")
 HOSTILE = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10000000000!}"]
@@ -23,6 +24,7 @@ def reward():
         yield r
 
 
+@forks
 @pytest.mark.parametrize(
     "completion, expected",
     [
@@ -44,6 +46,7 @@ def test_strict_policy_then_math_verify(reward, completion, expected):
     assert reward([completion], [P]) == [expected]
 
 
+@forks
 def test_the_format_hacks_do_verify_without_the_policy():
     """Proof the policy matters: with a permissive pattern math-verify accepts the hacks."""
     hacks = ["64", "\\boxed{128/2}", "\\boxed{x=64}", "\\boxed{23+41}"]
@@ -51,18 +54,21 @@ def test_the_format_hacks_do_verify_without_the_policy():
         assert r(hacks, [P] * 4) == [1.0] * 4
 
 
+@forks
 def test_batch_mixed_answers_and_negative_gold(reward):
     probs = [Problem("3-10", "-7"), Problem("2*3", "6"), P, P]
     comps = ["\\boxed{-7}", "\\boxed{6}", "\\boxed{63}", "\\boxed{64}"]
     assert reward(comps, probs) == [1.0, 1.0, 0.0, 1.0]
 
 
+@forks
 def test_final_boxed_pattern_for_chat_models():
     with MathVerifyReward(answer_pattern=FINAL_BOXED, workers=1) as r:
         out = r(["So 23+41 = \\boxed{64}", "So \\boxed{64} or 63", "\\boxed{64.0}"], [P] * 3)
     assert out == [1.0, 0.0, 1.0]
 
 
+@forks
 def test_hostile_answers_are_cut_at_the_timeout():
     with MathVerifyReward(answer_pattern="(?s).*", timeout_s=1.0, workers=2) as r:
         t0 = time.monotonic()
@@ -77,6 +83,7 @@ def test_hostile_answers_are_cut_at_the_timeout():
         assert r(HOSTILE[:1], [P]) == [0.0] and r.timeouts == 3
 
 
+@forks
 def test_verdicts_are_remembered_per_completion_and_gold():
     """A pair math-verify already judged is not sent to it again; its verdict is reused."""
     with MathVerifyReward(workers=1) as r:
@@ -97,6 +104,7 @@ def test_serial_mode_uses_math_verify_timeout():
         assert r(["\\boxed{64}", "64", "\\boxed{63}"], [P] * 3) == [1.0, 0.0, 0.0]
 
 
+@forks
 def test_pool_survives_a_fork_and_close_is_idempotent():
     r = MathVerifyReward(workers=1)
     assert r(["\\boxed{64}"], [P]) == [1.0]
@@ -125,6 +133,7 @@ def _bad_reward(completions, problems):
     return [1.0]
 
 
+@forks
 def test_load_reward_specs():
     mod = sys.modules[__name__].__name__
     with load_reward("math-verify", workers=1) as r:
@@ -145,6 +154,7 @@ def _score_in_daemon(queue):
         queue.put(r(["\\boxed{64}", "\\boxed{6}"], [P, P]))
 
 
+@forks
 def test_pool_inside_a_daemonic_process():
     import multiprocessing as mp
 
@@ -157,6 +167,7 @@ def test_pool_inside_a_daemonic_process():
     assert proc.exitcode == 0
 
 
+@forks
 def test_a_dead_worker_is_replaced_without_losing_items():
     import os
     import signal
