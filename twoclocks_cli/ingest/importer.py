@@ -92,13 +92,16 @@ def with_format(path: Path | str, opts: IngestOptions) -> tuple[IngestOptions, s
     return opts, "option"
 
 
-def parse_source(path: Path | str, opts: IngestOptions) -> list[ParsedLog]:
-    """Every run a source holds (one for a log file), each checked: bad lines, known metrics."""
+def parse_source(path: Path | str, opts: IngestOptions,
+                 skipped: list[tuple[str, str]] | None = None) -> list[ParsedLog]:
+    """Every run a source holds (one for a log file), each checked: bad lines, known metrics.
+    With `skipped` (--skip-bad), a source of several runs that can leave out a run with no
+    step lists it there, (run, why), and returns the others."""
     opts, how = with_format(path, opts)
     if opts.fmt not in MULTI_PARSERS and opts.runs:
         raise ConfigError(f"{path}: --run selects runs of a W&B, MLflow or TensorBoard "
                           f"source; a {opts.fmt} log is one run")
-    logs = _read_source(path, opts)
+    logs = _read_source(path, opts, skipped)
     for log in logs:
         log.fmt_from = how
         base.require_clean(log, opts.skip_bad)
@@ -111,14 +114,21 @@ def parse_source(path: Path | str, opts: IngestOptions) -> list[ParsedLog]:
     return logs
 
 
-def _read_source(path: Path | str, opts: IngestOptions) -> list[ParsedLog]:
+def _read_source(path: Path | str, opts: IngestOptions,
+                 skipped: list[tuple[str, str]] | None = None) -> list[ParsedLog]:
     """The runs a source holds, read with the libraries' own logging quiet; a file the OS will
     not let us read, or a record claiming more bytes than memory holds, is one line."""
+    import inspect
+
     from twoclocks_cli.ingest.quiet import quiet_libraries
 
     with _readable(path), quiet_libraries():
         if opts.fmt in MULTI_PARSERS:
-            return MULTI_PARSERS[opts.fmt](path if isinstance(path, str) else Path(path), opts)
+            parser = MULTI_PARSERS[opts.fmt]
+            where = path if isinstance(path, str) else Path(path)
+            if skipped is not None and "skipped" in inspect.signature(parser).parameters:
+                return parser(where, opts, skipped=skipped)
+            return parser(where, opts)
         return [PARSERS[opts.fmt](Path(path), opts)]
 
 
@@ -246,6 +256,16 @@ def _write(store, run_id: int, plan: _Plan, skip: dict | None = None) -> int:
     return n
 
 
+def _skipped(path: Path | str, opts: IngestOptions, how: str, run: str, why: str
+             ) -> IngestResult:
+    """What a file, or a run of a source holding several, left out by --skip-bad became."""
+    return IngestResult(
+        path=str(path), run=run or None, format=opts.fmt, format_from=how, sweep=opts.sweep,
+        run_id=None, action="skipped", steps=0, rows=0, batch_prompts=None, group_size=None,
+        batch_samples=None, lr=None, seed=None, params_from={}, sources={}, unmapped=[],
+        skipped_lines=[], duplicates=0, notes=[why])
+
+
 def ingest_files(store, paths: list[Path | str], opts: IngestOptions) -> list[IngestResult]:
     """Parse every source (refusing the lot if one is bad), then write one run per file, or
     per run of a source holding several (a W&B folder, an MLflow store, TensorBoard runs)."""
@@ -255,19 +275,16 @@ def ingest_files(store, paths: list[Path | str], opts: IngestOptions) -> list[In
     for p in paths:
         p = p if isinstance(p, str) else Path(p)
         file_opts, how = with_format(p, opts)
+        skipped: list[tuple[str, str]] = []
         try:
-            for log in parse_source(p, file_opts):
+            for log in parse_source(p, file_opts, skipped if opts.skip_bad else None):
                 log.fmt_from = how
                 plans.append(_resolve(log, file_opts))
         except base.NoStepsError as exc:  # --skip-bad: skip the file, import the others
             if not opts.skip_bad:
                 raise
-            results.append(IngestResult(
-                path=str(p), format=file_opts.fmt, format_from=how, sweep=opts.sweep,
-                run_id=None, action="skipped",
-                steps=0, rows=0, batch_prompts=None, group_size=None, batch_samples=None,
-                lr=None, seed=None, params_from={}, sources={}, unmapped=[], skipped_lines=[],
-                duplicates=0, notes=[str(exc)]))
+            skipped.append(("", str(exc)))
+        results.extend(_skipped(p, file_opts, how, run, why) for run, why in skipped)
     if not plans and results:
         raise base.NoStepsError(f"every file was skipped: {results[0].notes[0]}")
     seen: dict[str, IngestResult] = {}

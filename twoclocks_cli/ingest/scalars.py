@@ -72,11 +72,11 @@ def select_runs(source, runs: list[TrackedRun], opts: IngestOptions) -> list[Tra
     if not opts.runs:
         return runs
 
-    def names(r: TrackedRun) -> list[str]:
+    def aliases(r: TrackedRun) -> list[str]:
         parts = r.name.split("/")
         return [r.key, *("/".join(parts[i:]) for i in range(len(parts)))]
 
-    chosen = [r for r in runs if any(fnmatchcase(n, g) for n in names(r) for g in opts.runs)]
+    chosen = [r for r in runs if any(fnmatchcase(n, g) for n in aliases(r) for g in opts.runs)]
     if not chosen:
         names = ", ".join(r.name for r in runs[:12])
         raise ConfigError(f"{source}: no run matches --run {' '.join(opts.runs)} "

@@ -1,0 +1,363 @@
+"""`twoclocks ingest` of MLflow stores with nested runs, written here by the real mlflow library
+as a nested sweep writes them (a parent run holding params only, runs started under it with
+`mlflow.start_run(nested=True)` logging metrics by step, as HF's MLflowCallback does with
+MLFLOW_NESTED_RUN); `--run` by a run's own name; and a damaged or older store refused in one
+line on stderr, MLflow's own logging included (those tests run the real CLI process)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import sqlite3
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import assert_one_line_error, twoclocks, twoclocks_inproc
+from twoclocks_cli.ingest import scalars
+from twoclocks_cli.ingest.base import IngestOptions
+
+pytest.importorskip("mlflow")
+
+PARENT = {"num_generations": 8, "learning_rate": 2.0 ** -10, "seed": 7}
+# grpo-bs4 logs what HF's MLflowCallback logs for TRL's GRPOConfig (its own lr and seed);
+# grpo-bs8, what a hand-written sweep logs: its batch only, the rest in the parent
+CHILDREN = {
+    "grpo-bs4": {"learning_rate": 2.0 ** -11, "per_device_train_batch_size": 32,
+                 "gradient_accumulation_steps": 1, "num_generations": 8,
+                 "generation_batch_size": 32, "steps_per_generation": 1, "num_iterations": 1,
+                 "seed": 42},
+    "grpo-bs8": {"prompts_per_batch": 8},
+}
+STEPS = {"grpo-bs4": 6, "grpo-bs8": 4, "other": 3}
+OTHER = {"prompts_per_batch": 16, "group_size": 4, "learning_rate": 2.0 ** -9}
+
+
+def reward(run: str, step: int) -> float:
+    """The reward a run logs at a step: multiples of 1/1024, exact in every float."""
+    return (100 + 7 * step + 3 * len(run)) / 1024
+
+
+def _log_steps(mlflow, run: str) -> None:
+    for s in range(1, STEPS[run] + 1):
+        mlflow.log_metrics({"reward": reward(run, s), "loss": s / 1024}, step=s)
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory) -> Path:
+    """An SQLite MLflow store: experiment 'sweep' with the parent 'hf-sweep' (params only) and
+    its two nested runs; experiment 'other' with a plain run also named 'grpo-bs4'."""
+    import mlflow
+    from mlflow.tracking import fluent
+    from mlflow.tracking._tracking_service import utils
+
+    db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    chatty = logging.getLogger("mlflow")
+    level = chatty.level
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MLflow's own deprecation notes, writing its store
+        # the fluent API's globals, put back after
+        for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
+                    "MLFLOW_RUN_ID"):
+            mp.delenv(var, raising=False)
+        mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
+        mp.setattr(fluent, "_active_experiment_id", None)
+        chatty.setLevel(logging.WARNING)
+        try:
+            mlflow.set_tracking_uri(f"sqlite:///{db}")
+            mlflow.set_experiment("sweep")
+            with mlflow.start_run(run_name="hf-sweep"):
+                mlflow.log_params(PARENT)
+                for name, params in CHILDREN.items():
+                    with mlflow.start_run(run_name=name, nested=True):
+                        mlflow.log_params(params)
+                        _log_steps(mlflow, name)
+            mlflow.set_experiment("other")
+            with mlflow.start_run(run_name="grpo-bs4"):
+                mlflow.log_params(OTHER)
+                for s in range(1, STEPS["other"] + 1):
+                    mlflow.log_metrics({"reward": reward("other", s)}, step=s)
+        finally:
+            mlflow.set_tracking_uri(None)
+            chatty.setLevel(level)
+    return db
+
+
+def ingest(db: Path, url: str, *args: str) -> tuple[int, list[dict], str]:
+    """(exit code, the --json results, stderr) of an in-process `twoclocks ingest`."""
+    r = twoclocks_inproc("ingest", str(db), "--sweep", "nested", "--db", url, "--json", *args)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else []), r.stderr
+
+
+def stored(url: str) -> dict[str, dict]:
+    """run name -> its columns, config and {step: (samples, reward_mean)}, read with sqlite3."""
+    con = sqlite3.connect(url[len("sqlite:///"):])
+    try:
+        runs = {}
+        for rid, name, p, g, lr, seed, config, status in con.execute(
+                "select id, name, batch_prompts, group_size, lr, seed, config, status from runs"):
+            steps = {s: (n, v) for s, n, v in con.execute(
+                "select step, samples, value from metrics where run_id = ? and key = "
+                "'reward_mean'", (rid,))}
+            runs[name] = {"columns": (p, g, lr, seed), "config": json.loads(config),
+                          "status": status, "steps": steps}
+        return runs
+    finally:
+        con.close()
+
+
+def content(url: str) -> dict[str, list]:
+    """Every row of every table of a twoclocks SQLite store."""
+    con = sqlite3.connect(url[len("sqlite:///"):])
+    try:
+        tables = [r[0] for r in con.execute("select name from sqlite_master where type='table'")]
+        return {t: sorted(map(repr, con.execute(f"select * from {t}"))) for t in tables}
+    finally:
+        con.close()
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_runs_under_a_params_only_parent_import_each_with_its_params(family, tmp_path):
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    before = digest(family)
+    code, results, err = ingest(family, url, "--experiment", "sweep")
+    assert code == 0, err
+    assert [r["run"] for r in results] == ["sweep/grpo-bs4", "sweep/grpo-bs8"]
+    bs4, bs8 = results
+    # its own params: TRL's per-device count -> 32 completions / 8 = 4 prompts
+    assert (bs4["batch_prompts"], bs4["group_size"], bs4["lr"], bs4["seed"]) == \
+        (4, 8, 2.0 ** -11, 42)
+    assert all("parent" not in v for v in bs4["params_from"].values())
+    # its batch is its own; group size, lr and seed are the parent's, and say so
+    assert (bs8["batch_prompts"], bs8["group_size"], bs8["lr"], bs8["seed"]) == \
+        (8, 8, 2.0 ** -10, 7)
+    assert bs8["params_from"] == {
+        "batch_prompts": "MLflow params (prompts_per_batch)",
+        "group_size": "MLflow params of the parent run sweep/hf-sweep (num_generations)",
+        "lr": "MLflow params of the parent run sweep/hf-sweep (learning_rate)",
+        "seed": "MLflow params of the parent run sweep/hf-sweep (seed)"}
+    assert any(n.startswith("group_size = 8 (num_generations), lr = 0.0009765625 "
+                            "(learning_rate), seed = 7 (seed): from the params of the parent "
+                            "run sweep/hf-sweep") for n in bs8["notes"]), bs8["notes"]
+    left_out = ("the parent run sweep/hf-sweep is not imported as a run of its own: it logged "
+                "no step of its own; the runs under it did")
+    assert left_out in bs4["notes"] and left_out in bs8["notes"]
+    runs = stored(url)
+    assert sorted(runs) == ["sweep/grpo-bs4", "sweep/grpo-bs8"]
+    for name, p, g, lr, seed in (("grpo-bs4", 4, 8, 2.0 ** -11, 42),
+                                 ("grpo-bs8", 8, 8, 2.0 ** -10, 7)):
+        run = runs[f"sweep/{name}"]
+        assert run["columns"] == (p, g, lr, seed)
+        assert run["status"] == "completed"
+        assert run["steps"] == {s: (s * p * g, reward(name, s))
+                                for s in range(1, STEPS[name] + 1)}
+    assert digest(family) == before  # only read
+
+
+def test_importing_again_changes_nothing(family, tmp_path):
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    assert ingest(family, url, "--experiment", "sweep")[0] == 0
+    once = content(url)
+    code, results, err = ingest(family, url, "--experiment", "sweep")
+    assert code == 0, err
+    assert [r["action"] for r in results] == ["unchanged", "unchanged"]
+    assert content(url) == once
+
+
+def test_a_parent_outside_the_filter_still_gives_its_params(family, tmp_path):
+    """--filter leaves the parent out of the listing: it is fetched by its id for its params."""
+    code, results, err = ingest(family, f"sqlite:///{tmp_path / 'tc.db'}", "--filter",
+                                "params.prompts_per_batch = '8'")
+    assert code == 0, err
+    assert [r["run"] for r in results] == ["sweep/grpo-bs8"]
+    assert (results[0]["group_size"], results[0]["lr"], results[0]["seed"]) == (8, 2.0 ** -10, 7)
+    assert not any("not imported as a run" in n for n in results[0]["notes"])
+
+
+@pytest.mark.parametrize("glob, expected", [
+    ("grpo-*", ["sweep/grpo-bs4", "sweep/grpo-bs8", "other/grpo-bs4"]),  # own names
+    ("grpo-bs4", ["sweep/grpo-bs4", "other/grpo-bs4"]),
+    ("sweep/grpo-bs4", ["sweep/grpo-bs4"]),  # experiment/run
+    ("other/*", ["other/grpo-bs4"]),
+    ("*bs8", ["sweep/grpo-bs8"]),
+])
+def test_run_globs_match_a_runs_own_name_and_experiment_slash_run(family, tmp_path, glob,
+                                                                  expected):
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    code, results, err = ingest(family, url, "--run", glob)
+    assert code == 0, err
+    assert sorted(r["run"] for r in results) == sorted(expected)
+    assert sorted(stored(url)) == sorted(expected)
+    other = [r for r in results if r["run"] == "other/grpo-bs4"]
+    if other:
+        assert (other[0]["batch_prompts"], other[0]["group_size"], other[0]["lr"]) == \
+            (16, 4, 2.0 ** -9)
+        assert stored(url)["other/grpo-bs4"]["steps"] == {
+            s: (s * 64, reward("other", s)) for s in range(1, STEPS["other"] + 1)}
+
+
+def test_a_parent_chosen_alone_is_refused_naming_its_runs(family, tmp_path):
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    assert ingest(family, url, "--run", "other/*")[0] == 0
+    before = content(url)
+    r = twoclocks_inproc("ingest", str(family), "--run", "hf-sweep", "--sweep", "nested",
+                         "--db", url)
+    assert_one_line_error(r, "run sweep/hf-sweep is a parent run: it logged no step of its own",
+                          "sweep/grpo-bs4, sweep/grpo-bs8", "--run names them")
+    assert content(url) == before
+
+
+def test_a_glob_on_the_parent_and_its_runs_leaves_the_parent_out(family, tmp_path):
+    code, results, err = ingest(family, f"sqlite:///{tmp_path / 'tc.db'}", "--run", "sweep/*")
+    assert code == 0, err
+    assert [r["run"] for r in results] == ["sweep/grpo-bs4", "sweep/grpo-bs8"]
+
+
+@pytest.mark.parametrize("names, glob, expected", [
+    # TensorBoard runs are folder paths: a glob matches the path or its last folders
+    (["bs32/seed0", "bs64/seed0", "bs64/seed1"], "seed0", ["bs32/seed0", "bs64/seed0"]),
+    (["bs32/seed0", "bs64/seed0", "bs64/seed1"], "bs64/*", ["bs64/seed0", "bs64/seed1"]),
+    (["bs32/seed0", "bs64/seed0"], "s*0", ["bs32/seed0", "bs64/seed0"]),
+    # W&B runs: a plain name, or the id
+    (["bs32", "bs64"], "bs6?", ["bs64"]),
+    (["bs32", "bs64"], "id-bs32", ["bs32"]),
+])
+def test_run_globs_on_other_sources_match_the_name_and_its_tails(names, glob, expected):
+    runs = [scalars.TrackedRun(key=f"id-{n}", name=n, sha256="", size=0) for n in names]
+    chosen = scalars.select_runs("src", runs, IngestOptions(runs=(glob,)))
+    assert [r.name for r in chosen] == expected
+
+
+def test_no_match_names_the_runs(family, tmp_path):
+    r = twoclocks_inproc("ingest", str(family), "--run", "bs99", "--db",
+                         f"sqlite:///{tmp_path / 'tc.db'}")
+    assert_one_line_error(r, "no run matches --run bs99", "sweep/hf-sweep, sweep/grpo-bs4")
+
+
+@pytest.fixture(scope="module")
+def crashed(family, tmp_path_factory) -> Path:
+    """The family's store with one more run in 'sweep' that logged params and no step (it
+    crashed before its first step), and no run under it."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("crashed") / "mlflow.db"
+    shutil.copy(family, db)
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("sweep").experiment_id
+    run = client.create_run(exp, run_name="grpo-bs16")
+    client.log_param(run.info.run_id, "prompts_per_batch", "16")
+    client.set_terminated(run.info.run_id, "FAILED")
+    return db
+
+
+def test_a_run_without_steps_or_runs_under_it_is_refused_as_before(crashed, tmp_path):
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    assert ingest(crashed, url, "--run", "other/*")[0] == 0
+    before = content(url)
+    r = twoclocks_inproc("ingest", str(crashed), "--experiment", "sweep", "--db", url)
+    assert_one_line_error(r, "(run sweep/grpo-bs16): no step was logged")
+    assert content(url) == before
+
+
+def test_skip_bad_leaves_out_only_the_run_without_steps(crashed, tmp_path):
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    code, results, err = ingest(crashed, url, "--experiment", "sweep", "--skip-bad")
+    assert code == 0, err
+    by_run = {r["run"]: r for r in results}
+    assert sorted(by_run) == ["sweep/grpo-bs16", "sweep/grpo-bs4", "sweep/grpo-bs8"]
+    skipped = by_run["sweep/grpo-bs16"]
+    assert skipped["action"] == "skipped" and skipped["run_id"] is None
+    assert "(run sweep/grpo-bs16): no step was logged" in skipped["notes"][0]
+    assert [by_run[n]["action"] for n in ("sweep/grpo-bs4", "sweep/grpo-bs8")] == \
+        ["created", "created"]
+    runs = stored(url)
+    assert sorted(runs) == ["sweep/grpo-bs4", "sweep/grpo-bs8"]
+    assert runs["sweep/grpo-bs8"]["steps"] == {s: (s * 64, reward("grpo-bs8", s))
+                                              for s in range(1, STEPS["grpo-bs8"] + 1)}
+    r = twoclocks_inproc("ingest", str(crashed), "--experiment", "sweep", "--skip-bad",
+                         "--sweep", "nested", "--db", url)
+    assert r.returncode == 0, r.stderr
+    assert "skipped (--skip-bad)" in r.stdout and "sweep/grpo-bs16" in r.stdout
+
+
+def test_skip_bad_with_only_runs_without_steps_skips_everything(crashed, tmp_path):
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    r = twoclocks_inproc("ingest", str(crashed), "--run", "grpo-bs16", "--skip-bad",
+                         "--db", url)
+    assert_one_line_error(r, "every file was skipped", "(run sweep/grpo-bs16): no step")
+
+
+# --- a damaged or older store: one line on stderr from the real process -------------------
+
+def _damaged(family: Path, folder: Path, table: str) -> Path:
+    db = folder / f"no-{table}.db"
+    shutil.copy(family, db)
+    con = sqlite3.connect(db)
+    con.execute(f"drop table {table}")
+    con.commit()
+    con.close()
+    return db
+
+
+def _older(family: Path, folder: Path) -> tuple[Path, str]:
+    """A copy migrated one revision down by MLflow's own alembic migrations; its revision."""
+    from alembic import command
+    from mlflow.store.db.utils import _get_alembic_config
+
+    db = folder / "older.db"
+    shutil.copy(family, db)
+    command.downgrade(_get_alembic_config(f"sqlite:///{db}"), "-1")
+    con = sqlite3.connect(db)
+    rev = con.execute("select version_num from alembic_version").fetchone()[0]
+    con.close()
+    return db, rev
+
+
+def _refused_alone(source: list[str], cwd: Path, url: str, *needles: str) -> None:
+    """The real CLI refuses `source` in one stderr line, leaving the twoclocks store, the
+    source and the working folder as they were."""
+    before, files = content(url), sorted(p.name for p in cwd.iterdir())
+    proc = twoclocks("ingest", *source, "--sweep", "nested", "--db", url, cwd=cwd,
+                     env={"MLFLOW_LOGGING_LEVEL": "INFO"})  # MLflow at its most talkative
+    assert_one_line_error(proc, *needles)
+    assert proc.stdout == ""
+    assert content(url) == before
+    assert sorted(p.name for p in cwd.iterdir()) == files
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("table, form", [
+    ("latest_metrics", "path"),  # MLflow logs the failed query with its traceback, then raises
+    ("latest_metrics", "uri"),
+    ("metrics", "uri"),  # MLflow would create the tables it misses: refused, read-only
+    ("params", "path"),
+])
+def test_a_store_missing_a_table_is_refused_in_one_line(family, tmp_path, table, form):
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    assert ingest(family, url, "--run", "other/*")[0] == 0  # a store with a run in it
+    db = _damaged(family, tmp_path, table)
+    before = digest(db)
+    source = [str(db)] if form == "path" else ["--from", f"mlflow:sqlite:///{db}"]
+    _refused_alone(source, tmp_path, url, f"it lacks MLflow's table {table}",
+                   "only read, never migrated or repaired")
+    assert digest(db) == before
+
+
+@pytest.mark.subprocess
+def test_an_older_schema_is_refused_in_one_line_and_not_migrated(family, tmp_path):
+    import mlflow
+
+    url = f"sqlite:///{tmp_path / 'tc.db'}"
+    assert ingest(family, url, "--run", "other/*")[0] == 0
+    db, rev = _older(family, tmp_path)
+    before = digest(db)
+    _refused_alone([str(db)], tmp_path, url,
+                   f"an MLflow store of an older schema (revision {rev}; mlflow "
+                   f"{mlflow.__version__} reads", "never migrated", "mlflow db upgrade")
+    assert digest(db) == before
