@@ -7,19 +7,17 @@ import sys
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from twoclocks_cli import __version__
-
-pytestmark = pytest.mark.subprocess
 
 
 def test_version():
-    proc = twoclocks("--version")
+    proc = twoclocks_inproc("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"twoclocks {__version__}"
 
 
 def test_help_lists_working_groups():
-    proc = twoclocks("--help")
+    proc = twoclocks_inproc("--help")
     assert proc.returncode == 0
     for group in ("db", "runs"):
         assert group in proc.stdout
@@ -41,6 +39,7 @@ def _modules_after(argv: list[str], tmp_path) -> set[str]:
     return set(line.removeprefix("LOADED:").split())
 
 
+@pytest.mark.subprocess  # a fresh interpreter's sys.modules after one command
 def test_cli_start_does_not_import_torch(tmp_path):
     assert _modules_after(["--help"], tmp_path) == set()
     loaded = _modules_after(["runs", "list", "--db", f"sqlite:///{tmp_path}/a.db"], tmp_path)
@@ -48,53 +47,55 @@ def test_cli_start_does_not_import_torch(tmp_path):
 
 
 def test_runs_list_json_and_default_db_in_cwd(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TWOCLOCKS_DB"}
-    proc = subprocess.run([sys.executable, "-m", "twoclocks_cli", "runs", "list", "--json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    proc = twoclocks_inproc("runs", "list", "--json", cwd=tmp_path, env={"TWOCLOCKS_DB": None})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
     assert (tmp_path / "twoclocks.db").exists()
 
 
 def test_env_var_selects_database(tmp_path):
-    proc = twoclocks("runs", "list", env={"TWOCLOCKS_DB": f"sqlite:///{tmp_path}/env.db"},
-                     cwd=tmp_path)
+    proc = twoclocks_inproc("runs", "list", env={"TWOCLOCKS_DB": f"sqlite:///{tmp_path}/env.db"},
+                            cwd=tmp_path)
     assert proc.returncode == 0 and (tmp_path / "env.db").exists()
     assert not (tmp_path / "twoclocks.db").exists()
 
 
 def test_malformed_url():
-    assert_one_line_error(twoclocks("runs", "list", "--db", "not a url"), "malformed database URL")
+    assert_one_line_error(twoclocks_inproc("runs", "list", "--db", "not a url"),
+                          "malformed database URL")
 
 
 def test_unsupported_scheme_masks_password():
-    line = assert_one_line_error(twoclocks("runs", "list", "--db", "mysql://u:hunter2@h/d"),
+    line = assert_one_line_error(twoclocks_inproc("runs", "list", "--db", "mysql://u:hunter2@h/d"),
                                  "unsupported database")
     assert "hunter2" not in line
 
 
 def test_unreachable_postgres_masks_password():
     line = assert_one_line_error(
-        twoclocks("runs", "list", "--db", "postgresql://u:hunter2@127.0.0.1:1/x"),
+        twoclocks_inproc("runs", "list", "--db", "postgresql://u:hunter2@127.0.0.1:1/x"),
         "cannot reach database", "127.0.0.1:1")
     assert "hunter2" not in line and "***" in line
 
 
 def test_wrong_password(pg_server):
     url = pg_server.url(password="wrong-pass-123")
-    line = assert_one_line_error(twoclocks("runs", "list", "--db", url), "authentication failed")
+    line = assert_one_line_error(twoclocks_inproc("runs", "list", "--db", url),
+                                 "authentication failed")
     assert "wrong-pass-123" not in line
 
 
+@pytest.mark.subprocess  # chattr, as root
 def test_read_only_sqlite_file(tmp_path):
     path = tmp_path / "ro.db"
-    assert twoclocks("runs", "list", "--db", f"sqlite:///{path}").returncode == 0
+    assert twoclocks_inproc("runs", "list", "--db", f"sqlite:///{path}").returncode == 0
     if os.geteuid() == 0:  # root ignores mode bits; the immutable attribute binds root too
         subprocess.run(["chattr", "+i", str(path)], check=True)
     else:
         path.chmod(0o444)
     try:
-        assert_one_line_error(twoclocks("runs", "list", "--db", f"sqlite:///{path}"), "read-only")
+        assert_one_line_error(twoclocks_inproc("runs", "list", "--db", f"sqlite:///{path}"),
+                              "read-only")
     finally:
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(path)], check=True)
@@ -102,12 +103,13 @@ def test_read_only_sqlite_file(tmp_path):
 
 def test_missing_sqlite_directory(tmp_path):
     assert_one_line_error(
-        twoclocks("runs", "list", "--db", f"sqlite:///{tmp_path}/nope/x.db"), "does not exist")
+        twoclocks_inproc("runs", "list", "--db", f"sqlite:///{tmp_path}/nope/x.db"),
+        "does not exist")
 
 
 def test_unknown_sweep_is_one_line(tmp_path):
     assert_one_line_error(
-        twoclocks("runs", "list", "--sweep", "ghost", "--db", f"sqlite:///{tmp_path}/a.db"),
+        twoclocks_inproc("runs", "list", "--sweep", "ghost", "--db", f"sqlite:///{tmp_path}/a.db"),
         "no sweep named 'ghost'")
 
 
