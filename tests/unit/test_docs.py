@@ -20,8 +20,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.subprocess
-
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^[ ]*(?P<fence>`{3,})(?P<info>.*)$")
 LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?:#[^)\s]*)?\)")
@@ -91,6 +89,7 @@ def test_there_are_tested_blocks():
     assert len(TESTED) >= 3, [f"{b.path.name}:{b.line}" for b, _ in TESTED]
 
 
+@pytest.mark.subprocess  # bash runs the block
 @pytest.mark.parametrize(
     "block,expected", TESTED, ids=[f"{b.path.relative_to(ROOT)}:{b.line}" for b, _ in TESTED])
 def test_tested_block_runs(block: Block, expected: list[str], tmp_path: Path):
@@ -111,6 +110,7 @@ def test_tested_block_runs(block: Block, expected: list[str], tmp_path: Path):
     assert not missing, f"{where}: output lacks {missing}\n--- output ---\n{proc.stdout}"
 
 
+@pytest.mark.subprocess  # mkdocs builds the site
 def test_mkdocs_build_strict(tmp_path: Path):
     # mkdocs is the `docs` extra (scripts/setup.sh installs it): missing, this test fails
     proc = subprocess.run(
