@@ -15,9 +15,11 @@ The local B_crit at a decision is read from the run's own decision metrics:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from twoclocks_cli.core.codec import Document
 
 DECISION_KEYS = ("adaptive_decision", "adaptive_next_prompts", "adaptive_b_noise",
                  "adaptive_kappa", "adaptive_branch_gain_ratio", "adaptive_branch_gain_b",
@@ -45,17 +47,14 @@ class Decision:
 
 
 @dataclass
-class Trajectory:
+class Trajectory(Document):
     """The run's batch at each logged step, and its decisions."""
 
     run_id: int
     samples: list = field(default_factory=list)
     batch: list = field(default_factory=list)
-    decisions: list = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
 
-    def to_json(self) -> dict:
-        return {"run_id": self.run_id, "samples": self.samples, "batch": self.batch,
-                "decisions": [asdict(d) for d in self.decisions]}
 
 
 def _by_step(series) -> dict:

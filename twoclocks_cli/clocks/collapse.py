@@ -7,9 +7,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from twoclocks_cli.core.codec import Document
+
 
 @dataclass(frozen=True)
-class Fall:
+class Fall(Document):
     """One fall of a metric by the drop rule: where it is dated, the level it fell from, and
     where it climbed back (None: not within the data, so a collapse)."""
 
@@ -20,9 +22,6 @@ class Fall:
     @property
     def dip(self) -> bool:
         return self.recovered_at is not None
-
-    def to_json(self) -> dict:
-        return {"at": self.at, "peak": self.peak, "recovered_at": self.recovered_at}
 
 
 def falls(samples, smoothed, initial: float, rho=0.3, delta=0.05, k=3, raw=None,

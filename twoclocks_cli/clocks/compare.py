@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import model_serializer
 
 from twoclocks_cli.clocks.cost import (
     RUNTIME_KEY,
@@ -30,6 +31,7 @@ from twoclocks_cli.clocks.cost import (
 from twoclocks_cli.clocks.options import AnalysisOptions
 from twoclocks_cli.clocks.result import Analysis, BatchRow
 from twoclocks_cli.clocks.runclock import TIME_KEYS, RunClocks, load_signals, run_clocks
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.errors import AnalysisError
 from twoclocks_cli.core.numbers import count, num
 from twoclocks_cli.store.store import Series
@@ -86,7 +88,7 @@ def _int(v):
 
 
 @dataclass
-class ConstantRow:
+class ConstantRow(Document):
     """One batch size of the sweep beside the schedule run: the analysis's clocks there, the
     median final smoothed metric of its runs, and how many of them reached and failed."""
 
@@ -96,7 +98,9 @@ class ConstantRow:
     reached: int
     failed: int
 
-    def to_json(self) -> dict:
+    @model_serializer(mode="plain")
+    def _flat(self) -> dict:
+        """The batch's clocks at the top level, the failure count under `failure`."""
         b = self.batch
         return {
             "final": self.final,

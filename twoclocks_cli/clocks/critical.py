@@ -19,11 +19,12 @@ smallest), never "no estimate". Intervals: bootstrap over seeds within each batc
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.numbers import Number
 
 CONF = 0.9  # two-sided interval level of the fits
@@ -35,7 +36,7 @@ MIN_GAIN_FOR_FIT = 1.05  # E(B_max)/E(B_min) below this: E(B) does not grow (no 
 
 
 @dataclass
-class Estimate:
+class Estimate(Document):
     """One B_crit estimate: a point or a bound, its interval and where it came from."""
 
     source: str | None = None  # empirical | power | linear | noise_scale | sign_noise_scale | ...
@@ -53,9 +54,6 @@ class Estimate:
     e_min_at: Number | None = None  # the batch whose clock is E_min (None: below the grid)
     slower: list[Number] = field(default_factory=list)  # batches left of a measured minimum
     low_bound: bool = False  # the interval's low end is a bound: B_crit <= low in some resamples
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
     def covers(self, value: float) -> bool:
         """Whether `value` is consistent with this estimate (interval, or the bound's side)."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.core.limits import INT32_MAX
 
@@ -19,7 +20,7 @@ def cli(text: str, *, default=MISSING) -> dict:
 
 
 @dataclass
-class AnalysisOptions:
+class AnalysisOptions(Document):
     """Options of `twoclocks analyze` (defaults from the two-clocks note)."""
 
     metric: str | None = field(default=None, metadata=cli(
@@ -130,9 +131,6 @@ class AnalysisOptions:
         if low is not None and high is not None and low > high:
             raise ConfigError(f"--entropy-low {low} > --entropy-high {high}: the band's low "
                               "edge must not exceed its high edge")
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict | None) -> AnalysisOptions:

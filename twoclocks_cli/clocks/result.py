@@ -3,12 +3,12 @@ the plots, the adaptive calibration and the store's deletes read.
 
 An `Analysis` becomes JSON once, `Analysis.to_json` (the analyses table, `analyze --json`), and a
 stored document becomes an `Analysis` once, `Analysis.from_json` (`clocks.saved` loads it). Both
-are pydantic's, from the dataclasses' fields: the fields are in the document's order, and the
-few places where the document's shape differs from the fields' (a row of an unanalysed run, the
-failure clock's counts nested under `failure`, the theory's own document) say so in a
-serializer beside the class. A key the document lacks takes its field's default, one it has
-that no field names is ignored. This module is the only place that knows the document's keys;
-everyone else reads attributes.
+are the project's one codec (`core.codec.Document`, pydantic's), from the dataclasses' fields:
+the fields are in the document's order, and the few places where the document's shape differs
+from the fields' (a row of an unanalysed run, the failure clock's counts nested under `failure`,
+the theory's own document) say so in a serializer beside the class. A key the document lacks
+takes its field's default, one it has that no field names is ignored. This module is the only
+place that knows the document's keys; everyone else reads attributes.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Annotated
 
 import numpy as np
 from pydantic import (
     Field,
-    TypeAdapter,
     field_serializer,
     field_validator,
     model_serializer,
@@ -35,24 +33,8 @@ from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.options import AnalysisOptions
 from twoclocks_cli.clocks.runclock import Clock
 from twoclocks_cli.clocks.stats import Aggregate
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.numbers import Number
-
-
-@cache
-def _adapter(cls) -> TypeAdapter:
-    """Pydantic's reader and writer of dataclass `cls` (built once: building is slow)."""
-    return TypeAdapter(cls)
-
-
-class _Document:
-    """A dataclass that is (part of) the analysis document: pydantic writes and reads it."""
-
-    def to_json(self) -> dict:
-        return _adapter(type(self)).dump_python(self, by_alias=True)
-
-    @classmethod
-    def from_json(cls, d: dict):
-        return _adapter(cls).validate_python(d)
 
 
 def json_numbers(obj):
@@ -82,7 +64,7 @@ def _jsonable(obj):
 
 
 @dataclass(frozen=True)
-class Target(_Document):
+class Target(Document):
     """The progress target: its spec (`frac:0.5`, `abs:0.3`) and the value it resolved to."""
 
     spec: str | None = None
@@ -100,7 +82,7 @@ _UNANALYSED = ("run_id", "name", "batch_samples", "batch_prompts", "group_size",
 
 
 @dataclass
-class RunRow(_Document):
+class RunRow(Document):
     """One run of the analysis: its cell, status and both clocks (`runclock.RunClocks`)."""
 
     run_id: int | None = None
@@ -143,7 +125,7 @@ _FAILURE_COUNTS = ("n_failed", "n_dips", "runs_with_dips", "drift_at_failure")
 
 
 @dataclass
-class BatchRow(_Document):
+class BatchRow(Document):
     """Both clocks at one batch size, aggregated over its seeds."""
 
     batch_samples: Number
@@ -176,7 +158,7 @@ class BatchRow(_Document):
 
 
 @dataclass
-class Recommended(_Document, Estimate):
+class Recommended(Estimate):
     """The estimate the schedule follows, and the documented rule's reason for it (`source`
     None: no estimate, `why` says why)."""
 
@@ -207,7 +189,7 @@ class Recommended(_Document, Estimate):
 
 
 @dataclass(frozen=True)
-class NoiseSummary(_Document):
+class NoiseSummary(Document):
     """A gradient-noise scale over runs (median, range) and what it was measured on."""
 
     value: Number | None = None
@@ -225,7 +207,7 @@ class NoiseSummary(_Document):
 
 
 @dataclass(frozen=True)
-class Theory(_Document):
+class Theory(Document):
     """The theory model's B_crit for a sim sweep (or at a probe's branch point).
 
     The prediction is the theory module's own document (`theory.predict_critical_batch`; which
@@ -252,7 +234,7 @@ class Theory(_Document):
 
 
 @dataclass(kw_only=True)
-class Critical(_Document):
+class Critical(Document):
     """Every B_crit estimate side by side, the recommended one and the disagreements."""
 
     empirical: Estimate = field(default_factory=lambda: Estimate("empirical"))
@@ -274,7 +256,7 @@ class Critical(_Document):
 
 
 @dataclass(frozen=True)
-class Invariance(_Document):
+class Invariance(Document):
     """The slope of log N_fail on log B and its equivalence verdict."""
 
     slope: Number | None = None
@@ -294,7 +276,7 @@ class Invariance(_Document):
 
 
 @dataclass(frozen=True)
-class ClipRow(_Document):
+class ClipRow(Document):
     """One (clip range, batch size) of the clipping table: median clocks over its runs."""
 
     clip_low: Number | None = None
@@ -306,7 +288,7 @@ class ClipRow(_Document):
 
 
 @dataclass(kw_only=True)
-class Analysis(_Document):
+class Analysis(Document):
     """One sweep's analysis: both clocks per run and per batch size, B_crit, invariance."""
 
     sweep: str = ""

@@ -10,13 +10,14 @@ first or second eval point is flagged "at eval resolution".
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from twoclocks_cli.clocks import collapse
 from twoclocks_cli.clocks.curves import Curve, bracketed_crossing, clean, smooth_curve
 from twoclocks_cli.clocks.options import AnalysisOptions
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.numbers import Number
 
 GRAD_KEYS = ("grad_sq_micro", "grad_sq_full", "grad_micro_size", "grad_full_size")
@@ -25,7 +26,7 @@ TIME_KEYS = ("time_gen_s", "time_reward_s", "time_update_s")  # summed: wall-clo
 
 
 @dataclass
-class Clock:
+class Clock(Document):
     """One clock of one run, in samples (and steps, prompts, seconds beside)."""
 
     samples: Number | None = None  # the crossing / collapse; None when censored or flagged
@@ -43,12 +44,9 @@ class Clock:
     # failure clock: the falls of the drop rule that recovered (collapse.Fall.to_json each)
     dips: list = field(default_factory=list)
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class RunClocks:
+class RunClocks(Document):
     """Both clocks of one run under one set of options."""
 
     run_id: int
@@ -63,9 +61,6 @@ class RunClocks:
     started_above: bool = False  # the run began at or above the target: no progress clock
     noise_scale: float | None = None  # B_simple where the progress clock is (else last point)
     sign_noise_scale: float | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

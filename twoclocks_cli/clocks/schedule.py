@@ -21,11 +21,12 @@ Every predicted number is a number or "unknown" with the reason.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from twoclocks_cli.clocks import plan as planner
 from twoclocks_cli.clocks.cost import OBJECTIVES, TimeClocks
 from twoclocks_cli.clocks.result import Analysis, BatchRow
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.errors import AnalysisError
 
 
@@ -43,7 +44,7 @@ class Predicted:
 
 
 @dataclass
-class Schedule:
+class Schedule(Document):
     """The recommended phases and how they follow from the analysis."""
 
     sweep: str
@@ -64,9 +65,6 @@ class Schedule:
     # per objective, the plan it would choose (batch = its B_small, b_large, n_switch, end) and
     # that plan's samples, seconds and cost to the target (the objectives the data can price)
     objectives: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _setting(analysis: Analysis, batch: float) -> dict:

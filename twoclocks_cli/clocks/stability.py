@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from twoclocks_cli.clocks.critical import article
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.errors import AnalysisError
 
 SETTLED = 0.8  # share of resamples in which an outcome must hold to be settled
@@ -34,7 +35,7 @@ MAX_RESAMPLES = 100_000
 
 
 @dataclass
-class Stability:
+class Stability(Document):
     """The decision's stability over seed resamples (see the module docstring for the rule)."""
 
     resamples: int
@@ -48,8 +49,6 @@ class Stability:
                  "the decision (B_small, the switch and B_large, whether B_small's median seed "
                  "collapses) when it is; B_crit's kind is reported beside it")
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _shape(plan: dict | None, batches=None) -> str:

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.numbers import Number
 
 CONF = 0.9  # two-sided interval level for every bootstrap / t interval below
 
 
 @dataclass
-class Aggregate:
+class Aggregate(Document):
     """One clock at one batch size over its seeds."""
 
     n: int = 0
@@ -26,9 +27,6 @@ class Aggregate:
     high: Number | None = None  # None when the upper bound is censored
     lower_bound: Number | None = None  # when censored: the clock is at least this
     note: str = ""
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
 
 
 def _median_inf(x: np.ndarray) -> float:

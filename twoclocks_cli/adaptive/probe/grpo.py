@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pydantic import field_serializer
 
 from twoclocks_cli.adaptive.probe.common import check_branches, scaling
 from twoclocks_cli.clocks.critical import Estimate
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
 from twoclocks_cli.store.registry import NewCell
 
@@ -253,7 +255,7 @@ def register(store, probe: GrpoProbe, source: str) -> dict[str, int]:
 # -- the result ------------------------------------------------------------------------------
 
 @dataclass
-class GrpoProbeResult:
+class GrpoProbeResult(Document):
     """The branches' clocks per batch, the local B_crit, and the run's noise scales at `at`."""
 
     run_id: int
@@ -273,12 +275,9 @@ class GrpoProbeResult:
     eval_n: int | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["clocks"] = {str(b): v for b, v in self.clocks.items()}
-        out["branch_runs"] = {str(b): v for b, v in self.branch_runs.items()}
-        out["b_crit"] = self.b_crit.to_json()
-        return out
+    @field_serializer("clocks", "branch_runs")
+    def _batch_keys(self, by_batch: dict) -> dict:
+        return {str(b): v for b, v in by_batch.items()}
 
 
 def branch_clock(samples: np.ndarray, values: np.ndarray, at: float, target: float,

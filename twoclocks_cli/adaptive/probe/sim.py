@@ -12,18 +12,20 @@ reach it; B_crit solves E(B_crit) = 2 E_min with the model-free estimator `analy
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import field_serializer
 
 from twoclocks_cli.adaptive.probe.common import check_branches, scaling
 from twoclocks_cli.clocks.critical import Estimate
 from twoclocks_cli.clocks.result import Theory
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
 
 
 @dataclass
-class ProbeResult:
+class ProbeResult(Document):
     """The branches' clocks per batch, the local B_crit and (sim) the theory's local B_crit."""
 
     run_id: int
@@ -37,12 +39,9 @@ class ProbeResult:
     truth: Theory | None = None  # theory.predict_critical_batch from the same state and target
     notes: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["clocks"] = {f"{b:g}": v for b, v in self.clocks.items()}
-        out["b_crit"] = self.b_crit.to_json()
-        out["truth"] = None if self.truth is None else self.truth.to_json()
-        return out
+    @field_serializer("clocks")
+    def _clocks_out(self, clocks: dict) -> dict:
+        return {f"{b:g}": v for b, v in clocks.items()}
 
 
 def state_at(run, at: float):
