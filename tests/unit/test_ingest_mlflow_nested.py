@@ -160,6 +160,23 @@ def test_the_runs_under_a_params_only_parent_import_each_with_its_params(family,
     assert digest(family) == before  # only read
 
 
+def test_an_option_overrides_a_parents_param_and_is_credited_as_the_option(family, tmp_path):
+    code, results, err = ingest(family, f"sqlite:///{tmp_path / 'tc.db'}", "--run",
+                                "sweep/grpo-bs8", "--seed", "5")
+    assert code == 0, err
+    (bs8,) = results
+    assert (bs8["group_size"], bs8["lr"], bs8["seed"]) == (8, 2.0 ** -10, 5)
+    assert bs8["params_from"]["seed"] == "option"
+    assert bs8["params_from"]["lr"] == \
+        "MLflow params of the parent run sweep/hf-sweep (learning_rate)"
+    credited = [n for n in bs8["notes"] if "from the params of the parent run" in n]
+    assert credited == ["group_size = 8 (num_generations), lr = 0.0009765625 (learning_rate): "
+                        "from the params of the parent run sweep/hf-sweep (not logged by this "
+                        "run itself)"]
+    assert "--seed 5 overrides 7 from the MLflow params of the parent run sweep/hf-sweep " \
+        "(seed)" in bs8["notes"]
+
+
 def test_importing_again_changes_nothing(family, tmp_path):
     url = f"sqlite:///{tmp_path / 'tc.db'}"
     assert ingest(family, url, "--experiment", "sweep")[0] == 0

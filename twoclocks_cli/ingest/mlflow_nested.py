@@ -77,9 +77,10 @@ class Family:
         return out
 
 
-def credit_parents(log: ParsedLog, config: dict, inherited: dict[str, tuple[str, str]]) -> None:
+def credit_parents(log: ParsedLog, config: dict, inherited: dict[str, tuple[str, str]],
+                   given: set[str]) -> None:
     """Name the ancestor in `params_from` for each run column whose key the run took from it,
-    and say so in a note."""
+    and say so in a note, but for the columns an option sets (`given`: its note says so)."""
     if not inherited:
         return
     _, origin = scalars.config_params(config)
@@ -88,10 +89,11 @@ def credit_parents(log: ParsedLog, config: dict, inherited: dict[str, tuple[str,
         if key in inherited and log.params_from.get(column, "").endswith(f"({key})"):
             parent = inherited[key][1]
             log.params_from[column] = f"MLflow params of the parent run {parent} ({key})"
-            taken.setdefault(parent, []).append(f"{column} = {inherited[key][0]} ({key})")
+            if column not in given:
+                taken.setdefault(parent, []).append(f"{column} = {inherited[key][0]} ({key})")
     for parent, what in taken.items():
         log.notes.append(f"{', '.join(what)}: from the params of the parent run {parent} "
-                         "(this run does not log them itself)")
+                         "(not logged by this run itself)")
 
 
 def parent_note(name: str, why: str) -> str:

@@ -320,6 +320,8 @@ def _logs(source, path: Path, chosen: list[scalars.TrackedRun], tracked, family,
     """The chosen runs as logs, credited with their parents' params; parents without a step
     of their own left out (noted on the runs under them)."""
     stepped = {t.key for t in tracked if t.steps}
+    given = {c for c in ("batch_prompts", "group_size", "lr", "seed")
+             if getattr(opts, c) is not None}
     logs, left_out = {}, {}
     for run in chosen:
         under = [rid for rid in family.descendants(run.key) if rid in stepped]
@@ -340,7 +342,7 @@ def _logs(source, path: Path, chosen: list[scalars.TrackedRun], tracked, family,
             left_out[run.key] = (run.name, under, f"its own metrics are no run to import "
                                  f"({_first_line(exc)})")
             continue
-        nested.credit_parents(log, run.config, inherits[run.key])
+        nested.credit_parents(log, run.config, inherits[run.key], given)
         logs[run.key] = log
     for name, under, why in left_out.values():
         for rid in under:
