@@ -20,11 +20,9 @@ from trainer.logprobs import completion_logprobs
 from trainer.rollout.decode import FastDecoder, unsupported
 from trainer.rollout.hf import HFEngine, NonFiniteLogits
 
-pytestmark = pytest.mark.tiny_model
-
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(tiny_model):  # taking tiny_model marks each test given it (conftest)
     """(path, tokenizer, model) of the real cached tiny model."""
     return load_tiny()
 

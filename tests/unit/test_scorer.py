@@ -19,11 +19,9 @@ from trainer.logprobs import completion_logits
 from trainer.rollout.hf import HFEngine
 from trainer.scorer import Scorer, make_scorer
 
-pytestmark = pytest.mark.tiny_model
-
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(tiny_model):  # taking tiny_model marks each test given it (conftest)
     return load_tiny()
 
 

@@ -31,8 +31,6 @@ from trainer.rollout import assemble
 from trainer.rollout import vllm_inputs as V
 from twoclocks_cli.core.errors import ConfigError
 
-pytestmark = pytest.mark.tiny_model
-
 
 # --- output-shaped stand-ins for vllm.outputs / vllm.logprobs (fields as in vLLM 0.27-0.30) ----
 @dataclass
@@ -61,7 +59,7 @@ class RequestOutput:
 # --- fixtures ---------------------------------------------------------------------------------
 WIDTH = 11  # max_new_tokens: the tiny model's 1-2 digit answers end, 3-character ones truncate
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(tiny_model):  # taking tiny_model marks each test given it (conftest)
     """(path, tokenizer, model) of the real cached tiny model."""
     return load_tiny()
 
