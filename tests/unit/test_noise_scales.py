@@ -9,8 +9,8 @@ from twoclocks_cli.clocks.noise import l1_noise_scale, sign_noise_scale
 from twoclocks_cli.clocks.stats import noise_scale
 from twoclocks_cli.theory import ModelConfig, SimState, predict_critical_batch
 
-pytestmark = pytest.mark.slow
-
+# the tests given `theory`: it runs the theory model to the target at every lr (seconds each)
+on_the_model = pytest.mark.slow
 B_MICRO, B_FULL = 16, 64
 R = np.sqrt(B_MICRO / B_FULL)
 
@@ -221,6 +221,7 @@ def _table(theory) -> str:
     )
 
 
+@on_the_model
 def test_sign_scale_follows_its_definition_on_the_model(theory):
     # pooled over 1024 seeds the estimate is within ~8% per step; the EMA lags a state whose
     # sign scale rises by ~30% over the first 4 steps at lr0 = 0.08
@@ -229,6 +230,7 @@ def test_sign_scale_follows_its_definition_on_the_model(theory):
         assert 0.6 < m["sign"] / m["sign_def"] < 1.4, (key, m)
 
 
+@on_the_model
 def test_ratios_to_the_critical_batch(theory):
     print("\nnoise scales at halfway to the target (Adam, sqrt rule, b0 = 64):", _table(theory))
     for lr0 in LRS:
@@ -247,6 +249,7 @@ def test_ratios_to_the_critical_batch(theory):
         assert l1 > 5, _table(theory)
 
 
+@on_the_model
 def test_flat_directions_move_b_simple_but_not_the_truth_or_b_sign(theory):
     with_flat, without = theory[0.02], theory["flat0"]
     assert 0.75 < without["truth"] / with_flat["truth"] < 1.33, (with_flat, without)
