@@ -11,6 +11,7 @@ import json
 import logging
 import shutil
 import sqlite3
+import sys
 import warnings
 from pathlib import Path
 
@@ -308,6 +309,14 @@ def test_skip_bad_with_only_runs_without_steps_skips_everything(crashed, tmp_pat
     r = twoclocks_inproc("ingest", str(crashed), "--run", "grpo-bs16", "--skip-bad",
                          "--db", url)
     assert_one_line_error(r, "every file was skipped", "(run sweep/grpo-bs16): no step")
+
+
+def test_without_the_mlflow_package_the_store_is_refused_in_one_line(family, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` fails
+    r = twoclocks_inproc("ingest", str(family), "--db", f"sqlite:///{tmp_path / 'tc.db'}")
+    assert_one_line_error(r, "reading an MLflow store needs the mlflow package",
+                          "pip install -e '.[sources]'")
 
 
 # --- a damaged or older store: one line on stderr from the real process -------------------

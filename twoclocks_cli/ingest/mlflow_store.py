@@ -297,7 +297,11 @@ def parse_runs(source: Path | str, opts: IngestOptions,
     left out when runs under it have steps. With `skipped` (--skip-bad), another run with no
     step is listed there, (run, why), instead of refusing the store."""
     uri, path = tracking_uri(source)
-    import mlflow  # noqa: F401 - it sets its loggers' levels on import: before they are silenced
+    try:
+        import mlflow  # noqa: F401 - it sets its loggers' levels on import: before the silence
+    except ImportError:
+        raise ConfigError(f"{source}: reading an MLflow store needs the mlflow package (pip "
+                          "install -e '.[sources]'; mlflow-skinny is enough)") from None
 
     with _reading(source, path):
         client = _client(uri)
