@@ -396,8 +396,7 @@ def _static_time(static: dict, time: dict) -> dict | None:
 
 
 def _tp(d: dict) -> Throughput:
-    return Throughput(**{k: d.get(k) for k in ("batch_samples", "seconds_per_sample", "low",
-                                                "high")})
+    return Throughput.from_json(d)
 
 
 def _hours(seconds: float) -> str:

@@ -13,15 +13,16 @@ batch past which time-to-target stops falling.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twoclocks_cli.clocks.stats import CONF
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.errors import AnalysisError, ConfigError
-from twoclocks_cli.core.numbers import short
+from twoclocks_cli.core.numbers import Number, short
 
 OBJECTIVES = ("samples", "time", "cost")
 # seconds per optimizer step as a tracker logs it whole (TRL's step_time): the throughput's
@@ -114,91 +115,56 @@ def _bounds(key: str) -> str:
 
 
 @dataclass
-class Throughput:
+class Throughput(Document):
     """Seconds per sample at one batch size: median [interval], and what it rests on."""
 
-    batch_samples: float | None = None
-    seconds_per_sample: float | None = None
-    low: float | None = None
-    high: float | None = None
+    batch_samples: Number | None = None
+    seconds_per_sample: Number | None = None
+    low: Number | None = None
+    high: Number | None = None
     steps: int = 0  # logged steps it is the median of (0: from the cost file)
     source: str = "measured"  # measured (the runs' time_* metrics) | cost file
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class Spent:
+class Spent(Document):
     """One clock at one batch in seconds and in money: median [interval], None where unknown
     (a censored clock, or no throughput); `lower_bound` for a censored clock."""
 
-    seconds: float | None = None
-    low: float | None = None
-    high: float | None = None
-    lower_bound: float | None = None
-    cost: float | None = None
-    cost_low: float | None = None
-    cost_high: float | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
+    seconds: Number | None = None
+    low: Number | None = None
+    high: Number | None = None
+    lower_bound: Number | None = None
+    cost: Number | None = None
+    cost_low: Number | None = None
+    cost_high: Number | None = None
 
 
 @dataclass
-class TimedBatch:
+class TimedBatch(Document):
     """The two clocks of one batch in time and cost."""
 
-    batch_samples: float
+    batch_samples: Number
     throughput: Throughput
     progress: Spent
     failure: Spent
 
-    def to_json(self) -> dict:
-        return {"batch_samples": self.batch_samples, "throughput": self.throughput.to_json(),
-                "progress": self.progress.to_json(), "failure": self.failure.to_json()}
 
 
 @dataclass
-class TimeClocks:
+class TimeClocks(Document):
     """Both clocks in time and cost per batch, and B_crit in time beside B_crit in samples."""
 
-    source: str  # measured | cost file
-    price_per_hour: float | None
-    batches: list[TimedBatch] = field(default_factory=list)
-    b_crit_time: float | None = None  # the batch past which time-to-target stops falling
+    source: str = ""  # measured | cost file
+    price_per_hour: Number | None = None
+    cost_file: dict | None = None  # the cost model's fields, when one was given
+    b_crit_time: Number | None = None  # the batch past which time-to-target stops falling
     b_crit_time_bound: str | None = None  # "lower": still falling at the largest batch
     note: str = ""
-    cost_file: dict | None = None  # the cost model's fields, when one was given
-
-    def to_json(self) -> dict:
-        return {"source": self.source, "price_per_hour": self.price_per_hour,
-                "cost_file": self.cost_file, "b_crit_time": self.b_crit_time,
-                "b_crit_time_bound": self.b_crit_time_bound, "note": self.note,
-                "batches": [b.to_json() for b in self.batches]}
-
-    @classmethod
-    def from_json(cls, d: dict | None) -> TimeClocks | None:
-        if not d:
-            return None
-        batches = [TimedBatch(batch_samples=b["batch_samples"],
-                              throughput=_known(Throughput, b.get("throughput")),
-                              progress=_known(Spent, b.get("progress")),
-                              failure=_known(Spent, b.get("failure")))
-                   for b in d.get("batches") or []]
-        return cls(source=d.get("source", ""), price_per_hour=d.get("price_per_hour"),
-                   batches=batches, b_crit_time=d.get("b_crit_time"),
-                   b_crit_time_bound=d.get("b_crit_time_bound"), note=d.get("note", ""),
-                   cost_file=d.get("cost_file"))
+    batches: list[TimedBatch] = field(default_factory=list)
 
     def at(self, batch: float) -> TimedBatch | None:
         return next((b for b in self.batches if b.batch_samples == batch), None)
-
-
-def _known(cls, data: dict | None):
-    """`cls` from the keys of `data` it knows (a document from another version reads)."""
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in (data or {}).items() if k in names})
 
 
 def step_seconds(times: list) -> np.ndarray:

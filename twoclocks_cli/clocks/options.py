@@ -132,13 +132,6 @@ class AnalysisOptions(Document):
             raise ConfigError(f"--entropy-low {low} > --entropy-high {high}: the band's low "
                               "edge must not exceed its high edge")
 
-    @classmethod
-    def from_json(cls, data: dict | None) -> AnalysisOptions:
-        """The options a stored analysis (or a caller's dict) names: keys this version does not
-        know are dropped, missing ones take their defaults."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (data or {}).items() if k in known})
-
 
 def parse_target(spec: str) -> tuple[str, float]:
     """('abs', value) or ('frac', x) from '0.6' or 'frac:0.5'."""

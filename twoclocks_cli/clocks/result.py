@@ -308,24 +308,10 @@ class Analysis(Document):
     time: TimeClocks | None = None
     analysis_id: int | None = None  # its row in the analyses table (None: not stored)
 
-    # the options and the time clocks keep their own readers and writers
-    @field_serializer("options")
-    def _options_out(self, value: AnalysisOptions) -> dict:
-        return value.to_json()
-
-    @field_validator("options", mode="before")
-    @classmethod
-    def _options_in(cls, value):
-        return AnalysisOptions.from_json(value) if isinstance(value, dict) else value
-
-    @field_serializer("time")
-    def _time_out(self, value: TimeClocks | None) -> dict | None:
-        return None if value is None else value.to_json()
-
     @field_validator("time", mode="before")
     @classmethod
     def _time_in(cls, value):
-        return TimeClocks.from_json(value) if isinstance(value, dict) else value
+        return value or None  # an empty document: no time clocks
 
     def dumps(self) -> str:
         """The document as strict JSON text (`analyze --json`)."""
