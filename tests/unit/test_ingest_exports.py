@@ -118,8 +118,7 @@ def test_a_trl_runs_wandb_history_imports_on_its_own_global_step(tmp_path, how, 
     frame, truth = _trl_history(names)
     path = _write(frame, tmp_path, how)
     db, url = _db(tmp_path)
-    fmt = ("--format", "csv") if how == "csv+index" else ()  # pandas' index column: unnamed
-    out = _ingest(url, path, "--batch-prompts", str(P), "--group-size", str(G), *fmt)
+    out = _ingest(url, path, "--batch-prompts", str(P), "--group-size", str(G))
     assert out["format"] == ("jsonl" if how == "jsonl" else "csv")
     assert out["sources"]["step"] == "train/global_step"
     assert out["sources"]["reward_mean"] == "train/reward"

@@ -159,7 +159,8 @@ def _header(lines: list[str]) -> list[str]:
 
 
 def _is_csv(lines: list[str]) -> bool:
-    """A header of 2+ non-empty names, and the next few rows with as many fields."""
+    """A header of 2+ names, each non-empty but the first (pandas' `to_csv` writes its index
+    column with an empty name), and the next few rows with as many fields."""
     if not lines:
         return False
     try:
@@ -167,7 +168,7 @@ def _is_csv(lines: list[str]) -> bool:
     except csv.Error:
         return False
     header = [h.strip() for h in rows[0]]
-    if len(header) < 2 or not all(header) or len(set(header)) != len(header):
+    if len(header) < 2 or not all(header[1:]) or len(set(header)) != len(header):
         return False
     body = rows[1:-1] if len(rows) > 2 else rows[1:]  # the 6th line may be cut by the head
     return all(len(r) == len(header) for r in body if r)

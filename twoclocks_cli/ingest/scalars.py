@@ -86,11 +86,7 @@ def select_runs(source, runs: list[TrackedRun], opts: IngestOptions) -> list[Tra
 
 def normal_name(key: str) -> str:
     """A tracker's key as the trainer's console names it (see the module docstring)."""
-    if key.startswith("train/"):
-        key = key[len("train/"):]
-    elif key.startswith("eval/"):
-        key = "eval_" + key[len("eval/"):]
-    return _AT.sub(r"@\1", key)
+    return _AT.sub(r"@\1", mapping.console_name(key))
 
 
 def splice_resumed(steps: dict, later: dict) -> str:
