@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from twoclocks_cli.core.codec import Document
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.core.limits import NAME_CHARS
 from twoclocks_cli.ingest import (
@@ -36,7 +37,7 @@ MULTI_PARSERS = {"wandb": wandb_offline.parse_runs, "wandb-csv": wandb_csv.parse
 
 
 @dataclass
-class IngestResult:
+class IngestResult(Document):
     """What one file became (the --json schema of `twoclocks ingest`, one object per file)."""
 
     path: str
@@ -59,9 +60,6 @@ class IngestResult:
     duplicates: int
     notes: list[str] = field(default_factory=list)
     run: str | None = None  # the run's name within a source holding several (W&B, MLflow, ...)
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
