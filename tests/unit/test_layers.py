@@ -1,7 +1,7 @@
 """The floors of the code: every import, function-level ones included, goes to a lower floor or
 stays in its own room; no module imports itself back through others; a private name (`_x`) is
 read only inside its own package; the trainer stands on the ground floor alone; no command
-imports another.
+imports another; a renderer is handed data and never reads the store; documents have one codec.
 
 Read from the source with `ast` (nothing is imported), so a lazy import inside a function counts
 as much as one at the top of a module.
@@ -299,6 +299,34 @@ def test_the_store_rule_finds_a_renderer_that_reads_it(tmp_path):
     (pkg / "table.py").write_text("def rows():\n    from twoclocks_cli import store\n")
     assert _store_readers(tmp_path) == ["twoclocks_cli.render.page.draw(store)",
                                         "twoclocks_cli.render.table -> twoclocks_cli.store"]
+
+
+def _hand_written_codecs(root: Path = ROOT) -> list[str]:
+    """`module.Class.method` of every to_json/from_json written outside core.codec."""
+    bad = []
+    for name, path in sorted(_modules(root).items()):
+        if name == "twoclocks_cli.core.codec":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bad += [f"{name}.{node.name}.{f.name}" for f in node.body
+                        if isinstance(f, ast.FunctionDef) and f.name in ("to_json", "from_json")]
+    return bad
+
+
+def test_documents_have_one_codec():
+    """Results and options become JSON and come back through core.codec.Document alone: a
+    second, hand-written writer drifts from the first (key order, ints read back as floats)."""
+    bad = _hand_written_codecs()
+    assert not bad, "hand-written to_json/from_json:\n" + "\n".join(bad)
+
+
+def test_the_codec_rule_finds_a_hand_written_one(tmp_path):
+    pkg = tmp_path / "twoclocks_cli"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "doc.py").write_text("class A:\n    def to_json(self):\n        return {}\n")
+    assert _hand_written_codecs(tmp_path) == ["twoclocks_cli.doc.A.to_json"]
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
