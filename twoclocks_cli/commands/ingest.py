@@ -27,7 +27,8 @@ def ingest(
         "mlflow:./mlruns (repeatable).")] = None,
     runs: Annotated[list[str] | None, typer.Option(
         "--run", help="Sources holding several runs (W&B, MLflow, TensorBoard): only runs "
-        "whose name or id matches this glob (repeatable).")] = None,
+        "whose id, full name (experiment/run) or own name (after the last /) matches this "
+        "glob (repeatable).")] = None,
     experiments: Annotated[list[str] | None, typer.Option(
         "--experiment", help="MLflow: only this experiment, by name or id (repeatable).")] = None,
     mlflow_filter: Annotated[str | None, typer.Option(
