@@ -332,7 +332,16 @@ def _resume(run: Run, ckpt: Path | None) -> dict | None:
         return None
     main, rng = checkpoint.load(ckpt, run.dist.rank)
     _load_state(run, main, rng)
+    _say_resumed(run, ckpt)
     return main.get("controller")
+
+
+def _say_resumed(run: Run, ckpt: Path) -> None:
+    """Record where a resumed run goes on from as an event of the run: the steps after the
+    checkpoint are trained again and their rows rewritten, whatever the store held past it."""
+    if run.writes:
+        run.sink.event(f"resumed from step {run.step} ({run.samples} samples; checkpoint "
+                       f"{ckpt}): the next step is {run.step + 1}")
 
 
 def _start_branch(run: Run, branch: Branch) -> None:
