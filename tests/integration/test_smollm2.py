@@ -27,6 +27,11 @@ from trainer.tiny import model_problem, resolve_model_path
 # a 135M model's forward passes on 2 shared cores: tens of seconds per test
 pytestmark = [pytest.mark.slow, pytest.mark.smollm2, pytest.mark.one_worker]
 
+# The trainings here run on one torch thread: two wait on each other whenever another process
+# holds a core (a step 5-8x slower on 2 shared cores). Exact resume at two threads, where it
+# needs the deterministic kernels, is shown on the tiny model.
+THREADS = 1
+
 
 @pytest.fixture(scope="module")
 def smol():
@@ -138,7 +143,7 @@ def test_a_run_without_learning_signal_says_so(tmp_path, capfd):
 
     cfg = TrainConfig(model=SMOLLM2_ID, group_size=4, prompts_per_batch=2, sample_budget=16,
                       max_new_tokens=24, eval_every_samples=0, checkpoint_every_steps=100,
-                      threads=2, lr=1e-6)
+                      threads=THREADS, lr=1e-6)
     sink = Collect()
     assert train(cfg, sink, tmp_path / "run") == "completed"
     flat = [sink.rows[s]["zero_std_frac"] == 1.0 for s in range(1, NO_SIGNAL_STEPS + 1)]
@@ -161,7 +166,8 @@ def test_the_examples_task_gives_a_learning_signal(tmp_path):
     example = tomllib.loads((Path(__file__).parents[2] / "examples" / "smollm2-train.toml")
                             .read_text())
     cfg = TrainConfig(**{**example, "prompts_per_batch": 2, "sample_budget": 16,
-                         "eval_every_samples": 0, "checkpoint_every_steps": 100})
+                         "eval_every_samples": 0, "checkpoint_every_steps": 100,
+                         "threads": THREADS})
     sink = Collect()
     assert train(cfg, sink, tmp_path / "run") == "completed"
     assert 0 < sink.rows[1]["reward_mean"] < 1, sink.rows[1]
@@ -186,13 +192,10 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
     example = tomllib.loads((Path(__file__).parents[2] / "examples" / "smollm2-train.toml")
                             .read_text())
-    # evaluated at the start and the end only (the end's is the resumed process's); one thread:
-    # two wait on each other whenever another process holds a core, 5-8x slower on 2 shared
-    # cores (exact resume at two threads, where it needs the deterministic kernels, is shown on
-    # the tiny model)
+    # evaluated at the start and at the end only (the end's is the resumed process's)
     cell = {**example, "prompts_per_batch": 2, "group_size": 4, "sample_budget": 32,
             "lr": 1e-5, "eval_every_samples": 32, "eval_size": 8, "checkpoint_every_steps": 2,
-            "threads": 1}
+            "threads": THREADS}
     url = f"sqlite:///{tmp_path / 's.db'}"
     ref_id = store_run(url, cell)
     finish(run_cell(url, ref_id, tmp_path / "ref"))
