@@ -22,7 +22,9 @@ from tests.support import trackers as tk
 from tests.unit.test_fuzz_inputs import FUZZ
 from tests.unit.test_fuzz_newer_commands import Here
 
-# the tests given `sources` or `mlruns`: the trackers' libraries write them in a process each
+# the tests given `sources` or `mlruns`: the trackers' libraries write them in a process each,
+# once, on one worker
+pytestmark = pytest.mark.one_worker
 trackers_write = pytest.mark.subprocess
 VERL = Path(__file__).parents[1] / "fixtures" / "ingest" / "verl_new.log"
 ROWS = [(s, {tk.REWARD: s / 8}) for s in range(4)]

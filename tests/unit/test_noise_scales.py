@@ -9,7 +9,9 @@ from twoclocks_cli.clocks.noise import l1_noise_scale, sign_noise_scale
 from twoclocks_cli.clocks.stats import noise_scale
 from twoclocks_cli.theory import ModelConfig, SimState, predict_critical_batch
 
-# the tests given `theory`: it runs the theory model to the target at every lr (seconds each)
+# the tests given `theory`: it runs the theory model to the target at every lr (seconds each),
+# once, on one worker
+pytestmark = pytest.mark.one_worker
 on_the_model = pytest.mark.slow
 B_MICRO, B_FULL = 16, 64
 R = np.sqrt(B_MICRO / B_FULL)
