@@ -10,6 +10,7 @@ nested session (pytester) arms and disarms it for its own tests and restores the
 from __future__ import annotations
 
 import os
+import platform
 import sys
 
 import pytest
@@ -46,6 +47,10 @@ def in_fast_lane() -> bool:
 def pytest_configure(config):
     config.stash[_FAST] = in_fast_lane()
     if config.stash[_FAST] and not GUARD.installed:
+        # the standard library's processor query runs `uname -p` once a process and caches it;
+        # some libraries ask at import (mlflow's telemetry): asked here, before any test, as
+        # xdist's workers do, so a test's outcome does not hang on which test imports first
+        platform.processor()
         sys.addaudithook(GUARD)
         GUARD.installed = True
 
