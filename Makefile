@@ -11,7 +11,7 @@ test:
 	bash scripts/test.sh
 
 # The fast lane: every test that starts no process, needs no server and no tiny model (markers in
-# pyproject.toml; tests/conftest.py fails a test that starts a process here). CI runs everything.
+# pyproject.toml; tests/support/lane.py fails a test starting a process here). CI runs everything.
 test-fast: setup
 	TWOCLOCKS_TEST_LANE=fast $${TWOCLOCKS_VENV:-.venv}/bin/python -m pytest -q -p no:cacheprovider \
 	  -n $${TWOCLOCKS_TEST_WORKERS:-2} -m "not (slow or postgres or slurm or tiny_model or subprocess)"
