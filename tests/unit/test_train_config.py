@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
 from trainer.config import TrainConfig, load_config
 from twoclocks_cli.core.errors import ConfigError
 
@@ -14,7 +14,7 @@ def _train(tmp_path, toml: str, *files: tuple[str, str]):
         (tmp_path / name).write_text(text)
     (tmp_path / "train.toml").write_text(toml)
     db = f"sqlite:///{tmp_path / 'store.db'}"
-    proc = twoclocks(
+    proc = twoclocks_inproc(
         "train",
         str(tmp_path / "train.toml"),
         "--db",
@@ -58,15 +58,14 @@ def _train(tmp_path, toml: str, *files: tuple[str, str]):
         ('rollout_engine = "vllm"\n', [], ["vllm extra"]),
     ],
 )
-@pytest.mark.subprocess
 def test_bad_input_is_one_line(tmp_path, toml, files, needles):
     proc = _train(tmp_path, toml, *files)
     assert_one_line_error(proc, *needles)
 
 
-@pytest.mark.subprocess
 def test_missing_config_file(tmp_path):
-    assert_one_line_error(twoclocks("train", str(tmp_path / "nope.toml")), "nope.toml", "not found")
+    assert_one_line_error(twoclocks_inproc("train", str(tmp_path / "nope.toml")), "nope.toml",
+                          "not found")
 
 
 def test_defaults_and_batch_forms(tmp_path):
@@ -140,7 +139,6 @@ def test_strict_values_are_rejected_before_anything_loads(tmp_path, toml, needle
     ('model = ""\n', ["key 'model' = ''", "must not be empty"]),
     ("temperature = inf\n", ["key 'temperature' = inf"]),
 ])
-@pytest.mark.subprocess
 def test_strict_rejections_through_the_cli_write_nothing(tmp_path, toml, needles):
     assert_one_line_error(_train(tmp_path, toml), *needles)
 
