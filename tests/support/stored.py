@@ -22,3 +22,21 @@ def metric_rows(db: Path, run_id: int, key: str) -> list[tuple]:
     with sqlite3.connect(db) as con:
         return con.execute("select step, samples, value from metrics where run_id=? and key=? "
                            "order by step", (run_id, key)).fetchall()
+
+
+def sql(db: Path, query: str, *args) -> list[tuple]:
+    """The rows of one query on the SQLite file `db`."""
+    with sqlite3.connect(db) as con:
+        return con.execute(query, args).fetchall()
+
+
+def dump(db: Path) -> list[str]:
+    """The store's whole state as SQL text (nothing when there is no store yet): a refused
+    input must leave it exactly as it was."""
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db)
+    try:
+        return list(con.iterdump())
+    finally:
+        con.close()

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.integration.simsweep import make_sweep
+from tests.support.stored import dump
 from twoclocks_cli.app import LINE_MAX, app
 from twoclocks_cli.core.errors import ConfigError
 from twoclocks_cli.core.files import MAX_CONFIG_BYTES
@@ -47,14 +48,6 @@ def sim_store(tmp_path_factory) -> Path:
     return root / "s.db"
 
 
-def _rows(db: Path) -> list[str]:
-    con = sqlite3.connect(db)
-    try:
-        return list(con.iterdump())
-    finally:
-        con.close()
-
-
 class Here:
     """A scratch folder with a copy of the store; runs the CLI there under a time limit."""
 
@@ -64,7 +57,7 @@ class Here:
         if db is not None:
             shutil.copy(db, self.db)
         self.url = f"sqlite:///{self.db}"
-        self.before = _rows(self.db) if db is not None else None
+        self.before = dump(self.db) if db is not None else None
 
     def run(self, args: list[str], env: dict | None = None):
         """The CLI's result; a call still running after SECONDS fails the test (a thread, so a
@@ -101,7 +94,7 @@ class Here:
         for needle in needles:
             assert needle in lines[0], (needle, lines[0])
         if self.before is not None:
-            assert _rows(self.db) == self.before, context
+            assert dump(self.db) == self.before, context
         assert not (self.root / "crashes").exists(), context
         return lines[0]
 

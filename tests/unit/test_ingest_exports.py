@@ -8,13 +8,13 @@ wrote."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks_inproc
+from tests.support.stored import dump, sql
 from twoclocks_cli.ingest import mapping
 
 P, G = 16, 8  # prompts per step and group size, given as options (a history export has none)
@@ -27,22 +27,9 @@ def _db(tmp_path: Path) -> tuple[Path, str]:
     return db, f"sqlite:///{db}"
 
 
-def _sql(db: Path, query: str, *args) -> list[tuple]:
-    with sqlite3.connect(db) as con:
-        return con.execute(query, args).fetchall()
-
-
-def _dump(db: Path) -> list[str]:
-    """The store's whole state as SQL text (nothing when there is no store yet)."""
-    if not db.exists():
-        return []
-    with sqlite3.connect(db) as con:
-        return list(con.iterdump())
-
-
 def _series(db: Path, run_id: int, key: str) -> dict[int, tuple[int, float]]:
     """step -> (samples, value) of one stored metric."""
-    rows = _sql(db, "select step, samples, value from metrics where run_id=? and key=?",
+    rows = sql(db, "select step, samples, value from metrics where run_id=? and key=?",
                 run_id, key)
     return {step: (samples, value) for step, samples, value in rows}
 
@@ -131,7 +118,7 @@ def test_a_trl_runs_wandb_history_imports_on_its_own_global_step(tmp_path, how, 
         want = {gs: (gs * BATCH, t[name]) for gs, t in truth.items() if name in t}
         assert _series(db, rid, key) == want, key
     # the run's lr is the peak logged (the export keeps no config), said in a note; no seed
-    assert _sql(db, "select batch_prompts, group_size, batch_samples, lr, seed from runs "
+    assert sql(db, "select batch_prompts, group_size, batch_samples, lr, seed from runs "
                     "where id=?", rid) == [(P, G, BATCH, 2e-6, None)]
     assert any("peak train/learning_rate logged" in n for n in out["notes"])
     completions = len(truth)  # one completions-table row per logged step
@@ -161,7 +148,7 @@ def test_the_same_export_with_a_full_map_is_read_as_mapped(tmp_path):
     rid = out["run_id"]
     assert _series(db, rid, "reward_mean") == {gs: (gs * BATCH, t["reward"])
                                                for gs, t in truth.items()}
-    assert _sql(db, "select lr, seed from runs where id=?", rid) == [(3e-6, 7)]
+    assert sql(db, "select lr, seed from runs where id=?", rid) == [(3e-6, 7)]
 
 
 def _sft_history() -> pd.DataFrame:
@@ -179,19 +166,19 @@ def test_an_sft_or_dpo_export_is_still_refused_in_one_line(tmp_path, how):
     db, url = _db(tmp_path)
     rl = _write(_trl_history("new")[0], _fresh(tmp_path, "rl"), how)
     _ingest(url, rl, "--batch-prompts", str(P), "--group-size", str(G))  # a store with a run
-    before = _dump(db)
+    before = dump(db)
     sft = _write(_sft_history(), tmp_path, how)
     r = twoclocks_inproc("ingest", str(sft), "--db", url, "--batch-prompts", "4",
                          "--group-size", "2")
     assert_one_line_error(r, str(sft), "an SFT log (train/loss and no reward", "nothing imported")
-    assert _dump(db) == before
+    assert dump(db) == before
     dpo = _sft_history().rename(columns={"train/mean_token_accuracy": "train/rewards/accuracies"})
     dpo["train/rewards/chosen"], dpo["train/rewards/margins"] = 0.5, 0.2
     path = _write(dpo, _fresh(tmp_path), how)
     r = twoclocks_inproc("ingest", str(path), "--db", url, "--batch-prompts", "4",
                          "--group-size", "2")
     assert_one_line_error(r, "a preference-training (DPO-style) log", "nothing imported")
-    assert _dump(db) == before
+    assert dump(db) == before
 
 
 def test_a_reward_named_by_map_makes_a_train_loss_log_rl(tmp_path):
@@ -208,13 +195,13 @@ def test_a_reward_named_by_map_makes_a_train_loss_log_rl(tmp_path):
                   "--map", "reward_mean=train/score")
     assert _series(db, out["run_id"], "reward_mean") == {i: (8 * i, round(0.05 * i, 6))
                                                          for i in range(1, 11)}
-    before = _dump(db)
+    before = dump(db)
     dpo = _sft_history().rename(columns={"train/mean_token_accuracy": "train/rewards/chosen"})
     dpo_path = _write(dpo, _fresh(tmp_path), "csv")
     r = twoclocks_inproc("ingest", str(dpo_path), "--db", url, "--batch-prompts", "4",
                          "--group-size", "2", "--map", "reward_mean=train/rewards/chosen")
     assert_one_line_error(r, "a preference-training (DPO-style) log")
-    assert _dump(db) == before
+    assert dump(db) == before
 
 
 def _fresh(tmp_path: Path, name: str = "other") -> Path:
@@ -288,7 +275,7 @@ def test_config_numbers_given_as_strings_are_read(tmp_path):
                                   "group_size": " 8 "})
     out = _ingest(url, path)
     assert (out["lr"], out["seed"], out["batch_prompts"], out["group_size"]) == (2e-6, 3, 16, 8)
-    assert _sql(db, "select lr, seed, batch_samples from runs where id=?",
+    assert sql(db, "select lr, seed, batch_samples from runs where id=?",
                 out["run_id"]) == [(2e-6, 3, 128)]
     assert out["params_from"]["lr"] == "log line 1 (cfg.lr)"
     assert not any("lr" in n and "peak" in n for n in out["notes"]), out["notes"]
@@ -308,13 +295,13 @@ def test_a_config_number_that_is_no_number_is_said(tmp_path):
     assert any("the file's lr is 'auto' at log line 1 (cfg.lr), not a number" in n
                for n in out["notes"]), out["notes"]
     assert not any("states no configured lr" in n for n in out["notes"])
-    before = _dump(db)
+    before = dump(db)
     bad = _config_log(tmp_path, {"lr": "2e-06", "prompts_per_batch": "sixteen",
                                  "group_size": "8"}, "bad.jsonl")
     r = twoclocks_inproc("ingest", str(bad), "--db", url)
     assert_one_line_error(r, str(bad), "batch_prompts is 'sixteen' at log line 1 "
                           "(cfg.prompts_per_batch), not a number")
-    assert _dump(db) == before
+    assert dump(db) == before
     seedless = _config_log(tmp_path, {"lr": "2e-06", "seed": "n/a", "prompts_per_batch": 16,
                                       "group_size": 8}, "seedless.jsonl")
     out = _ingest(url, seedless)
@@ -358,8 +345,8 @@ def test_a_llama_factory_ppo_log_imports_without_a_map(tmp_path, lr_key):
                                                    for s, t in truth.items()}, key
     assert out["lr"] == max(t["lr"] for t in truth.values())
     sft, _ = _llama_factory_log(_fresh(tmp_path), lr_key, reward=False)
-    before = _dump(db)
+    before = dump(db)
     r = twoclocks_inproc("ingest", str(sft), "--db", url, "--batch-prompts", "4",
                          "--group-size", "4")
     assert_one_line_error(r, "a LLaMA-Factory trainer_log.jsonl without a reward")
-    assert _dump(db) == before
+    assert dump(db) == before

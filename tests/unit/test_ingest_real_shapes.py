@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import assert_one_line_error, twoclocks_inproc
+from tests.support.stored import dump, sql
 from twoclocks_cli.core.errors import ConfigError
 
 FIX = Path(__file__).parents[1] / "fixtures" / "ingest"
@@ -26,19 +27,6 @@ def _db(tmp_path: Path) -> tuple[Path, str]:
     return db, f"sqlite:///{db}"
 
 
-def _sql(db: Path, query: str, *args) -> list[tuple]:
-    with sqlite3.connect(db) as con:
-        return con.execute(query, args).fetchall()
-
-
-def _dump(db: Path) -> list[str]:
-    """Every row of every table, as SQL text: the store's whole state."""
-    if not db.exists():
-        return []
-    with sqlite3.connect(db) as con:
-        return list(con.iterdump())
-
-
 def _ingest_json(*args: str) -> list[dict]:
     proc = twoclocks_inproc("ingest", *args, "--json")
     assert proc.returncode == 0, proc.stderr
@@ -46,7 +34,7 @@ def _ingest_json(*args: str) -> list[dict]:
 
 
 def _series(db: Path, run_id: int, key: str) -> list[tuple]:
-    return _sql(db, "select step, samples, value from metrics where run_id=? and key=? "
+    return sql(db, "select step, samples, value from metrics where run_id=? and key=? "
                     "order by step", run_id, key)
 
 
@@ -70,7 +58,7 @@ def test_every_format_is_told_from_its_content_whatever_the_file_is_called(tmp_p
                        "--sweep", "t", "--batch-prompts", "4", "--group-size", "2", "--db", url)
     assert [(o["format"], o["format_from"].split(":")[0]) for o in out] == [
         ("jsonl", "detected"), ("csv", "detected"), ("trl", "detected"), ("trl", "detected")]
-    stored = _sql(db, "select r.name, r.backend, json_extract(r.config, '$.ingest.format') "
+    stored = sql(db, "select r.name, r.backend, json_extract(r.config, '$.ingest.format') "
                       "from runs r order by r.id")
     assert stored == [(f"{tmp_path.name}/run.txt", "verl", "verl"),
                       (f"{tmp_path.name}/metrics.log", "jsonl", "jsonl"),
@@ -97,7 +85,7 @@ def test_a_crashed_verl_log_is_still_told_apart_and_said_to_have_no_step(tmp_pat
 def test_an_undetectable_file_is_one_line_and_the_store_is_untouched(tmp_path):
     db, url = _db(tmp_path)
     _ingest_json(str(FIX / "verl_new.log"), "--db", url)  # a store with a run in it
-    before = _dump(db)
+    before = dump(db)
     notes = tmp_path / "notes.txt"
     notes.write_text("Loss went down after the lr change.\nTry a larger batch next time.\n")
     empty = tmp_path / "empty.log"
@@ -113,21 +101,21 @@ def test_an_undetectable_file_is_one_line_and_the_store_is_untouched(tmp_path):
             assert_one_line_error(proc, f"{bad}: {needle}", "verl console log",
                                   "trainer_state.json", "JSON Lines", "CSV",
                                   "--format trl|verl|csv|jsonl")
-            assert _dump(db) == before
+            assert dump(db) == before
 
 
 def test_format_still_overrides_what_the_content_says(tmp_path):
     db, url = _db(tmp_path)
     out = _ingest_json(str(FIX / "verl_new.log"), "-f", "verl", "--db", url)
     assert (out[0]["format"], out[0]["format_from"]) == ("verl", "option")
-    before = _dump(db)
+    before = dump(db)
     jsonl = tmp_path / "metrics.log"
     shutil.copy(FIX / "table.jsonl", jsonl)
     # read as CSV because it was told so: the CSV reader's complaint, not a JSONL import
     proc = twoclocks_inproc("ingest", str(jsonl), "--format", "csv", "--batch-prompts", "4",
                             "--group-size", "2", "--db", url)
     assert_one_line_error(proc, f"{jsonl}: no step column")
-    assert _dump(db) == before
+    assert dump(db) == before
 
 
 # -- 2. validation dicts printed inside quotes ---------------------------------------------------
@@ -178,7 +166,7 @@ def test_a_validation_dict_cut_off_is_said_and_not_stored(tmp_path):
     db, url = _db(tmp_path)
     out = _ingest_json(str(log), "--db", url)
     assert any("line 2: validation metrics that could not be read" in n for n in out[0]["notes"])
-    assert _sql(db, "select step, key from metrics order by key") == [(1, "lr"),
+    assert sql(db, "select step, key from metrics order by key") == [(1, "lr"),
                                                                        (1, "reward_mean")]
 
 
@@ -195,7 +183,7 @@ def test_the_evaluation_before_training_is_at_samples_0_when_the_first_update_is
     assert _series(db, rid, "eval_accuracy") == [
         (0, 0, 0.521), (4, 5 * 512, 0.563), (9, 10 * 512, 0.604)]  # after update 5 and 10
     assert _series(db, rid, "reward_mean")[:2] == [(0, 512, 0.52), (1, 1024, 0.53)]
-    assert _sql(db, "select distinct samples from metrics where run_id=? and step=0 and "
+    assert sql(db, "select distinct samples from metrics where run_id=? and step=0 and "
                     "key != 'eval_accuracy'", rid) == [(512,)]
     assert any("evaluation before training (eval_accuracy) is stored at step 0 with samples 0"
                in n for n in out[0]["notes"])
@@ -236,7 +224,7 @@ def test_a_complete_last_line_without_a_newline_is_imported(tmp_path):
     assert not any("mid-line" in n for o in out for n in o["notes"])
     assert _series(db, verl, "reward_mean")[-1] == (12, 12 * 64, 0.56)
     assert _series(db, verl, "time_gen_s")[-1] == (12, 12 * 64, 16.2)
-    assert _sql(db, "select count(*) from metrics where run_id=? and step=12", verl) == [(7,)]
+    assert sql(db, "select count(*) from metrics where run_id=? and step=12", verl) == [(7,)]
     assert _series(db, jsonl, "reward_mean")[-1] == (8, 256, 0.8)
 
 
@@ -256,7 +244,7 @@ def test_a_last_line_that_does_not_parse_whole_is_a_cut_line_not_a_bad_one(tmp_p
     note = next(n for n in out[0]["notes"] if "the file ends mid-line (line 15" in n)
     if why.startswith("without"):
         assert why in note
-    assert _sql(db, "select count(*) from metrics where step=12") == [(0,)]
+    assert sql(db, "select count(*) from metrics where step=12") == [(0,)]
 
 
 def test_a_jsonl_object_cut_off_is_left_out(tmp_path):
@@ -267,7 +255,7 @@ def test_a_jsonl_object_cut_off_is_left_out(tmp_path):
     out = _ingest_json(str(log), "--db", url)
     assert out[0]["skipped_lines"] == [] and out[0]["steps"] == 7
     assert any("ends mid-line (line 9" in n for n in out[0]["notes"])
-    assert _sql(db, "select max(step) from metrics") == [(7,)]
+    assert sql(db, "select max(step) from metrics") == [(7,)]
 
 
 def _follower(path: Path, url: str, idle: float) -> subprocess.Popen:
@@ -281,7 +269,7 @@ def _wait_for(db: Path, query: str, want, timeout: float = 60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            got = _sql(db, query) if db.exists() else None
+            got = sql(db, query) if db.exists() else None
         except sqlite3.OperationalError:  # the follower is still creating the store
             got = None
         if got == want:
@@ -305,19 +293,19 @@ def test_follow_takes_an_unterminated_last_line_only_once_the_file_is_finished(t
     try:
         _wait_for(db, "select max(step) from metrics", [(3,)])
         time.sleep(1.0)  # ten polls of the file as it is: the cut step 4 still waits
-        assert _sql(db, "select count(*) from metrics where step=4") == [(0,)]
+        assert sql(db, "select count(*) from metrics where step=4") == [(0,)]
         with log.open("a") as fh:  # the writer finishes step 4, then writes step 5 unended
             fh.write(step4[-6:] + "\n" + lines[7])
         _wait_for(db, "select value from metrics where step=4 and key='time_gen_s'", [(15.4,)])
         time.sleep(0.5)  # under --idle since the last change: step 5 is not taken yet
-        assert _sql(db, "select count(*) from metrics where step=5") == [(0,)]
+        assert sql(db, "select count(*) from metrics where step=5") == [(0,)]
         out, err = follower.communicate(timeout=60)
     finally:
         follower.kill()
     assert follower.returncode == 0, err
     result = json.loads(out)[0]
     assert not any("mid-line" in n for n in result["notes"])
-    assert _sql(db, "select status from runs") == [("completed",)]
+    assert sql(db, "select status from runs") == [("completed",)]
     assert _series(db, result["run_id"], "time_gen_s") == [
         (s, s * 64, round(15 + 0.1 * s, 2)) for s in range(1, 6)]
 
@@ -334,7 +322,7 @@ def test_an_unreadable_config_dict_falls_back_to_the_logged_lr(tmp_path):
     db, url = _db(tmp_path)
     out = _ingest_json(str(FIX / "verl_config_broken_nul.log"), "--db", url)
     rid = out[0]["run_id"]
-    assert _sql(db, "select lr, batch_prompts, group_size, "
+    assert sql(db, "select lr, batch_prompts, group_size, "
                     "json_extract(config, '$.ingest.params_from.lr') from runs") == [
         (5e-07, 32, 8, "log (peak actor/lr logged)")]  # warm-up 1.67e-07, 3.33e-07, then 5e-07
     note = next(n for n in out[0]["notes"] if n.startswith("lr = 5e-07, the peak actor/lr"))
@@ -358,7 +346,7 @@ def test_an_unreadable_config_dict_is_named_when_the_batch_size_is_missing(tmp_p
     proc = twoclocks_inproc("ingest", str(log), "--db", url)
     assert_one_line_error(proc, "the batch size is unknown; pass --batch-prompts",
                           "the printed config dict (line 3) could not be read")
-    assert _sql(db, "select count(*) from runs") == [(0,)]
+    assert sql(db, "select count(*) from runs") == [(0,)]
 
 
 # -- 6. a run's source key names its stored key -------------------------------------------------
@@ -374,7 +362,7 @@ def test_the_source_keys_of_imported_runs_name_their_store_keys(tmp_path):
                  "--group-size", "2", "--db", url)
     _ingest_json(str(FIX / "table.csv"), "--sweep", "c", "--map", "reward_mean=rew",
                  "--db", url)
-    configs = {name: [json.loads(c) for (c,) in _sql(
+    configs = {name: [json.loads(c) for (c,) in sql(
         db, "select r.config from runs r join sweeps w on w.id = r.sweep_id where w.name = ?",
         name)] for name in ("v", "t", "c")}
     assert store_key_of(configs["v"], "critic/score/mean") == "reward_mean"
