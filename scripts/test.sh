@@ -25,6 +25,12 @@ fi
 cleanup() { [ "$slurm_started" = 1 ] && bash scripts/slurm-down.sh || true; }
 trap cleanup EXIT
 
+# The tiny model, built before the workers start (2 threads on idle cores, ~3 min; beside a
+# busy test worker the same build took over 19). Cached: a no-op after the first run. A failed
+# build says nothing here: the tests that need the model build it and fail with the reason.
+"$VENV/bin/python" -c "from trainer.tiny import ensure_tiny_model; ensure_tiny_model(0, progress=True)" \
+  || echo "warning: the tiny model did not build; its tests will say why" >&2
+
 set +e
 # Two pytest-xdist workers (TWOCLOCKS_TEST_WORKERS=0: one process); the distribution mode and
 # what keeps it sound (one thread per worker, groups, the tiny model built first) are in

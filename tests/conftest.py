@@ -12,9 +12,10 @@ pyproject's addopts). The hooks below keep that sound and fast on a 2-core machi
 - tests that share a cluster or a port run on one worker (`xdist_group`): the SLURM tests (one
   2-CPU node: two workers' arrays would queue behind each other into the tests' timeouts);
   modules whose module-scoped fixture is expensive keep it to one worker (built once, not twice);
-- `builtin:tiny-arith` is built at the start on one worker when a selected test needs it
-  (marked `tiny_model`), while the other worker runs tests; the tests that need it run after all
-  others, so that worker does not wait on the build's lock.
+- `builtin:tiny-arith` is built before pytest starts by `make test` (scripts/test.sh), alone
+  on the cores; a run that starts pytest itself builds it at the start on one worker when a
+  selected test needs it (marked `tiny_model`), while the other worker runs tests; the tests
+  that need it run after all others, so that worker does not wait on the build's lock.
 
 The lanes are markers (pyproject.toml): `make test-fast` runs the tests marked none of slow,
 postgres, slurm, tiny_model and subprocess, and an audit hook (tests/support/lane.py, whose
