@@ -23,18 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer import checkpoint, grpo, sampler, sharding
+from trainer import checkpoint, grpo, precision, sampler, sharding
 from trainer import metrics as M
 from trainer.adaptive import inrun
 from trainer.adaptive.branch import Branch, stream_seeds
 from trainer.config import TrainConfig
-from trainer.data import (
-    EVAL_SEED,
-    ArithmeticTask,
-    Problem,
-    read_data,
-    render_prompt,
-)
+from trainer.data import EVAL_SEED, ArithmeticTask, Problem, read_data, render_prompt
 from trainer.dist import Dist, setup_dist
 from trainer.ownership import CheckpointOwner
 from trainer.ports import Controller, ControllerFactory, MetricSink, Owner
@@ -201,8 +195,8 @@ class Run:
     owner: Owner  # who the checkpoints belong to
     tok: object
     model: torch.nn.Module  # the weights: checkpoints, drift (sharded in place under FSDP)
-    rollout_model: torch.nn.Module  # what the engine samples with: `model`, or under FSDP an
-    # unsharded copy refreshed after every update
+    rollout_model: torch.nn.Module  # what the engine samples with: `model`, or (under FSDP,
+    # or in another rollout_dtype) an unsharded copy refreshed after every update
     scorer: torch.nn.Module  # the forward scoring completions (trainer.scorer), over `model`
     net: torch.nn.Module  # what backward runs through (accelerate's DDP when world > 1)
     ref: torch.nn.Module | None  # the frozen initial policy (KL terms), if any
@@ -299,7 +293,7 @@ def _set_up(cfg, sink, workdir, dist, owner, make_rollout) -> Run:
         ref = make_scorer(ref_model, cfg)
         if dist.sharded:  # sharded like the model: its forwards are collective too
             sharding.shard(ref_model, ref, dist.device, dist.world, dist.fsdp)
-    rollout_model = _frozen_copy(model).train() if dist.sharded else model
+    rollout_model = precision.sampling_model(model, cfg.rollout_dtype, dist.sharded)
     scorer = make_scorer(model, cfg)
     net, opt = dist.prepare(model, scorer, lambda: make_optimizer(model, cfg))
     drift = M.Drift(model, dist)
@@ -695,7 +689,9 @@ def train(
     if owner is None:
         owner = CheckpointOwner(cfg.model_dump(mode="json"))
     ckpt = _claim_checkpoint(owner, workdir, dist, extend)
-    run = _set_up(cfg, sink, workdir, dist, owner, make_rollout)
+    prec = precision.resolve(cfg, dist.device)  # the config as written stays the owner's
+    run = _set_up(precision.settle(cfg, prec), sink, workdir, dist, owner, make_rollout)
+    precision.announce(run, prec, cfg)
     saved = _resume(run, ckpt)  # the controller's state, for a resumed adaptive run
     if ckpt is None and branch is not None:
         _start_branch(run, branch)

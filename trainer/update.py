@@ -97,11 +97,12 @@ def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cf
     tok_loss, low, high = grpo.clipped_surrogate(
         logp, old, adv[idx], phase.clip_eps_low, phase.clip_eps_high
     )
-    if cfg.tis_cap is not None:  # truncated importance sampling against the engine's log-probs
-        w = sampler.tis_weights(old, rollout.sampler_logp[idx], cfg.tis_cap)
+    cap = None if cfg.tis_cap == "off" else cfg.tis_cap  # a number once the loop resolved it
+    if cap is not None:  # truncated importance sampling against the engine's log-probs
+        w = sampler.tis_weights(old, rollout.sampler_logp[idx], cap)
         tok_loss = tok_loss * w
         stats.tis_weight += float((w * m).sum())
-        stats.tis_capped += float(((w >= cfg.tis_cap) * m).sum())
+        stats.tis_capped += float(((w >= cap) * m).sum())
     if cfg.kl_coef > 0:
         tok_loss = tok_loss + cfg.kl_coef * grpo.k3(logp, ref_logp[idx])
     loss = grpo.aggregate(tok_loss, m, cfg.loss_agg, cfg.max_new_tokens, den)

@@ -19,7 +19,8 @@ class Rollout:
     the engine's log-prob of each sampled token at the sampling temperature (NaN off the mask
     or where the engine gave none; None when it gave none at all). `sampler_entropy` [N, C]
     (NaN off the mask) comes only from an engine whose numbers are the training policy's own
-    to float rounding — its forward's math on its live weights (the HF engine's decode loop) —
+    to float rounding — its forward's math on its live weights in the trainer's precision (the
+    HF engine's decode loop, `rollout_dtype` unset or equal to `dtype`) —
     so the trainer may use them, with `sampler_logp`, in place of a forward of its own.
     """
 

@@ -2,14 +2,15 @@
 
 transformers' `generate` rebuilds masks, caches and logits processors around every token; for
 small models on CPU that bookkeeping costs as much as the arithmetic. This loop runs the same
-decoder (read from the live training model's own modules, so there is nothing to sync) over
+decoder (read from the live modules of the model it is handed — the training model, or its
+copy in the rollout precision that the loop refreshes in place — so there is nothing to sync) over
 static key/value buffers: the distinct prompts are pre-filled once and their keys/values copied
 to every row of their group, then each new token is one pass of plain tensor ops (RMSNorm,
 RoPE, attention over the buffer, SwiGLU MLP) over the rows whose histories still differ (rows
 of a group that sampled the same tokens so far share it; ended rows are left out). Its logits
 agree with the model's own forward to float rounding (tests/unit/test_fast_decode.py); the
 trainer recomputes every log-prob with the model's forward anyway, and the per-token sampler
-log-probs it returns measure the gap.
+log-probs it returns measure the gap (in a bf16 copy, the precision's own gap as well).
 
 The layer math is `trainer.decoder_math`'s (shared with the update's forward): only
 architectures it reproduces are accepted (`unsupported` says why not); anything else goes

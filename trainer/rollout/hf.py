@@ -7,6 +7,9 @@ re-indexed to every row (generate then only runs each row's last prompt token). 
 sampler's log-prob of every token comes back on the Rollout (`sampler_logp`); the decode loop,
 which is the training forward's own math on the live weights, also returns each token's entropy
 (`sampler_entropy`), so the trainer needs no forward of its own for the rows it does not train.
+In another precision than the trainer's (`rollout_dtype`) the engine is handed a copy of the
+weights in that precision (`trainer.precision`): its log-probs are that copy's, the behaviour
+policy's, and no entropy comes back (its numbers are no longer the trainer's own).
 """
 
 from __future__ import annotations
@@ -23,17 +26,20 @@ class NonFiniteLogits(RuntimeError):
 
 
 class HFEngine:
-    """Samples with the training model itself, so there are no weights to sync."""
+    """Samples with the training model itself, or with the copy of it in the rollout precision
+    that the loop refreshes after every update: no weights to sync here."""
 
     def __init__(self, cfg, model, tokenizer):
         from trainer.rollout.decode import FastDecoder, unsupported
 
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        # the decode loop's numbers are the trainer's own only in the trainer's precision
+        self.own = next(model.parameters()).dtype == getattr(torch, cfg.dtype)
         use_loop = getattr(cfg, "hf_decoder", "auto") == "auto" and unsupported(model) is None
         self.decoder = FastDecoder(model) if use_loop else None
 
     def sync(self, model) -> None:
-        """Nothing to do: generation uses the live training model."""
+        """Nothing to do: generation uses the live model (or copy) it was handed."""
 
     def generate(self, prompts: list[str], temperature: float | None = None) -> Rollout:
         """Sample one completion per prompt (repeat a prompt G times for a group); T=0 is greedy."""
@@ -76,7 +82,7 @@ class HFEngine:
                         tok.pad_token_id, tok)
         off = ~roll.completion_mask.bool()
         roll.sampler_logp = logp.float().cpu().masked_fill(off, math.nan)
-        if entropy is not None:
+        if entropy is not None and self.own:
             roll.sampler_entropy = entropy.float().cpu().masked_fill(off, math.nan)
         return roll
 
