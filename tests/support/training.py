@@ -31,3 +31,10 @@ def load_tiny():
     tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return path, tok, model
+
+
+def full_row_logits(model, ids, mask, p):
+    """transformers' forward over every whole row, nothing shared: the logits that predict the
+    completion positions from `p` on (the truth for twoclocks' own forward)."""
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, p - 1 : -1]
