@@ -1,4 +1,5 @@
-"""Rewards: the answer-format policy, real math-verify in the fork pool, timeouts, plug-ins."""
+"""Rewards: the answer-format policy and real math-verify (in this process, workers=0), the fork
+pool (timeouts, restarts, dead workers), plug-ins."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from trainer.data import Problem
 from trainer.rewards import FINAL_BOXED, MathVerifyReward, load_reward
 from twoclocks_cli.core.errors import ConfigError
 
-# a pool of workers (workers >= 1, the `reward` fixture's 2) forks processes; workers=0 scores here
+# a pool of workers (workers >= 1) forks processes; a verdict is the same math-verify call in
+# this process (workers=0) as in a worker, so only the pool's own behaviour needs one
 forks = pytest.mark.subprocess
 
 P = Problem("23+41", "64")
@@ -20,11 +22,10 @@ HOSTILE = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{10000000000!}"]
 
 @pytest.fixture(scope="module")
 def reward():
-    with MathVerifyReward(timeout_s=1.0) as r:
+    with MathVerifyReward(timeout_s=1.0, workers=0) as r:
         yield r
 
 
-@forks
 @pytest.mark.parametrize(
     "completion, expected",
     [
@@ -46,24 +47,21 @@ def test_strict_policy_then_math_verify(reward, completion, expected):
     assert reward([completion], [P]) == [expected]
 
 
-@forks
 def test_the_format_hacks_do_verify_without_the_policy():
     """Proof the policy matters: with a permissive pattern math-verify accepts the hacks."""
     hacks = ["64", "\\boxed{128/2}", "\\boxed{x=64}", "\\boxed{23+41}"]
-    with MathVerifyReward(answer_pattern="(?s).*", workers=1) as r:
+    with MathVerifyReward(answer_pattern="(?s).*", workers=0) as r:
         assert r(hacks, [P] * 4) == [1.0] * 4
 
 
-@forks
 def test_batch_mixed_answers_and_negative_gold(reward):
     probs = [Problem("3-10", "-7"), Problem("2*3", "6"), P, P]
     comps = ["\\boxed{-7}", "\\boxed{6}", "\\boxed{63}", "\\boxed{64}"]
     assert reward(comps, probs) == [1.0, 1.0, 0.0, 1.0]
 
 
-@forks
 def test_final_boxed_pattern_for_chat_models():
-    with MathVerifyReward(answer_pattern=FINAL_BOXED, workers=1) as r:
+    with MathVerifyReward(answer_pattern=FINAL_BOXED, workers=0) as r:
         out = r(["So 23+41 = \\boxed{64}", "So \\boxed{64} or 63", "\\boxed{64.0}"], [P] * 3)
     assert out == [1.0, 0.0, 1.0]
 
@@ -83,10 +81,9 @@ def test_hostile_answers_are_cut_at_the_timeout():
         assert r(HOSTILE[:1], [P]) == [0.0] and r.timeouts == 3
 
 
-@forks
 def test_verdicts_are_remembered_per_completion_and_gold():
     """A pair math-verify already judged is not sent to it again; its verdict is reused."""
-    with MathVerifyReward(workers=1) as r:
+    with MathVerifyReward(workers=0) as r:
         asked = []
         score = r._score
         r._score = lambda items: asked.append(list(items)) or score(items)
@@ -133,10 +130,9 @@ def _bad_reward(completions, problems):
     return [1.0]
 
 
-@forks
 def test_load_reward_specs():
     mod = sys.modules[__name__].__name__
-    with load_reward("math-verify", workers=1) as r:
+    with load_reward("math-verify", workers=0) as r:
         assert isinstance(r, MathVerifyReward) and r(["\\boxed{64}"], [P]) == [1.0]
     user = load_reward(f"{mod}:_length_reward")
     assert user(["ab", "c"], [P, P]) == [2.0, 1.0]
