@@ -22,8 +22,10 @@ FLOORS = [
     ["twoclocks_cli.store", "twoclocks_cli.theory", "trainer"],
     ["twoclocks_cli.ingest"],  # foreign logs into the store's names
     ["twoclocks_cli.clocks"],  # reads an imported run's source names to accept them as aliases
-    # the runtime controller steers on the clocks' noise estimates; a run's batch trajectory
-    ["twoclocks_cli.adaptive.controller", "twoclocks_cli.adaptive.trajectory"],
+    # the runtime controller steers on the clocks' noise estimates; a run's batch trajectory;
+    # the sim backend's branch runner for the controller's rule "branch"
+    ["twoclocks_cli.adaptive.controller", "twoclocks_cli.adaptive.trajectory",
+     "twoclocks_cli.adaptive.sim_branch"],
     ["twoclocks_cli.integrations"],  # code that runs inside someone else's trainer
     ["twoclocks_cli.backends"],
     ["twoclocks_cli.config"],  # the planner asks the backends

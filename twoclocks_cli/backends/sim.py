@@ -20,7 +20,9 @@ the in-run controller picks each step's batch and lr from these same signals (it
 the checkpoint; every decision is logged at its step and recorded as a run event). It also sees
 each written row's reward_mean and eval_accuracy, drawn before it observes the step, so its
 failure guard's live drop rule (`collapse_key`) reads every evaluation the analysis will; the
-rows of an adopted branch (rule "branch") it does not observe.
+rows of an adopted branch (rule "branch") it does not observe. The branches of a rule-"branch"
+decision run in `twoclocks_cli.adaptive.sim_branch`; this backend hands its runner to the
+controller and writes the adopted branch's steps as the run's rows.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from twoclocks_cli.adaptive import sim_branch
 from twoclocks_cli.adaptive.controller import decision_metrics
 from twoclocks_cli.backends import refuse_owned
 from twoclocks_cli.core.errors import ConfigError
@@ -276,7 +279,7 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         if samples + ph.batch > budget:
             break
         before = ctl.metrics() if ctl is not None else None
-        p_before = _progress(state, _loss(state))
+        p_before = sim_branch.scalar_progress(state, sim_branch.scalar_loss(state))
         cap = cfg.cap_for(ph.clip_eps_low, ph.clip_eps_high)
         info = state.step(ph.batch, ph.lr, cap)
         step += 1
@@ -290,7 +293,9 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         seen = _measured(cfg, state, info, ph, (seed, step), p_before,
                          logged % cfg.eval_every == 0) if row else {}
         if ctl is not None:
-            brancher = _brancher(state, seed, ctl, ph, cap, norm0, budget, branches)
+            brancher = sim_branch.brancher(state, ctl, branches, seed=seed,
+                                           group_size=ph.group_size, cap=cap, norm0=norm0,
+                                           budget=budget)
             decision = ctl.observe(step, float(state.samples[0]),
                                    {**_observed(info, ph, norm0), **seen}, brancher)
         if row:
@@ -305,9 +310,9 @@ def run(cell: dict, writer, workdir: Path) -> RunStatus:
         if decision is not None:
             event(decision.reason)
         if branches:
-            state, trace = _adopt(branches, decision.prompts, state)
+            state, trace = sim_branch.adopt(branches, decision.prompts, state)
             step, logged = _log_trace(trace, writer, cfg, ctl, (seed, norm0), step, logged)
-            bad = bad or not math.isfinite(_loss(state))
+            bad = bad or not math.isfinite(sim_branch.scalar_loss(state))
         if bad:
             writer.flush()
             return RunStatus.diverged
@@ -383,7 +388,7 @@ def _measured(cfg: ModelConfig, state: SimState, info, ph: Phase, seed_step: tup
     obs = np.random.default_rng(list(seed_step))
     out = {"reward_mean": obs.binomial(ph.batch, p_before) / ph.batch}
     if evaluated:
-        out.update(_eval(cfg, obs, _progress(state, float(info.loss[0]))))
+        out.update(_eval(cfg, obs, sim_branch.scalar_progress(state, float(info.loss[0]))))
     return out
 
 
@@ -408,90 +413,3 @@ def _log_trace(trace, writer, cfg: ModelConfig, ctl, seed_norm: tuple[int, float
         logged += 1
         writer.log(step, int(row.samples), values)
     return step, logged
-
-
-def _brancher(state: SimState, seed: int, ctl, ph: Phase, cap, norm0: float, budget: float,
-              out: dict):
-    """The branch runner of a `rule = "branch"` decision taken after this step: each batch
-    continues a copy of `state` for the same samples with the same noise draws (one seeded
-    stream per decision, so B and 2B see the same z, scaled by their batch), lr by the
-    controller's rule; its gain is an evaluation of `eval_samples` problems with the same
-    uniform draws for every branch (a held-out set scored with one sampler seed). The branches
-    land in `out` (prompts -> (state, its steps, samples)) for `_adopt`. None when the budget
-    cannot pay for them."""
-    index = ctl.decisions + 1
-
-    def run(tried: list[int], each: int):
-        from trainer.ports import BranchResult
-
-        if float(state.samples[0]) + len(tried) * each > budget:
-            return None
-        draws = np.random.default_rng([seed, index, 1]).random(state.cfg.eval_samples)
-        acc0 = float(np.mean(draws < _progress(state, _loss(state))))
-        results = []
-        for prompts in tried:
-            b = prompts * ph.group_size
-            br = state.branch(1, int(np.random.default_rng([seed, index, 2]).integers(2**62)))
-            trace = []
-            for _ in range(int(each // b)):
-                p_before = _progress(br, _loss(br))
-                info = br.step(b, ctl.lr_at(prompts), cap, grad_terms=False)
-                loss = float(info.loss[0])
-                trace.append(BranchStep(float(br.samples[0]), loss, float(info.drift[0]),
-                                        p_before, _progress(br, loss)))
-                if info.nonfinite[0]:
-                    break
-            drift = trace[-1].drift  # drift_abs after the branch's last step
-            if ctl.cfg.drift_key == "drift_rel":
-                drift /= norm0
-            gain = float(np.mean(draws < _progress(br, _loss(br)))) - acc0
-            out[prompts] = (br, trace, float(each))
-            results.append(BranchResult(prompts, float(each), gain, drift))
-        return results
-
-    return run
-
-
-@dataclass
-class BranchStep:
-    """One step of a branch: samples after it (the branch's own count), loss, drift_abs, and
-    the noise-free progress before and after it."""
-
-    samples: float
-    loss: float
-    drift: float
-    p_before: float
-    p_after: float
-
-
-def _adopt(branches: dict, chosen: int, state: SimState) -> tuple[SimState, list[BranchStep]]:
-    """Continue from the chosen batch's branch (else from `state`, as the guard's jump does),
-    with its steps; every other branch's samples are charged to the run's clock first, as if
-    spent before the adopted branch."""
-    spent = sum(each for _, _, each in branches.values())
-    if chosen not in branches:
-        state.samples += spent
-        return state, []
-    new, trace, each = branches[chosen]
-    charged = spent - each
-    new.samples += charged
-    for row in trace:
-        row.samples += charged
-    return new, trace
-
-
-def _loss(state: SimState) -> float:
-    th = state.theta[0]
-    return float(0.5 * np.dot(state.cfg.h, th * th))
-
-
-def _progress(state: SimState, loss: float) -> float:
-    """Scalar twin of SimState.progress for one row (the per-step hot path)."""
-    cfg = state.cfg
-    if not math.isfinite(loss):
-        return 0.0
-    p = min(max(1.0 - loss / cfg.loss0, 0.0), 1.0)
-    at = state.collapsed_at[0]
-    if at == at:  # collapsed
-        p *= math.exp(-max(state.samples[0] - at, 0.0) / cfg.collapse_samples)
-    return p
