@@ -1,96 +1,31 @@
 """`twoclocks ingest` of MLflow stores with nested runs, written here by the real mlflow library
-as a nested sweep writes them (a parent run holding params only, runs started under it with
-`mlflow.start_run(nested=True)` logging metrics by step, as HF's MLflowCallback does with
-MLFLOW_NESTED_RUN); `--run` by a run's own name; and a damaged or older store refused in one
-line on stderr, MLflow's own logging included (those tests run the real CLI process)."""
+as a nested sweep writes them (tests/support/mlflow_family.py: a parent run holding params only,
+runs started under it with `mlflow.start_run(nested=True)` logging metrics by step, as HF's
+MLflowCallback does with MLFLOW_NESTED_RUN); `--run` by a run's own name. A damaged or older
+store refused by the real CLI process is tests/integration/test_ingest_mlflow_damaged.py's."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import shutil
 import sqlite3
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import assert_one_line_error, twoclocks, twoclocks_inproc
+from tests.support.cli import assert_one_line_error, twoclocks_inproc
+from tests.support.mlflow_family import STEPS, content, digest, ingest, reward, write_family
 from twoclocks_cli.ingest import scalars
 from twoclocks_cli.ingest.base import IngestOptions
 
 pytest.importorskip("mlflow")
 
-PARENT = {"num_generations": 8, "learning_rate": 2.0 ** -10, "seed": 7}
-# grpo-bs4 logs what HF's MLflowCallback logs for TRL's GRPOConfig (its own lr and seed);
-# grpo-bs8, what a hand-written sweep logs: its batch only, the rest in the parent
-CHILDREN = {
-    "grpo-bs4": {"learning_rate": 2.0 ** -11, "per_device_train_batch_size": 32,
-                 "gradient_accumulation_steps": 1, "num_generations": 8,
-                 "generation_batch_size": 32, "steps_per_generation": 1, "num_iterations": 1,
-                 "seed": 42},
-    "grpo-bs8": {"prompts_per_batch": 8},
-}
-STEPS = {"grpo-bs4": 6, "grpo-bs8": 4, "other": 3}
-OTHER = {"prompts_per_batch": 16, "group_size": 4, "learning_rate": 2.0 ** -9}
-
-
-def reward(run: str, step: int) -> float:
-    """The reward a run logs at a step: multiples of 1/1024, exact in every float."""
-    return (100 + 7 * step + 3 * len(run)) / 1024
-
-
-def _log_steps(mlflow, run: str) -> None:
-    for s in range(1, STEPS[run] + 1):
-        mlflow.log_metrics({"reward": reward(run, s), "loss": s / 1024}, step=s)
-
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory) -> Path:
-    """An SQLite MLflow store: experiment 'sweep' with the parent 'hf-sweep' (params only) and
-    its two nested runs; experiment 'other' with a plain run also named 'grpo-bs4'."""
-    import mlflow
-    from mlflow.tracking import fluent
-    from mlflow.tracking._tracking_service import utils
-
-    db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
-    chatty = logging.getLogger("mlflow")
-    level = chatty.level
-    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # MLflow's own deprecation notes, writing its store
-        # the fluent API's globals, put back after
-        for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
-                    "MLFLOW_RUN_ID"):
-            mp.delenv(var, raising=False)
-        mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
-        mp.setattr(fluent, "_active_experiment_id", None)
-        chatty.setLevel(logging.WARNING)
-        try:
-            mlflow.set_tracking_uri(f"sqlite:///{db}")
-            mlflow.set_experiment("sweep")
-            with mlflow.start_run(run_name="hf-sweep"):
-                mlflow.log_params(PARENT)
-                for name, params in CHILDREN.items():
-                    with mlflow.start_run(run_name=name, nested=True):
-                        mlflow.log_params(params)
-                        _log_steps(mlflow, name)
-            mlflow.set_experiment("other")
-            with mlflow.start_run(run_name="grpo-bs4"):
-                mlflow.log_params(OTHER)
-                for s in range(1, STEPS["other"] + 1):
-                    mlflow.log_metrics({"reward": reward("other", s)}, step=s)
-        finally:
-            mlflow.set_tracking_uri(None)
-            chatty.setLevel(level)
-    return db
-
-
-def ingest(db: Path, url: str, *args: str) -> tuple[int, list[dict], str]:
-    """(exit code, the --json results, stderr) of an in-process `twoclocks ingest`."""
-    r = twoclocks_inproc("ingest", str(db), "--sweep", "nested", "--db", url, "--json", *args)
-    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else []), r.stderr
+    """The nested MLflow sweep of tests/support/mlflow_family.py, written once."""
+    return write_family(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
 
 
 def stored(url: str) -> dict[str, dict]:
@@ -108,20 +43,6 @@ def stored(url: str) -> dict[str, dict]:
         return runs
     finally:
         con.close()
-
-
-def content(url: str) -> dict[str, list]:
-    """Every row of every table of a twoclocks SQLite store."""
-    con = sqlite3.connect(url[len("sqlite:///"):])
-    try:
-        tables = [r[0] for r in con.execute("select name from sqlite_master where type='table'")]
-        return {t: sorted(map(repr, con.execute(f"select * from {t}"))) for t in tables}
-    finally:
-        con.close()
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_the_runs_under_a_params_only_parent_import_each_with_its_params(family, tmp_path):
@@ -317,73 +238,3 @@ def test_without_the_mlflow_package_the_store_is_refused_in_one_line(family, tmp
     r = twoclocks_inproc("ingest", str(family), "--db", f"sqlite:///{tmp_path / 'tc.db'}")
     assert_one_line_error(r, "reading an MLflow store needs the mlflow package",
                           "pip install -e '.[sources]'")
-
-
-# --- a damaged or older store: one line on stderr from the real process -------------------
-
-def _damaged(family: Path, folder: Path, table: str) -> Path:
-    db = folder / f"no-{table}.db"
-    shutil.copy(family, db)
-    con = sqlite3.connect(db)
-    con.execute(f"drop table {table}")
-    con.commit()
-    con.close()
-    return db
-
-
-def _older(family: Path, folder: Path) -> tuple[Path, str]:
-    """A copy migrated one revision down by MLflow's own alembic migrations; its revision."""
-    from alembic import command
-    from mlflow.store.db.utils import _get_alembic_config
-
-    db = folder / "older.db"
-    shutil.copy(family, db)
-    command.downgrade(_get_alembic_config(f"sqlite:///{db}"), "-1")
-    con = sqlite3.connect(db)
-    rev = con.execute("select version_num from alembic_version").fetchone()[0]
-    con.close()
-    return db, rev
-
-
-def _refused_alone(source: list[str], cwd: Path, url: str, *needles: str) -> None:
-    """The real CLI refuses `source` in one stderr line, leaving the twoclocks store, the
-    source and the working folder as they were."""
-    before, files = content(url), sorted(p.name for p in cwd.iterdir())
-    proc = twoclocks("ingest", *source, "--sweep", "nested", "--db", url, cwd=cwd,
-                     env={"MLFLOW_LOGGING_LEVEL": "INFO"})  # MLflow at its most talkative
-    assert_one_line_error(proc, *needles)
-    assert proc.stdout == ""
-    assert content(url) == before
-    assert sorted(p.name for p in cwd.iterdir()) == files
-
-
-@pytest.mark.subprocess
-@pytest.mark.parametrize("table, form", [
-    ("latest_metrics", "path"),  # MLflow logs the failed query with its traceback, then raises
-    ("latest_metrics", "uri"),
-    ("metrics", "uri"),  # MLflow would create the tables it misses: refused, read-only
-    ("params", "path"),
-])
-def test_a_store_missing_a_table_is_refused_in_one_line(family, tmp_path, table, form):
-    url = f"sqlite:///{tmp_path / 'tc.db'}"
-    assert ingest(family, url, "--run", "other/*")[0] == 0  # a store with a run in it
-    db = _damaged(family, tmp_path, table)
-    before = digest(db)
-    source = [str(db)] if form == "path" else ["--from", f"mlflow:sqlite:///{db}"]
-    _refused_alone(source, tmp_path, url, f"it lacks MLflow's table {table}",
-                   "only read, never migrated or repaired")
-    assert digest(db) == before
-
-
-@pytest.mark.subprocess
-def test_an_older_schema_is_refused_in_one_line_and_not_migrated(family, tmp_path):
-    import mlflow
-
-    url = f"sqlite:///{tmp_path / 'tc.db'}"
-    assert ingest(family, url, "--run", "other/*")[0] == 0
-    db, rev = _older(family, tmp_path)
-    before = digest(db)
-    _refused_alone([str(db)], tmp_path, url,
-                   f"an MLflow store of an older schema (revision {rev}; mlflow "
-                   f"{mlflow.__version__} reads", "never migrated", "mlflow db upgrade")
-    assert digest(db) == before
