@@ -1,10 +1,5 @@
-"""The sim backend: metrics it writes, phases, resume after a hard kill, divergence, bad cells."""
-
-import os
-import signal
-import subprocess
-import sys
-import time
+"""The sim backend: metrics it writes, phases, divergence, bad cells (its resume after a hard kill:
+tests/integration/test_sim_resume_after_kill.py)."""
 
 import numpy as np
 import pytest
@@ -89,36 +84,6 @@ def test_writes_the_common_keys_and_runs_phases(sqlite_url, tmp_path):
     assert 0 <= r.min() and r.max() <= 1 and r[-10:].mean() > r[:10].mean()
     ev = store.load_metric([rid], "eval_accuracy")[rid]
     assert ev.steps.size == pytest.approx(b.steps.size / 5, abs=1)
-
-
-_CHILD = """
-import sys
-from pathlib import Path
-from twoclocks_cli.backends import run_cell
-from twoclocks_cli.store import Store
-run_cell(Store.open(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
-"""
-
-
-@pytest.mark.subprocess
-def test_resume_after_kill_gives_the_uninterrupted_metrics(sqlite_url, tmp_path):
-    store = Store.open(sqlite_url)
-    cell = {**COMMON, "sample_budget": 60_000, "sim": {"checkpoint_every": 300, "log_every": 2}}
-    a = _run_row(store, cell, "killed")
-    b = _run_row(store, cell, "straight")
-    work = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, sqlite_url, str(a), str(work)])
-    deadline = time.time() + 60
-    while not (work / "sim_state.npz").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed_at = store.max_step(a)
-    assert run_cell(store, a, work) == RunStatus.completed
-    assert run_cell(store, b, tmp_path / "straight") == RunStatus.completed
-    assert killed_at is not None and killed_at < store.max_step(b)  # really interrupted
-    assert _all_metrics(store, a) == _all_metrics(store, b)
 
 
 def test_nonfinite_returns_diverged(sqlite_url, tmp_path):
