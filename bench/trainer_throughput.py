@@ -6,12 +6,30 @@ samples, all in one forward/backward: our micro_batch_size = TRL's per_device_tr
 math-verify pool), no KL, no eval, no gradient checkpointing, for ~2k samples, and one update per
 batch or, with `--updates 2`, two (our ppo_epochs = 2; TRL's num_iterations = 2, which reuses
 each generation for two optimizer steps). Throughput is generated samples per second over the
-steps after the first (warm-up excluded). The headline does TRL's work: no KL-to-init metric and
-no gradient-noise terms (kl_init_every = noise_every = 0; TRL computes neither); a second run of
-ours with both at every step shows what they cost.
-TRL is not a dependency: it runs in a subprocess when `trl` (and `datasets`) import, from the
-environment or from `--trl-path DIR` (e.g. `pip install --target DIR --no-deps trl datasets
-pandas pyarrow dill multiprocess xxhash`). Target: ours / TRL >= 1.5.
+batches after the first (warm-up excluded). The headline does TRL's work: no KL-to-init metric
+and no gradient-noise terms (kl_init_every = noise_every = 0; TRL computes neither); one more run
+of ours with both at every step shows what they cost (`--no-every-metric` leaves it out).
+Every training runs in a fresh process of its own (bench/trainer_throughput_runs.py), the two
+trainers alternating (ours, TRL, ours, TRL, ...; `--repeats`, 3 by default), so a change in the
+machine's load hits both alike. Printed: each run's rate, then a markdown table (trainer, dtype,
+new tokens, skip, samples/s median and min–max, generation and update s per batch, peak RSS of
+the process, ratio ours/TRL: median and min–max over the alternating pairs), then each part of a
+batch in seconds (generation; scoring: no-grad log-probs of the old/reference policy; update:
+forward + backward + optimizer; reward; weight sync; other: the rest of the wall time between
+batch ends). Parts are means over batches 2..N of a run, then the median over runs. TRL's parts
+come from a GRPOTrainer subclass timing `_generate`, `_calculate_rewards` and its no-grad
+`_get_per_token_logps_and_entropies`, and a callback timing from the end of `_prepare_inputs`
+to `on_optimizer_step` (update); ours from the loop's time_gen_s / time_reward_s metrics and
+wrappers around its `_logprobs_before_update`, `update` and `_sync_engine`.
+TRL is not a dependency: it runs when `trl` (and `datasets`) import, from the environment or
+from `--trl-path DIR` (e.g. `pip install --target DIR --no-deps trl datasets pandas pyarrow
+dill multiprocess xxhash`). Target: ours / TRL >= 1.5.
+
+Where the two do different work: this trainer leaves the forward/backward of zero-advantage
+samples out (`skip_zero_advantage`; exact without KL), TRL trains every row: `--no-skip` runs
+ours without skipping, `--both-skips` runs both settings of ours against the same TRL runs.
+Our decode loop returns the sampler's log-probs, so on-policy no scoring forward runs; TRL needs
+none either at one update per batch. Ours also computes parameter drift each step (in "other").
 
 `--few-shot` puts the same two worked examples in front of every question for both trainers
 (prompts of ~50 tokens instead of 6, as chat templates and few-shot prompts make them): the
@@ -21,13 +39,31 @@ has zero advantage; this trainer's skipping of such samples is switched off in t
 ratio shows the prompt sharing alone (both trainers do the full forward/backward).
 
 `--smollm2` runs both on SmolLM2-135M-Instruct (`builtin:smollm2-135m`) with
-`examples/smollm2-train.toml`'s task: its chat-template prompt, the final-answer reward, T = 0.7,
-4 prompts x 8 samples, 24 new tokens, lr 1e-5 (default 192 samples: 6 steps, 2..6 timed).
-Target there: ours / TRL >= 2.
+`examples/smollm2-train.toml`'s task: its chat-template prompt, the final-answer reward (the
+last number of the completion, at any length), T = 0.7, 4 prompts x 8 samples, lr 1e-5,
+`--max-new-tokens` 24 (or 128; default 192 samples: 6 batches, 2..6 timed). Target there:
+ours / TRL >= 2. `--dtype bfloat16` puts both trainers' parameters in bf16 (ours: dtype; TRL:
+the model loaded in bf16 and `bf16=True`, which transformers accepts on CPU with use_cpu and
+runs as CPU autocast; AdamW steps on the bf16 weights in both). `--rollout-dtype` is ours
+alone (TRL's transformers path samples with the training weights; ours then applies its TIS
+cap, 2.0 by default).
 
-    python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2] [--repeats 3]
-                                       [--few-shot] [--updates 1|2] [--hf-decoder auto|generate]
-                                       [--smollm2]
+Full size on 2 idle cores (the docs' step times: ~8 s per 32-sample batch for ours at 24 tokens,
+TRL 4-6x slower, ~35-50 s): one repeat is ~1 min of ours and ~4-5 min of TRL (model loading
+included), so the default 3 repeats plus the every-metric run take ~15-20 min; `--both-skips`
+adds ~3 min; at 128 new tokens generation grows with the longest completion of each batch (up
+to ~5x the 24-token decode), so allow ~30 min; bf16 runs shorter. The four configurations the
+docs report:
+
+    python bench/trainer_throughput.py --smollm2                          # fp32, 24 tokens
+    python bench/trainer_throughput.py --smollm2 --max-new-tokens 128     # fp32, 128 tokens
+    python bench/trainer_throughput.py --smollm2 --both-skips             # skip and no-skip
+    python bench/trainer_throughput.py --smollm2 --dtype bfloat16         # bf16 both
+
+    python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2]
+        [--repeats 3] [--few-shot] [--updates 1|2] [--hf-decoder auto|generate] [--smollm2]
+        [--max-new-tokens N] [--no-skip | --both-skips] [--dtype float32|bfloat16]
+        [--rollout-dtype auto|float32|bfloat16|float16] [--no-every-metric]
 """
 
 from __future__ import annotations
@@ -35,185 +71,143 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
+CHILD = Path(__file__).with_name("trainer_throughput_runs.py")
 P, G, NEW_TOKENS, LR = 16, 8, 12, 1e-4
 TEMPERATURE, REWARD = 1.0, "math-verify"
 TASK: dict = {}  # the arithmetic task's options (ArithmeticTask's keyword arguments)
 FEW_SHOT = "Answer in \\boxed{{}}.\n12+30=\\boxed{{42}}\n75-9=\\boxed{{66}}\n{question}="
+# a batch's timed parts, in print order; "other" is what they leave of the batch's wall time
+PARTS = ("gen", "score", "update", "reward", "sync", "other")
+PART_NAMES = ("generation", "scoring", "update", "reward", "weight sync", "other")
 
 
-class _Times:
-    """Metric sink keeping each step's generation / reward / update seconds."""
-
-    KEYS = ("time_gen_s", "time_reward_s", "time_update_s")
-
-    def __init__(self):
-        self.rows: list[dict] = []
-
-    def log(self, step, samples, values):
-        if step > 1:  # warm-up excluded, as for the rate
-            self.rows.append({k: values[k] for k in self.KEYS if k in values})
-
-    def flush(self):
-        pass
-
-    def event(self, message):  # a warning of the run (e.g. no learning signal): not timed
-        pass
-
-    def medians_ms(self) -> dict[str, float]:
-        import statistics
-
-        return {k: round(1000 * statistics.median(r[k] for r in self.rows), 1)
-                for k in self.KEYS}
+def settings(a, model_dir: str, template: str | None, skip: bool, all_metrics: bool) -> dict:
+    """One run's settings, as the child process reads them."""
+    return {"model": model_dir, "samples": a.samples, "threads": a.threads, "P": P, "G": G,
+            "new_tokens": NEW_TOKENS, "lr": LR, "temperature": TEMPERATURE, "reward": REWARD,
+            "task": TASK, "template": template or "", "updates": a.updates,
+            "decoder": a.hf_decoder, "skip": skip, "all_metrics": all_metrics,
+            "dtype": a.dtype, "rollout_dtype": a.rollout_dtype}
 
 
-def ours(model: str, samples: int, threads: int, all_metrics: bool, template: str | None,
-         updates: int, decoder: str = "auto", few_shot: bool = False,
-         ) -> tuple[float, dict[str, float]]:
-    """(samples/s of trainer.loop.train over steps 2..N, median step times in ms)."""
-    from trainer.config import TrainConfig
-    from trainer.loop import train
-    from trainer.rewards import _parse
-
-    # every run starts with math-verify's parse cache cold, as TRL's fresh process does: this
-    # process runs ours several times over the same problems, and the reward pool's workers
-    # fork from it
-    _parse.cache_clear()
-
-    cfg = TrainConfig(
-        model=model,
-        prompts_per_batch=P,
-        group_size=G,
-        max_new_tokens=NEW_TOKENS,
-        lr=LR,
-        temperature=TEMPERATURE,
-        reward=REWARD,
-        **{f"arith_{k}": v for k, v in TASK.items()},
-        sample_budget=samples,
-        eval_every_samples=0,
-        checkpoint_every_steps=0,
-        kl_init_every=1 if all_metrics else 0,
-        noise_every=1 if all_metrics else 0,  # TRL measures no gradient noise
-        threads=threads,
-        seed=0,
-        prompt_template=template,
-        skip_zero_advantage=not few_shot,  # see --few-shot in the docstring
-        ppo_epochs=updates,
-        hf_decoder=decoder,
-        micro_batch_size=P * G,  # TRL's per_device_train_batch_size: the whole batch per pass
-    )
-    marks: list[tuple[float, int]] = []
-    times = _Times()
-    with tempfile.TemporaryDirectory() as work:
-        train(
-            cfg, times, Path(work),
-            on_step=lambda p: marks.append((time.perf_counter(), p.samples)),
-        )
-    (t0, s0), (t1, s1) = marks[0], marks[-1]
-    return round((s1 - s0) / (t1 - t0), 3), times.medians_ms()
-
-
-TRL_SCRIPT = r"""
-import json, sys, time
-import torch
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
-import numpy as np
-from trainer.data import ArithmeticTask, render_prompt
-from trainer.rewards import load_reward
-from trainer.data import Problem
-
-path, samples, threads, P, G, NEW, LR, out, template, updates, T, spec, task = sys.argv[1:14]
-samples, threads, P, G, NEW, LR = int(samples), int(threads), int(P), int(G), int(NEW), float(LR)
-updates, T = int(updates), float(T)
-torch.set_num_threads(threads)
-tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-problems = ArithmeticTask(**json.loads(task)).sample(np.random.default_rng(0), samples // G)
-import pyarrow as pa
-def prompt(p):
-    return template.format(question=p.question) if template else render_prompt(p, tok)
-rows = [{"prompt": prompt(p), "answer": p.answer} for p in problems]
-# an explicit fingerprint: datasets 5.2 cannot hash a pyarrow 26 table
-ds = Dataset(pa.Table.from_pylist(rows), fingerprint="bench")
-reward = load_reward(spec)
-
-def correctness(prompts, completions, answer, **kw):
-    return reward(list(completions), [Problem("", a) for a in answer])
-
-marks = []
-class Clock(TrainerCallback):
-    def on_step_end(self, args, state, control, **kw):
-        marks.append((time.perf_counter(), state.global_step))
-
-args = GRPOConfig(
-    output_dir=out, per_device_train_batch_size=P * G, gradient_accumulation_steps=1,
-    num_generations=G, steps_per_generation=1, num_iterations=updates, max_completion_length=NEW,
-    temperature=T, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant",
-    warmup_steps=0, beta=0.0, loss_type="dapo", scale_rewards="group", bf16=False, fp16=False,
-    gradient_checkpointing=False, use_cpu=True, max_steps=samples // (P * G) * updates,
-    logging_steps=1,
-    save_strategy="no", report_to=[], seed=0, disable_tqdm=True, dataloader_num_workers=0,
-)
-trainer = GRPOTrainer(model=model, reward_funcs=correctness, args=args, train_dataset=ds,
-                      processing_class=tok, callbacks=[Clock()])
-trainer.train()
-reward.close()
-# from the end of the first generation's last update; each generation of P * G samples feeds
-# `updates` optimizer steps
-(t0, s0), (t1, s1) = marks[updates - 1], marks[-1]
-print("RESULT " + json.dumps({"samples_per_s": (s1 - s0) * P * G / updates / (t1 - t0)}))
-"""
-
-
-def trl(
-    model_dir: str, samples: int, threads: int, trl_path: str | None, template: str | None,
-    updates: int,
-) -> float | None:
-    """samples/s of TRL's GRPOTrainer in a subprocess, or None when trl does not import."""
+def child_env(trl_path: str | None) -> dict:
+    """The environment of the child processes: `trl_path` in front of PYTHONPATH."""
     env = dict(os.environ)
     if trl_path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [trl_path, env.get("PYTHONPATH")]))
-    probe = subprocess.run(
-        [sys.executable, "-c", "import trl, datasets"], env=env, capture_output=True
-    )
-    if probe.returncode:
-        return None
-    with tempfile.TemporaryDirectory() as out:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                TRL_SCRIPT,
-                model_dir,
-                str(samples),
-                str(threads),
-                str(P),
-                str(G),
-                str(NEW_TOKENS),
-                str(LR),
-                out,
-                template or "",
-                str(updates),
-                str(TEMPERATURE),
-                REWARD,
-                json.dumps(TASK),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+    return env
+
+
+def trl_importable(env: dict) -> bool:
+    probe = subprocess.run([sys.executable, "-c", "import trl, datasets"], env=env,
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+def batch_parts(steps: list[dict]) -> dict[str, float]:
+    """Mean seconds per rollout batch of each part over the timed batches (means, so the parts
+    add up to the wall time), with the batches' reward figures."""
+    keys = (*PARTS[:-1], "wall", "reward_mean", "zero_frac", "resp_len")
+    mean = {k: statistics.fmean(s.get(k, 0.0) for s in steps) for k in keys}
+    mean["other"] = mean["wall"] - sum(mean[k] for k in PARTS[:-1])
+    return mean
+
+
+def run(kind: str, spec: dict, env: dict) -> dict:
+    """One training in a process of its own: the child's RESULT, with its mean parts."""
+    proc = subprocess.run([sys.executable, str(CHILD), kind, json.dumps(spec)], env=env,
+                          capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return round(json.loads(line[7:])["samples_per_s"], 3)
+            res = json.loads(line[7:])
+            res["parts"] = batch_parts(res["steps"])
+            return res
     sys.stderr.write(proc.stderr[-3000:])
-    raise SystemExit("TRL run failed (stderr above)")
+    raise SystemExit(f"{kind} run failed (stderr above)")
+
+
+class Arm:
+    """One trainer configuration and its runs."""
+
+    def __init__(self, name: str, kind: str, spec: dict, dtype: str, skip: str):
+        self.name, self.kind, self.spec, self.dtype, self.skip = name, kind, spec, dtype, skip
+        self.runs: list[dict] = []
+
+    def rates(self) -> list[float]:
+        return [round(r["samples_per_s"], 3) for r in self.runs]
+
+    def part(self, key: str) -> float:
+        """Median over runs of the part's mean seconds per batch."""
+        return statistics.median(r["parts"][key] for r in self.runs)
+
+
+def spread(values: list[float], digits: int = 3, unit: str = "") -> str:
+    """'median (min–max)', or the one value."""
+    m = f"{statistics.median(values):.{digits}f}{unit}"
+    if len(values) == 1:
+        return m
+    return f"{m} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def make_arms(a, model_dir: str, template: str | None, trl_ok: bool) -> list[Arm]:
+    """Ours at each skip setting asked for and, when it imports, TRL."""
+    if a.few_shot:  # see --few-shot in the docstring
+        skips = [False]
+    elif a.both_skips:
+        skips = [True, False]
+    else:
+        skips = [not a.no_skip]
+    ours_dtype = a.dtype + (f", rollouts {a.rollout_dtype}" if a.rollout_dtype else "")
+    arms = [Arm("twoclocks" + ("" if skip else " (no skip)"), "ours",
+                settings(a, model_dir, template, skip, False), ours_dtype,
+                "yes" if skip else "no") for skip in skips]
+    if trl_ok:
+        trl_dtype = "bfloat16, bf16=True" if a.dtype == "bfloat16" else a.dtype
+        arms.append(Arm("TRL GRPOTrainer", "trl", settings(a, model_dir, template, False, False),
+                        trl_dtype, "no (trains all)"))
+    return arms
+
+
+def ratio_cell(arm: Arm, trl_arm: Arm | None) -> str:
+    """ours/TRL per alternating pair: median (min–max); a lone run against TRL's median."""
+    if trl_arm is None or arm.kind != "ours":
+        return "—"
+    theirs = trl_arm.rates()
+    if len(arm.runs) == len(theirs):
+        return "**" + spread([o / t for o, t in zip(arm.rates(), theirs, strict=True)],
+                             2, "×") + "**"
+    return f"{arm.rates()[0] / statistics.median(theirs):.2f}× (vs TRL's median)"
+
+
+def table(arms: list[Arm], trl_arm: Arm | None) -> list[str]:
+    """The markdown table: rates, generation/update seconds, peak RSS, ratios."""
+    lines = ["| trainer | dtype | new tokens | skip | samples/s (median, range) | generation "
+             "s/step | update s/step | peak RSS MiB | ratio ours/TRL (median, range) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        rss = max(r["peak_rss_mib"] for r in arm.runs)
+        lines.append(f"| {arm.name} | {arm.dtype} | {NEW_TOKENS} | {arm.skip} | "
+                     f"{spread(arm.rates())} | {arm.part('gen'):.2f} | "
+                     f"{arm.part('update'):.2f} | {rss:,.0f} | {ratio_cell(arm, trl_arm)} |")
+    return lines
+
+
+def breakdown(arms: list[Arm]) -> list[str]:
+    """Seconds per rollout batch of every part, and the batches' reward figures."""
+    lines = ["| trainer | " + " | ".join(PART_NAMES) + " | batch wall | reward mean | "
+             "zero-adv. groups | completion tokens |",
+             "|---|" + "---|" * (len(PARTS) + 4)]
+    for arm in arms:
+        cells = [f"{arm.part(k):.3f}" for k in (*PARTS, "wall")]
+        cells += [f"{arm.part('reward_mean'):.3f}", f"{arm.part('zero_frac'):.2f}",
+                  f"{arm.part('resp_len'):.1f}"]
+        lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def smollm2_setting(a) -> None:
@@ -231,11 +225,11 @@ def smollm2_setting(a) -> None:
     TASK = {"max_value": example["arith_max_value"], "ops": example["arith_ops"]}
     assert example["group_size"] == G
     a.model, a.template = str(resolve_model_path(SMOLLM2_ID)), example["prompt_template"]
-    if a.samples == 2048:  # the tiny model's default: a minute a step here
+    if a.samples == 2048:  # the tiny model's default: 6 batches here
         a.samples = 6 * P * G
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
@@ -249,48 +243,84 @@ def main() -> None:
                     help="Our HF engine's sampler: its own decode loop, or transformers generate.")
     ap.add_argument("--smollm2", action="store_true",
                     help="SmolLM2-135M-Instruct on examples/smollm2-train.toml's task.")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="Completion cap (default: 12 tiny, the example's 24 with --smollm2).")
+    skip = ap.add_mutually_exclusive_group()
+    skip.add_argument("--no-skip", action="store_true",
+                      help="Ours with skip_zero_advantage = false (TRL's work on every row).")
+    skip.add_argument("--both-skips", action="store_true",
+                      help="Ours with and without skipping, against the same TRL runs.")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="Both trainers' parameter dtype.")
+    ap.add_argument("--rollout-dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                    default=None, help="Ours only: the precision its rollouts sample in.")
+    ap.add_argument("--every-metric", action=argparse.BooleanOptionalAction, default=True,
+                    help="One more run of ours with kl_init and the noise terms every step.")
     a = ap.parse_args()
+    if a.max_new_tokens is not None and a.max_new_tokens < 1:
+        ap.error(f"--max-new-tokens {a.max_new_tokens}: must be a positive integer")
+    return a
+
+
+def main() -> None:
+    global NEW_TOKENS
+    a = parse_args()
     a.template = None
     if a.smollm2:
         smollm2_setting(a)
-    import statistics
-
-    import torch
-
-    torch.set_num_threads(a.threads)
+    if a.max_new_tokens is not None:
+        NEW_TOKENS = a.max_new_tokens
     from trainer.tiny import TINY_MODEL_ID, ensure_tiny_model
 
     model_dir = str(ensure_tiny_model(progress=True) if a.model == TINY_MODEL_ID else a.model)
     template = FEW_SHOT if a.few_shot else a.template
     if a.few_shot:
         print(f"prompts: few-shot template {template!r}")
-    # alternate the two trainers, so a change in machine load hits both alike; report medians
-    mine, theirs, breakdowns = [], [], []
-    for _ in range(a.repeats):
-        rate, step_ms = ours(model_dir, a.samples, a.threads, False, template, a.updates,
-                             a.hf_decoder, a.few_shot)
-        mine.append(rate)
-        breakdowns.append(step_ms)
-        t = trl(model_dir, a.samples, a.threads, a.trl_path, template, a.updates)
-        if t is not None:
-            theirs.append(t)
-    full, _ = ours(model_dir, a.samples, a.threads, True, template, a.updates, a.hf_decoder,
-                   a.few_shot)
-    print(f"updates per batch: {a.updates}; our sampler: {a.hf_decoder}")
-    med = {k: statistics.median(b[k] for b in breakdowns) for k in breakdowns[0]}
-    print("our step (median ms over steps 2..N and runs): generation {time_gen_s}, reward "
-          "{time_reward_s}, update {time_update_s}".format(**med))
-    m = statistics.median(mine)
-    print(f"twoclocks GRPO (TRL's work: no KL-to-init, no noise terms): {m:8.2f} samples/s  "
-          f"runs {mine}")
-    print(f"twoclocks GRPO (every metric: kl_init, noise terms each step): {full:8.2f} samples/s")
-    if not theirs:
+    env = child_env(a.trl_path)
+    trl_ok = trl_importable(env)
+    arms = make_arms(a, model_dir, template, trl_ok)
+    load0 = os.getloadavg()[0]
+    print(f"{Path(model_dir).name}: {P} prompts x G {G}, {NEW_TOKENS} new tokens, T "
+          f"{TEMPERATURE}, lr {LR}, {a.samples} samples a run ({a.samples // (P * G)} batches, "
+          f"2.. timed), {a.updates} update(s) a batch, {a.threads} threads, our sampler "
+          f"{a.hf_decoder}; load average {load0:.1f} at the start", flush=True)
+    # alternate the trainers within each repeat, so a change in machine load hits all alike
+    for i in range(a.repeats):
+        for arm in arms:
+            arm.runs.append(run(arm.kind, arm.spec, env))
+            r = arm.runs[-1]
+            print(f"repeat {i + 1}: {arm.name:<24} {r['samples_per_s']:8.3f} samples/s  peak "
+                  f"RSS {r['peak_rss_mib']:,.0f} MiB", flush=True)
+    trl_arm = next((x for x in arms if x.kind == "trl"), None)
+    shown = list(arms)
+    if a.every_metric:
+        base = arms[0]
+        full = Arm(base.name + ", every metric", "ours",
+                   settings(a, model_dir, template, base.spec["skip"], True), base.dtype,
+                   base.skip)
+        full.runs.append(run("ours", full.spec, env))
+        shown.insert(len(arms) - (trl_arm is not None), full)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end\n")
+    print("\n".join(table(shown, trl_arm)))
+    print("\nSeconds per rollout batch (mean over batches 2..N, median over runs):\n")
+    print("\n".join(breakdown(shown)))
+    notes(a, trl_arm)
+
+
+def notes(a, trl_arm: Arm | None) -> None:
+    """Where the compared runs differ in work or setting."""
+    print()
+    if trl_arm is None:
         print("TRL GRPOTrainer: trl/datasets not importable (see --trl-path); no ratio")
         return
-    t = statistics.median(theirs)
-    print(f"TRL GRPOTrainer:                                   {t:8.2f} samples/s  runs {theirs}")
     target = 2.0 if a.smollm2 else 1.5
-    print(f"ratio ours/TRL: {m / t:.2f}x (every metric: {full / t:.2f}x; target >= {target}x)")
+    print(f"target ours/TRL >= {target}x. TRL trains every row; 'skip yes' leaves the "
+          "zero-advantage rows' forward/backward out (see 'zero-adv. groups').")
+    r = trl_arm.runs[0]
+    print(f"TRL parameters {', '.join(r['param_dtypes'])}, autocast {r['autocast']}.")
+    if a.rollout_dtype:
+        print(f"ours samples in {a.rollout_dtype} (TIS cap applied); TRL's transformers "
+              "path has no separate rollout precision: it samples with its training weights.")
 
 
 if __name__ == "__main__":
