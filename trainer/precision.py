@@ -11,7 +11,7 @@ trainer's weights, so a checkpoint holds none and a resume rebuilds it exactly.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -94,7 +94,7 @@ def resolve(cfg, device, cpuinfo: str | Path = "/proc/cpuinfo") -> Precision:
 
 
 def _with_cap(prec: Precision, cap: float | None, why: str) -> Precision:
-    return Precision(prec.train, prec.sample, prec.engine, cap, prec.why, why)
+    return replace(prec, tis_cap=cap, tis_why=why)
 
 
 def settle(cfg, prec: Precision):
