@@ -128,7 +128,10 @@ def run(kind: str, spec: dict, env: dict) -> dict:
             res["parts"] = batch_parts(res["steps"])
             return res
     sys.stderr.write(proc.stderr[-3000:])
-    raise SystemExit(f"{kind} run failed (stderr above)")
+    why = f"exit status {proc.returncode}"
+    if proc.returncode == -9:  # SIGKILL: on Linux most often the kernel's OOM killer
+        why += " (SIGKILL: out of memory? see dmesg; its peak RSS grows with --max-new-tokens)"
+    raise SystemExit(f"{kind} run failed, {why} (stderr above)")
 
 
 class Arm:
@@ -300,7 +303,12 @@ def main() -> None:
                    base.skip)
         full.runs.append(run("ours", full.spec, env))
         shown.insert(len(arms) - (trl_arm is not None), full)
-    print(f"load average {os.getloadavg()[0]:.1f} at the end\n")
+    load1 = os.getloadavg()[0]
+    print(f"load average {load1:.1f} at the end")
+    if max(load0, load1) > a.threads + 0.5:  # others' work shares the cores, unequally
+        print(f"warning: load average above the {a.threads} threads used: the machine is "
+              "busy and these timings are not comparable with idle ones")
+    print()
     print("\n".join(table(shown, trl_arm)))
     print("\nSeconds per rollout batch (mean over batches 2..N, median over runs):\n")
     print("\n".join(breakdown(shown)))
