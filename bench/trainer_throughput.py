@@ -15,12 +15,13 @@ machine's load hits both alike. Printed: each run's rate, then a markdown table 
 new tokens, skip, samples/s median and min–max, generation and update s per batch, peak RSS of
 the process, ratio ours/TRL: median and min–max over the alternating pairs), then each part of a
 batch in seconds (generation; scoring: no-grad log-probs of the old/reference policy; update:
-forward + backward + optimizer; reward; weight sync; other: the rest of the wall time between
-batch ends). Parts are means over batches 2..N of a run, then the median over runs. TRL's parts
-come from a GRPOTrainer subclass timing `_generate`, `_calculate_rewards` and its no-grad
-`_get_per_token_logps_and_entropies`, and a callback timing from the end of `_prepare_inputs`
-to `on_optimizer_step` (update); ours from the loop's time_gen_s / time_reward_s metrics and
-wrappers around its `_logprobs_before_update`, `update` and `_sync_engine`.
+forward + backward + optimizer; reward; weight sync; step metrics; other: the rest of the wall
+time between batch ends). Parts are means over batches 2..N of a run, then the median over
+runs. TRL's parts come from a GRPOTrainer subclass timing `_generate`, `_calculate_rewards` and
+its no-grad `_get_per_token_logps_and_entropies`, and a callback timing from the end of
+`_prepare_inputs` to `on_optimizer_step` (update); ours from the loop's time_gen_s /
+time_reward_s metrics and wrappers around its `_logprobs_before_update`, `update`,
+`_sync_engine` and `step_metrics`.
 TRL is not a dependency: it runs when `trl` (and `datasets`) import, from the environment or
 from `--trl-path DIR` (e.g. `pip install --target DIR --no-deps trl datasets pandas pyarrow
 dill multiprocess xxhash`). Target: ours / TRL >= 1.5.
@@ -51,9 +52,12 @@ cap, 2.0 by default).
 Full size on 2 idle cores (the docs' step times: ~8 s per 32-sample batch for ours at 24 tokens,
 TRL 4-6x slower, ~35-50 s): one repeat is ~1 min of ours and ~4-5 min of TRL (model loading
 included), so the default 3 repeats plus the every-metric run take ~15-20 min; `--both-skips`
-adds ~3 min; at 128 new tokens generation grows with the longest completion of each batch (up
-to ~5x the 24-token decode), so allow ~30 min; bf16 runs shorter. The four configurations the
-docs report:
+adds ~3 min. At 128 new tokens a batch of ours took ~3x its 24-token time in the small runs
+(generation runs to the longest completion, and the update's rows grow): allow ~50 min. bf16
+runs shorter. Peak RSS in the small runs (fp32, one 32-row pass): ours 4.2 GB at 24 tokens and
+9.4 GB at 128, TRL 8.4 GB at 24 and over 10.5 GB at 128 (the kernel's OOM killer stopped it
+there beside other jobs on a 23 GB machine): give the 128-token run >= 16 GB free.
+The four configurations the docs report:
 
     python bench/trainer_throughput.py --smollm2                          # fp32, 24 tokens
     python bench/trainer_throughput.py --smollm2 --max-new-tokens 128     # fp32, 128 tokens
@@ -82,8 +86,8 @@ TEMPERATURE, REWARD = 1.0, "math-verify"
 TASK: dict = {}  # the arithmetic task's options (ArithmeticTask's keyword arguments)
 FEW_SHOT = "Answer in \\boxed{{}}.\n12+30=\\boxed{{42}}\n75-9=\\boxed{{66}}\n{question}="
 # a batch's timed parts, in print order; "other" is what they leave of the batch's wall time
-PARTS = ("gen", "score", "update", "reward", "sync", "other")
-PART_NAMES = ("generation", "scoring", "update", "reward", "weight sync", "other")
+PARTS = ("gen", "score", "update", "reward", "sync", "metrics", "other")
+PART_NAMES = ("generation", "scoring", "update", "reward", "weight sync", "step metrics", "other")
 
 
 def settings(a, model_dir: str, template: str | None, skip: bool, all_metrics: bool) -> dict:

@@ -6,10 +6,12 @@ GRPO loop (`ours`) or TRL's GRPOTrainer (`trl`), with the seconds of each step's
 Prints one line `RESULT {...}`: samples/s over the steps after the first; per rollout batch
 (one generation of P x G samples, `updates` optimizer steps) the seconds of generation, scoring
 (no-grad log-probs of the old/reference policy), update (forward + backward + optimizer), reward,
-weight sync (ours: the rollout copy's refresh) and the wall time between batch ends; the mean
-reward and share of zero-advantage groups; the process's peak RSS (VmHWM). Both trainers run in
-a fresh process each, so each starts cold and its peak RSS is its own (the reward pool's forked
-workers are processes of their own, not counted).
+weight sync (ours: the rollout copy's refresh), step metrics (ours: the loop's step_metrics,
+parameter drift included; TRL's metrics fall in its other parts) and the wall time between
+batch ends; the mean reward and share of zero-advantage groups; the mean completion length; the
+process's peak RSS (VmHWM). Both trainers run in a fresh process each, so each starts cold and
+its peak RSS is its own (the reward pool's forked workers are processes of their own, not
+counted).
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ def run_ours(s: dict) -> dict:
     loop.update = parts.wrap("update", loop.update)
     loop._logprobs_before_update = parts.wrap("score", loop._logprobs_before_update)
     loop._sync_engine = parts.wrap("sync", loop._sync_engine)
+    loop.step_metrics = parts.wrap("metrics", loop.step_metrics)  # incl. parameter drift
     cfg = TrainConfig(
         model=s["model"], prompts_per_batch=s["P"], group_size=s["G"],
         max_new_tokens=s["new_tokens"], lr=s["lr"], temperature=s["temperature"],
