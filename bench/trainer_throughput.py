@@ -52,11 +52,12 @@ cap, 2.0 by default).
 Full size on 2 idle cores (the docs' step times: ~8 s per 32-sample batch for ours at 24 tokens,
 TRL 4-6x slower, ~35-50 s): one repeat is ~1 min of ours and ~4-5 min of TRL (model loading
 included), so the default 3 repeats plus the every-metric run take ~15-20 min; `--both-skips`
-adds ~3 min. At 128 new tokens a batch of ours took ~3x its 24-token time in the small runs
-(generation runs to the longest completion, and the update's rows grow): allow ~50 min. bf16
-runs shorter. Peak RSS in the small runs (fp32, one 32-row pass): ours 4.2 GB at 24 tokens and
-9.4 GB at 128, TRL 8.4 GB at 24 and over 10.5 GB at 128 (the kernel's OOM killer stopped it
-there beside other jobs on a 23 GB machine): give the 128-token run >= 16 GB free.
+adds ~3 min. At 128 new tokens (mean completion ~25 tokens, the longest running to the cap) a
+batch took ~4x its 24-token time for ours and ~1.5x for TRL (a small 1-thread run at load 1-3
+against the docs' idle 1-thread figures): allow ~40 min. bf16 runs shorter. Peak RSS in the
+small runs (fp32, one 32-row pass): ours 4.2 GB at 24 tokens and 9.7 GB at 128, TRL 8.4 GB at
+24 and 16.1 GB at 128 (once killed by the kernel's OOM killer beside other jobs on a 23 GB
+machine): give the 128-token run >= 18 GB free.
 The four configurations the docs report:
 
     python bench/trainer_throughput.py --smollm2                          # fp32, 24 tokens
