@@ -30,7 +30,7 @@ Where the two do different work: this trainer leaves the forward/backward of zer
 samples out (`skip_zero_advantage`; exact without KL), TRL trains every row: `--no-skip` runs
 ours without skipping, `--both-skips` runs both settings of ours against the same TRL runs.
 Our decode loop returns the sampler's log-probs, so on-policy no scoring forward runs; TRL needs
-none either at one update per batch. Ours also computes parameter drift each step (in "other").
+none either at one update per batch. Ours also measures parameter drift every step ("step metrics").
 
 `--few-shot` puts the same two worked examples in front of every question for both trainers
 (prompts of ~50 tokens instead of 6, as chat templates and few-shot prompts make them): the
@@ -49,15 +49,15 @@ runs as CPU autocast; AdamW steps on the bf16 weights in both). `--rollout-dtype
 alone (TRL's transformers path samples with the training weights; ours then applies its TIS
 cap, 2.0 by default).
 
-Full size on 2 idle cores (the docs' step times: ~8 s per 32-sample batch for ours at 24 tokens,
-TRL 4-6x slower, ~35-50 s): one repeat is ~1 min of ours and ~4-5 min of TRL (model loading
-included), so the default 3 repeats plus the every-metric run take ~15-20 min; `--both-skips`
-adds ~3 min. At 128 new tokens (mean completion ~25 tokens, the longest running to the cap) a
-batch took ~4x its 24-token time for ours and ~1.5x for TRL (a small 1-thread run at load 1-3
-against the docs' idle 1-thread figures): allow ~40 min. bf16 runs shorter. Peak RSS in the
-small runs (fp32, one 32-row pass): ours 4.2 GB at 24 tokens and 9.7 GB at 128, TRL 8.4 GB at
-24 and 16.1 GB at 128 (once killed by the kernel's OOM killer beside other jobs on a 23 GB
-machine): give the 128-token run >= 18 GB free.
+Full size on 2 idle cores (~8 s per 32-sample batch for ours at 24 tokens; TRL 18 s in a
+near-idle small run, 49 s in the docs' run): one repeat is ~1 min of ours and ~2-5 min of TRL
+(model loading included), so the default 3 repeats plus the every-metric run take ~10-20 min;
+`--both-skips` adds ~3 min. At 128 new tokens (mean completion ~25 tokens, the longest running
+to the cap) a batch took ~4x its 24-token time for ours and ~1.5x for TRL (a small 1-thread run
+at load 1-3 against the docs' idle 1-thread figures): allow ~40 min. bf16 runs shorter. Peak RSS
+in the small runs (fp32, one 32-row pass): ours 4.2 GB at 24 tokens and 9.7 GB at 128, TRL
+8.5 GB at 24 and 16.1 GB at 128 (once killed by the kernel's OOM killer beside other jobs on a
+23 GB machine): give the 128-token run >= 18 GB free.
 The four configurations the docs report:
 
     python bench/trainer_throughput.py --smollm2                          # fp32, 24 tokens
