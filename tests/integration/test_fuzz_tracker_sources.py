@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import sqlite3
 import struct
 from pathlib import Path
 
 import pytest
 
+from tests.support import stored
 from tests.support import trackers as tk
 from tests.unit.test_fuzz_newer_commands import Here
 
@@ -67,15 +67,8 @@ def sources(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def empty_store(tmp_path_factory) -> Path:
-    """An empty twoclocks store, its WAL folded into the file (each case works on a copy)."""
-    from twoclocks_cli.store import Store
-
-    path = tmp_path_factory.mktemp("empty") / "s.db"
-    Store.open(f"sqlite:///{path}").close()
-    con = sqlite3.connect(path)
-    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    con.close()
-    return path
+    """An empty twoclocks store (each case works on a copy)."""
+    return stored.empty_store(tmp_path_factory.mktemp("empty"))
 
 
 def _digest(path: Path) -> str:

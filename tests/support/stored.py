@@ -40,3 +40,16 @@ def dump(db: Path) -> list[str]:
         return list(con.iterdump())
     finally:
         con.close()
+
+
+def empty_store(folder: Path) -> Path:
+    """An empty twoclocks store in `folder`, its WAL folded into the file, so that a copy of
+    the one file is the whole store."""
+    from twoclocks_cli.store import Store
+
+    path = folder / "s.db"
+    Store.open(f"sqlite:///{path}").close()
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    return path

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support import stored
 from tests.unit.test_fuzz_inputs import FUZZ
 from tests.unit.test_fuzz_newer_commands import Here
 
@@ -25,14 +26,8 @@ VERL = Path(__file__).parents[1] / "fixtures" / "ingest" / "verl_new.log"
 
 @pytest.fixture(scope="module")
 def empty_store(tmp_path_factory) -> Path:
-    from twoclocks_cli.store import Store
-
-    path = tmp_path_factory.mktemp("empty") / "s.db"
-    Store.open(f"sqlite:///{path}").close()
-    con = sqlite3.connect(path)
-    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    con.close()
-    return path
+    """An empty twoclocks store (each case works on a copy)."""
+    return stored.empty_store(tmp_path_factory.mktemp("empty"))
 
 
 def _verl(root: Path, **swap: str) -> Path:
