@@ -46,20 +46,6 @@ def parse_task(spec: str) -> tuple[int, int, tuple[str, ...]]:
     return int(lo), int(hi), tuple(ops)
 
 
-def heldout_pool(task) -> int | None:
-    """How many problems the task holds out (None when its space is too large to enumerate)."""
-    import numpy as np
-
-    from trainer.data import _ENUMERATE_LIMIT
-
-    if task.space > _ENUMERATE_LIMIT:
-        return None
-    width = task.max_value - task.min_value + 1
-    op, rest = np.divmod(np.arange(task.space), width * width)
-    a, b = np.divmod(rest, width)
-    return int(task._is_heldout(a + task.min_value, b + task.min_value, op).sum())
-
-
 class Recording:
     """The engine and the reward as evaluate() calls them, keeping what they return."""
 
@@ -98,7 +84,7 @@ def measure(engine, reward_fn, tok, base, spec: str, n: int, temperature: float)
     hits_bare = [r >= 1.0 for r, b in zip(rec.rewards, bare, strict=True) if b]
     hits_stated = [r >= 1.0 for r, b in zip(rec.rewards, stated, strict=True) if b]
     return {"task": spec, "temperature": temperature, "n": len(held),
-            "distinct": len({p.question for p in held}), "pool": heldout_pool(task),
+            "distinct": len({p.question for p in held}), "pool": task.heldout_size(),
             "accuracy": acc, "se": math.sqrt(acc * (1 - acc) / len(held)),
             "just_number": sum(bare) / len(bare),
             "acc_just_number": sum(hits_bare) / len(hits_bare) if hits_bare else None,

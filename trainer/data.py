@@ -125,17 +125,27 @@ class ArithmeticTask:
         a, b, op = (np.concatenate([p[i] for p in parts])[:n] for i in range(3))
         return self._problems(a, b, op)
 
+    def _every_problem(self):
+        """(a, b, op-index) arrays enumerating the whole problem space, in a fixed order."""
+        width = self.max_value - self.min_value + 1
+        op, rest = np.divmod(np.arange(self.space), width * width)
+        a, b = np.divmod(rest, width)
+        return a + self.min_value, b + self.min_value, op
+
+    def heldout_size(self) -> int | None:
+        """How many distinct problems the task holds out; None where its space is too large
+        to enumerate (then about a tenth of it)."""
+        if self.space > _ENUMERATE_LIMIT:
+            return None
+        return int(self._is_heldout(*self._every_problem()).sum())
+
     def heldout(self, n: int, seed: int) -> list[Problem]:
         """n held-out evaluation problems, fixed per seed, distinct where the split allows."""
         if n <= 0:
             return []
         rng = np.random.default_rng(seed)
         if self.space <= _ENUMERATE_LIMIT:
-            width = self.max_value - self.min_value + 1
-            idx = np.arange(self.space)
-            op, rest = np.divmod(idx, width * width)
-            a, b = np.divmod(rest, width)
-            a, b = a + self.min_value, b + self.min_value
+            a, b, op = self._every_problem()
             mask = self._is_heldout(a, b, op)
             pool = np.flatnonzero(mask)
             if pool.size == 0:
