@@ -106,12 +106,33 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, p: int) -> t
 
 
 def completion_logprobs(model, rollout, temperature: float, with_entropy: bool = False):
-    """Log-probs [n, C] of the sampled completion tokens (and token entropy) at `temperature`."""
+    """Log-probs [n, C] of the sampled completion tokens (and token entropy) at `temperature`.
+
+    Through a `Scorer`, only the positions of real completion tokens (`completion_mask`) get
+    logits, a log-softmax and an entropy, each distinct prefix's once; the others are 0, the
+    value every caller masks (so a ratio there is exp(0 - 0) = 1, a k3 term 0)."""
     device = next(model.parameters()).device
     ids, mask = rollout.input_ids.to(device), rollout.attention_mask.to(device)
     p = rollout.prompt_len
+    if _is_scorer(model):
+        logits, index = model(ids, mask, p, rollout.completion_mask.to(device).bool())
+        return _scored(logits, index, ids[:, p:], temperature, with_entropy)
     logits = completion_logits(model, ids, mask, p)
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, ids[:, p:].unsqueeze(-1)).squeeze(-1).cpu()
     ent = M.token_entropy(logp_all).detach().cpu() if with_entropy else None
     return logp, ent
+
+
+def _scored(logits, index, tokens, temperature: float, with_entropy: bool):
+    """Log-probs (and entropy) [n, C] of `tokens` from `logits` [K, V], position (i, t) read
+    from row index[i, t] (-1: none, 0). The log-softmax runs in float32 at least."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if not len(logp_all):  # nothing scored: one zero row keeps the result in the graph
+        logp_all = torch.cat([logp_all, logp_all.new_zeros(1, logp_all.shape[1])])
+    real, at = index >= 0, index.clamp(min=0)
+    logp = torch.where(real, logp_all[at, tokens], 0.0).cpu()
+    if not with_entropy:
+        return logp, None
+    ent = M.token_entropy(logp_all.detach())
+    return logp, torch.where(real, ent[at], 0.0).cpu()
