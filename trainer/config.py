@@ -89,6 +89,17 @@ class TrainConfig(BaseModel):
         "decode step's 32x576 @ 576x1536): `rollout_dtype` takes that speed for sampling "
         "alone; without those flags bf16 is emulated and slower.",
     )
+    update_dtype: Literal["auto", "float32", "bfloat16"] | None = Field(
+        None,
+        description="The precision the update computes in, apart from `dtype`: every trainer "
+        "forward (the update's, the old and reference log-probs) runs under torch.autocast "
+        "in it while the parameters, their gradients and AdamW's state stay in `dtype` "
+        "(float32 master weights: bf16 parameters would round away Adam's small steps). None "
+        "(default): `dtype`, no autocast, as before this option existed. auto: bfloat16 "
+        "where the device computes it natively (as rollout_dtype's auto), else `dtype`; the "
+        "run's events name what was chosen. Needs dtype = 'float32'. No float16: its range "
+        "needs loss scaling, which the update does not do.",
+    )
     threads: Int32 | None = Field(
         None,
         gt=0,
@@ -402,6 +413,15 @@ class TrainConfig(BaseModel):
             raise ValueError(f"{{question}} cannot be rendered: {err}") from None
         return value
 
+    @field_validator("update_dtype", mode="before")
+    @classmethod
+    def _update_dtype(cls, value):
+        """float16 named with the reason it is not offered; the rest is the Literal's check."""
+        if value == "float16":
+            raise ValueError("float16's range needs loss scaling, which the update does not "
+                             "do: allowed are 'auto', 'float32' or 'bfloat16' (or unset)")
+        return value
+
     @field_validator("tis_cap", mode="plain")
     @classmethod
     def _tis_cap(cls, value):
@@ -457,9 +477,19 @@ class TrainConfig(BaseModel):
             raise ValueError(f"key 'rollout_dtype' = {self.rollout_dtype!r}: the hf engine's "
                              f"option; rollout_engine = {self.rollout_engine!r} samples in "
                              "`dtype` (leave rollout_dtype unset)")
+        self._check_update_dtype()
         self._check_adaptive()
         self._check_sizes()
         return self
+
+    def _check_update_dtype(self) -> None:
+        """Mixed precision means a narrower compute over float32 weights: nothing else."""
+        asked = self.update_dtype
+        if asked is not None and self.dtype != "float32":
+            raise ValueError(f"key 'update_dtype' = {asked!r}: mixed precision computes over "
+                             f"float32 weights, and dtype = {self.dtype!r} makes the update "
+                             f"{self.dtype} already (leave update_dtype unset, or set dtype = "
+                             "'float32')")
 
     def _check_adaptive(self) -> None:
         """The controller's table goes with batch_schedule = "adaptive" and uses logged signals."""

@@ -461,7 +461,11 @@ def _logprobs_before_update(run: Run, batch: Batch):
     every row (off-policy) or, on-policy, only of the rows the update skips — returned as
     (index, log-probs, entropy), the update's own forward gives the rest — and the reference's
     log-probs when a KL term is due. Skipped rows take the sampler's numbers instead when the
-    engine's are the policy's own (`Rollout.sampler_entropy`): no forward at all for them."""
+    engine's are the policy's own (`Rollout.sampler_entropy`): no forward at all for them.
+    When the sampler differs (another precision or engine) only the skipped rows are scored
+    here, in the update's compute precision: the logged `entropy` and `kl_init` cover every row
+    (the failure clock's entropy band reads them, and the skipped groups, all right or all
+    wrong, are not a sample of the others), while the trained rows' come off the update."""
     cfg, roll = run.cfg, batch.roll
     rest = None
     if not on_policy(cfg):

@@ -1,20 +1,27 @@
-"""The sampler's precision apart from the trainer's: which dtype the rollouts sample in
-(`rollout_dtype`), the persistent copy of the weights they sample with, and the truncated
-importance-sampling cap that corrects the update for the difference (`tis_cap`).
+"""The sampler's and the update's precision apart from the parameters': which dtype the
+rollouts sample in (`rollout_dtype`), the persistent copy of the weights they sample with, the
+truncated importance-sampling cap that corrects the update for the difference (`tis_cap`), and
+the dtype the update computes in (`update_dtype`).
 
-The update always runs in `dtype`. A rollout precision other than it samples with a copy of the
-weights in that dtype, made once and refreshed in place after every update (the loop's weight
-sync: a cast-copy into the same tensors, no new allocation); the copy is derived from the
-trainer's weights, so a checkpoint holds none and a resume rebuilds it exactly.
+The parameters, their gradients and AdamW's state are in `dtype`. A rollout precision other
+than it samples with a copy of the weights in that dtype, made once and refreshed in place after
+every update (the loop's weight sync: a cast-copy into the same tensors, no new allocation); the
+copy is derived from the trainer's weights, so a checkpoint holds none and a resume rebuilds it
+exactly. An update precision other than it runs every trainer forward under `torch.autocast`
+over the `dtype` weights (mixed precision: float32 master weights, bf16 matmuls); autocast
+keeps no state, so a checkpoint and a resume are as without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
+from twoclocks_cli.core.errors import ConfigError
 
 # TRL's vllm_importance_sampling_cap and the truncated-IS cap of Yao et al.
 # (https://fengyao.notion.site/off-policy-rl): the default when the sampler differs
@@ -61,6 +68,8 @@ class Precision:
     tis_cap: float | None
     why: str
     tis_why: str
+    compute: str = ""  # the dtype the update's forwards compute in (`train`: no autocast)
+    compute_why: str = ""  # empty where update_dtype was left unset
 
     @property
     def differs(self) -> bool:
@@ -82,7 +91,8 @@ def resolve(cfg, device, cpuinfo: str | Path = "/proc/cpuinfo") -> Precision:
                f"rollout_dtype = 'auto': no native bf16 on {torch.device(device).type}")
     else:
         sample, why = asked, f"rollout_dtype = {asked!r}"
-    prec = Precision(train, sample, cfg.rollout_engine, None, why, "")
+    prec = Precision(train, sample, cfg.rollout_engine, None, why, "",
+                     *_compute(cfg, device, cpuinfo))
     if cfg.tis_cap == "off":
         return _with_cap(prec, None, "tis_cap = 'off'")
     if cfg.tis_cap is not None:
@@ -97,26 +107,70 @@ def _with_cap(prec: Precision, cap: float | None, why: str) -> Precision:
     return replace(prec, tis_cap=cap, tis_why=why)
 
 
+def _compute(cfg, device, cpuinfo) -> tuple[str, str]:
+    """(the dtype the update computes in, why): unset is `dtype`; auto is bfloat16 where
+    `device` has it natively, else `dtype`. The config allows update_dtype only over float32
+    weights; a CUDA device without bfloat16 is refused here."""
+    train, asked = cfg.dtype, getattr(cfg, "update_dtype", None)
+    kind = torch.device(device).type
+    if asked is None:  # no word in the event: the update as before the option existed
+        return train, ""
+    if asked == "auto":
+        native = bf16_native(device, cpuinfo)
+        if native is None:
+            return train, f"update_dtype = 'auto': no native bf16 on {kind}"
+        return "bfloat16", f"update_dtype = 'auto': {native}"
+    why = f"update_dtype = {asked!r}"
+    if asked == train:
+        return train, why
+    if kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"key 'update_dtype' = {asked!r}: this CUDA device has no bfloat16 "
+                          "(torch.cuda.is_bf16_supported() is False); leave update_dtype unset")
+    if kind == "cpu" and bf16_native(device, cpuinfo) is None:
+        why += " (emulated on this CPU, no faster than float32)"
+    return asked, why
+
+
 def settle(cfg, prec: Precision):
-    """`cfg` with what `prec` resolved put in (rollout_dtype a dtype, tis_cap a number or None),
-    for the training that runs it; the config as written stays the run's record."""
-    return cfg.model_copy(update={"rollout_dtype": prec.sample, "tis_cap": prec.tis_cap})
+    """`cfg` with what `prec` resolved put in (rollout_dtype and update_dtype dtypes, tis_cap
+    a number or None), for the training that runs it; the config as written stays the run's
+    record."""
+    return cfg.model_copy(update={"rollout_dtype": prec.sample, "tis_cap": prec.tis_cap,
+                                  "update_dtype": prec.compute or prec.train})
 
 
 def describe(prec: Precision) -> str:
     """One line for the run's events: what samples and what trains, and the TIS cap."""
     engine = "" if prec.engine == "hf" else f" ({prec.engine} engine)"
     cap = "off" if prec.tis_cap is None else f"{prec.tis_cap:g}"
-    return (f"rollouts sample in {prec.sample}{engine} ({prec.why}), the update runs in "
-            f"{prec.train}; tis_cap {cap} ({prec.tis_why})")
+    if prec.compute in ("", prec.train):
+        update = f"the update runs in {prec.train}"
+        update += f" ({prec.compute_why})" if prec.compute_why else ""
+    else:
+        update = (f"the update computes in {prec.compute} under autocast over {prec.train} "
+                  f"weights ({prec.compute_why})")
+    return (f"rollouts sample in {prec.sample}{engine} ({prec.why}), {update}; "
+            f"tis_cap {cap} ({prec.tis_why})")
 
 
 def announce(run, prec: Precision, cfg) -> None:
     """Record as an event of `run` the precisions and the cap it runs with (`describe`), when
-    the sampler differs from the trainer or the config (`cfg` as written) named a rollout
-    precision: what auto chose stays with the run's record."""
-    if (prec.differs or cfg.rollout_dtype is not None) and run.writes:
+    the sampler or the update's compute differs from the parameters or the config (`cfg` as
+    written) named a rollout or update precision: what auto chose stays with the run's record."""
+    named = cfg.rollout_dtype is not None or getattr(cfg, "update_dtype", None) is not None
+    mixed = prec.compute not in ("", prec.train)
+    if (prec.differs or mixed or named) and run.writes:
         run.sink.event(describe(prec))
+
+
+def autocast(cfg, device):
+    """The context every trainer forward runs in: `torch.autocast` to the settled
+    `update_dtype` where it differs from `dtype`, else nothing (the forward as before the
+    option existed, bit for bit). Backward runs outside it, as torch advises."""
+    compute = getattr(cfg, "update_dtype", None)
+    if compute is None or compute == cfg.dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, compute))
 
 
 def sampling_model(model: torch.nn.Module, sample: str, separate: bool) -> torch.nn.Module:

@@ -5,7 +5,10 @@ over micro-batches against the minibatch's global normaliser, gradient-noise ter
 runs before any step, so it also yields the rollout policy's log-probs and entropy
 (`on_policy`). Under DDP only the last micro-batch of a minibatch all-reduces, under FSDP every
 one reduce-scatters; a rank with nothing to train in a synced micro-batch still joins the sync
-(`_idle_backward`).
+(`_idle_backward`). Every forward here runs in the update's compute precision
+(`precision.autocast`: `update_dtype` under autocast over the `dtype` weights), backward outside
+it; the old and reference log-probs included, so that the ratio and the KL term compare two
+policies, not two precisions (see `no_grad_logprobs`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer import grpo, sampler
+from trainer import grpo, precision, sampler
 from trainer import metrics as M
 from trainer.config import TrainConfig
 from trainer.dist import Dist
@@ -32,18 +35,24 @@ def no_grad_logprobs(model, rollout, cfg, with_entropy: bool, dist: Dist | None 
                      rows: torch.Tensor | None = None):
     """Log-probs (and entropy) of the samples `rows` (default all), in micro-batches, without
     building a graph. Under FSDP every forward is collective, so a rank with fewer micro-batches
-    than another runs one-row forwards until all ranks have run as many (`dist`)."""
+    than another runs one-row forwards until all ranks have run as many (`dist`).
+
+    They run in the update's compute precision, not in `dtype`: these are the ratio's
+    denominator and the KL term's reference, whose value at an unchanged policy must be exactly
+    1 and 0; a float32 denominator against a bf16-autocast numerator would read bf16's rounding
+    of the same weights (0.2 of a logit on the tiny model) as a policy change."""
     lps, ents = [], []
     rows = torch.arange(len(rollout.texts)) if rows is None else rows
     chunks = [c for c in rows.split(cfg.micro_batch_size) if len(c)]  # none when no rows
     pad = int(dist.max(float(len(chunks)))) - len(chunks) if dist and dist.sharded else 0
-    with torch.no_grad():
+    device = next(model.parameters()).device
+    with torch.no_grad(), precision.autocast(cfg, device):
         for idx in chunks:
             lp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, with_entropy)
             lps.append(lp)
             ents.append(ent)
         for _ in range(pad):
-            _one_row_logits(model, rollout)
+            _one_row_logits(model, rollout)  # (under the same autocast)
     if not lps:  # no rows here (a sharded rank still joined the others' forwards above)
         empty = torch.empty(0, rollout.completion_mask.shape[1])
         return empty, (empty.clone() if with_entropy else None)
@@ -87,8 +96,11 @@ def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cf
                     stats: UpdateStats, fresh: bool) -> float:
     """Forward and backward of the rows `idx` (their loss over the minibatch's normaliser
     `den`); adds their clip/KL/TIS/token counts to `stats` and returns the loss value. `fresh`:
-    this forward sees the rollout policy, so its log-probs/entropy are kept as the rollout's."""
-    logp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, fresh)
+    this forward sees the rollout policy, so its log-probs/entropy are kept as the rollout's
+    (the rollout's entropy then costs no forward of its own, whatever the sampler was). The
+    forward runs in the update's compute precision, the backward outside it."""
+    with precision.autocast(cfg, next(model.parameters()).device):
+        logp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, fresh)
     if fresh:
         stats.entropy[idx] = ent
         stats.logp[idx] = logp.detach()
@@ -121,11 +133,13 @@ def _one_row_logits(net, rollout) -> torch.Tensor:
     return completion_logits(net, ids, mask, rollout.prompt_len)
 
 
-def _idle_backward(net, rollout) -> None:
+def _idle_backward(net, rollout, cfg) -> None:
     """A zero-gradient forward/backward of one row, so a rank with nothing to train in a
     synced micro-batch still joins the gradient sync (every rank must run each synced
-    backward: DDP's last one, every one under FSDP)."""
-    (_one_row_logits(net, rollout).float().sum() * 0.0).backward()
+    backward: DDP's last one, every one under FSDP), its forward in the update's precision."""
+    with precision.autocast(cfg, next(net.parameters()).device):
+        logits = _one_row_logits(net, rollout)
+    (logits.float().sum() * 0.0).backward()
 
 
 def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
@@ -163,7 +177,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
                 train_idx = micro[adv[micro] != 0] if skip else micro
                 last = k == len(micros) - 1  # only the last backward all-reduces (DDP)
                 if (last or dist.sharded) and not len(train_idx) and dist.synced(model):
-                    _idle_backward(model, rollout)  # this rank's share of the sync
+                    _idle_backward(model, rollout, cfg)  # this rank's share of the sync
                 with contextlib.nullcontext() if last else dist.no_sync(model):
                     if len(train_idx):
                         value = _micro_backward(

@@ -1,0 +1,272 @@
+"""The update in bf16 under autocast over float32 master weights (`update_dtype`), through
+`update()` and `train()` on the tiny model.
+
+The truths: an fp32 config that leaves update_dtype unset against one that names float32 (bit
+for bit); one micro-batch's gradient recomputed apart with the same forward and with
+transformers' under the same autocast, and in plain float32; the rollout's entropy recomputed
+apart with transformers' float32 forward over the same rows, with every trainer forward counted
+by a hook; a run cut after a checkpoint and resumed against the same run uninterrupted (bit for
+bit).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from tests.support.cells import TIMING
+from tests.support.training import Collect, full_row_logits, load_tiny
+
+pytestmark = pytest.mark.tiny_model
+
+BASE = dict(prompts_per_batch=8, group_size=4, lr=1e-3, sample_budget=32, seed=5,
+            eval_every_samples=0, checkpoint_every_steps=0, threads=1)
+
+
+class _Kept:
+    """The configured engine, keeping every rollout and the model it was handed."""
+
+    def __init__(self):
+        self.rollouts, self.model = [], None
+
+    def __call__(self, cfg, model, tok, path):
+        from trainer.rollout import make_engine
+
+        self.model, inner = model, make_engine(cfg, model, tok, path)
+        kept = self
+
+        class Engine:
+            def sync(self, m):
+                inner.sync(m)
+
+            def generate(self, prompts, temperature=None):
+                roll = inner.generate(prompts, temperature)
+                kept.rollouts.append(roll)
+                return roll
+
+        return Engine()
+
+
+def _train(tmp_path, name: str, make=None, on_step=None, **over) -> Collect:
+    from trainer.config import TrainConfig
+    from trainer.loop import train
+
+    sink = Collect()
+    cfg = TrainConfig(**{**BASE, **over})
+    assert train(cfg, sink, tmp_path / name, on_step=on_step, make_rollout=make) == "completed"
+    return sink
+
+
+def _plain(rows: dict) -> dict:
+    """The rows without their timings (the only values that differ between equal runs)."""
+    return {s: {k: v for k, v in r.items() if k not in TIMING} for s, r in rows.items()}
+
+
+def test_unset_is_bit_identical_to_an_explicit_float32(tmp_path):
+    """update_dtype unset is the update as before the option existed: a config naming float32
+    logs the same rows value for value; only the named one says so in an event."""
+    default = _train(tmp_path, "default", sample_budget=64)
+    named = _train(tmp_path, "named", update_dtype="float32", sample_budget=64)
+    assert sorted(default.rows) == [1, 2]
+    assert _plain(default.rows) == _plain(named.rows)
+    assert default.events == []
+    assert named.events == [
+        "rollouts sample in float32 (rollout_dtype unset: the parameter dtype), the update runs "
+        "in float32 (update_dtype = 'float32'); tis_cap off (tis_cap unset, the sampler is the "
+        "trainer: off)"]
+
+
+def _grad(model) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def _recomputed_grad(model, roll, adv, autocast: bool, own: bool) -> torch.Tensor:
+    """The first on-policy pass's token-mean gradient, -mean over tokens of A * grad log p
+    (the ratio is exactly 1 there), from a copy of `model`: by twoclocks' own forward (`own`)
+    or transformers' over whole rows, under bf16 autocast or in float32."""
+    from trainer.logprobs import completion_logprobs
+    from trainer.scorer import Scorer
+
+    m = copy.deepcopy(model)
+    p = roll.prompt_len
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        if own:
+            logp, _ = completion_logprobs(Scorer(m), roll, 1.0)
+        else:
+            logits = full_row_logits(m, roll.input_ids, roll.attention_mask, p)
+            logp = torch.log_softmax(logits.float(), -1).gather(
+                -1, roll.completion_ids.unsqueeze(-1)).squeeze(-1)
+    cm = roll.completion_mask.float()
+    (-(adv[:, None] * logp * cm).sum() / cm.sum()).backward()
+    return _grad(m)
+
+
+def test_a_bf16_update_keeps_float32_weights_and_its_gradient_is_autocasts(tmp_path):
+    """One micro-batch through `update()` with update_dtype bfloat16: the parameters, their
+    gradients and AdamW's moments stay float32, and the gradient is the one of the same
+    forward under bf16 autocast, recomputed here apart from the update's loss bookkeeping.
+
+    Tolerances: against the same forward (`completion_logprobs` through twoclocks' own
+    forward) under the same autocast, 1e-5 of the gradient's norm: the same ops on the same bf16
+    casts, only the loss assembled apart (measured 0, bit for bit). Against transformers'
+    forward under autocast, 3e-2: other matmul shapes and orders (fused q/k/v and gate/up, the
+    group's prompt run once, RoPE in another layout) round intermediate sums to bf16 apart, as
+    far from each other as from float32 (measured 0.8e-2 to 1.2e-2 over three rollouts; in
+    float32 the two forwards agree to 1.6e-6). The float32 gradient (0.7e-2 to 1.1e-2 away)
+    must be over 100x the same-forward distance: the update computed in bf16, not float32.
+    """
+    from trainer import grpo
+    from trainer.config import TrainConfig
+    from trainer.dist import Dist
+    from trainer.loop import make_optimizer
+    from trainer.rollout.hf import HFEngine
+    from trainer.scorer import make_scorer
+    from trainer.update import update
+
+    _, tok, model = load_tiny()
+    model.train()
+    cfg = TrainConfig(group_size=4, max_new_tokens=8, micro_batch_size=16, temperature=1.0,
+                      update_dtype="bfloat16", max_grad_norm=None, skip_zero_advantage=False,
+                      threads=1)
+    torch.manual_seed(3)
+    roll = HFEngine(cfg, model, tok).generate(["12+34=", "7+45=", "61+2=", "30+30="] * 4)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0,
+                                              0, 0, 1, 0]), 4)
+    same = _recomputed_grad(model, roll, adv, autocast=True, own=True)
+    hf = _recomputed_grad(model, roll, adv, autocast=True, own=False)
+    fp32 = _recomputed_grad(model, roll, adv, autocast=False, own=True)
+
+    m = copy.deepcopy(model)
+    opt = make_optimizer(m, cfg)
+    st = update(make_scorer(m, cfg), opt, roll, adv, None, None, cfg, cfg.phase_at(0)[1],
+                Dist(), noise=False)
+    got = _grad(m)
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
+               for p in m.parameters())
+    moments = [v for s in opt.state.values() for k, v in s.items() if k != "step"]
+    assert moments and all(v.dtype == torch.float32 for v in moments)
+
+    def off(want):
+        return float((got - want).norm() / want.norm())
+
+    assert off(same) < 1e-5, off(same)
+    assert off(hf) < 3e-2, off(hf)
+    assert off(fp32) > 100 * max(off(same), 1e-6), (off(fp32), off(same))  # autocast's
+    cm = roll.completion_mask.float()
+    assert st.loss == pytest.approx(float(-(adv[:, None] * cm).sum() / cm.sum()), abs=1e-6)
+    assert st.kl_old_new == 0.0 and st.clip_low == st.clip_high == 0.0  # ratio exactly 1
+    assert torch.isfinite(st.entropy).any() and st.entropy.dtype == torch.float32
+
+
+class _Forwards:
+    """Every call of a twoclocks Scorer (the trainer's forward): its rows and whether it
+    builds a graph, as a global forward hook sees them."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, bool]] = []
+
+    def __enter__(self):
+        from trainer.scorer import Scorer
+
+        def hook(module, args, _out):
+            if isinstance(module, Scorer):
+                self.calls.append((int(args[0].shape[0]), torch.is_grad_enabled()))
+
+        self.handle = torch.nn.modules.module.register_module_forward_hook(hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def _entropy_truth(roll) -> float:
+    """Token entropy of `roll` under the initial weights, by transformers' float32 forward."""
+    _, _, model = load_tiny()
+    with torch.no_grad():
+        logits = full_row_logits(model, roll.input_ids, roll.attention_mask, roll.prompt_len)
+    logp = torch.log_softmax(logits.float(), -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    cm = roll.completion_mask.float()
+    return float((ent * cm).sum() / cm.sum())
+
+
+@pytest.mark.parametrize("update_dtype,tol", [(None, 1e-5), ("bfloat16", 5e-3)])
+def test_the_entropy_comes_off_the_update_with_no_forward_of_its_own(tmp_path, update_dtype,
+                                                                     tol):
+    """bf16 rollouts (no sampler entropy): every trainer forward of step 1 is the update's
+    own, with a graph, one per micro-batch over the batch's rows, and the logged `entropy`
+    equals an fp32 recomputation of the same rows. Tolerance: float32 rounding for a float32
+    update; under bf16 autocast a token's entropy moves by bf16 rounding of the logits (up to
+    0.04 here), their mean over the batch by 1e-4 to 1.2e-3 relative (five rollouts of 32
+    rows measured), inside 5e-3."""
+    kept = _Kept()
+    over = dict(rollout_dtype="bfloat16", skip_zero_advantage=False, kl_init_every=0,
+                micro_batch_size=16, noise_every=0)
+    if update_dtype:
+        over["update_dtype"] = update_dtype
+    with _Forwards() as seen:
+        sink = _train(tmp_path, "ent", make=kept, **over)
+    roll = kept.rollouts[0]
+    assert seen.calls == [(16, True), (16, True)]  # 32 rows, two micro-batches, no more
+    truth = _entropy_truth(roll)
+    assert sink.rows[1]["entropy"] == pytest.approx(truth, rel=tol)
+    assert sink.rows[1]["approx_kl"] == 0.0 and sink.rows[1]["clip_frac"] == 0.0
+
+
+def test_skipped_rows_alone_get_a_forward_in_the_update_precision(tmp_path):
+    """With zero-advantage rows skipped, the only forward apart from the update's is one
+    without a graph over exactly those rows (the logged entropy covers every row): the sum of
+    the update's rows and theirs is the batch, each row once."""
+    kept = _Kept()
+    with _Forwards() as seen:
+        sink = _train(tmp_path, "skip", make=kept, rollout_dtype="bfloat16",
+                      update_dtype="bfloat16", kl_init_every=0, micro_batch_size=32,
+                      noise_every=0)
+    trained = sum(n for n, grad in seen.calls if grad)
+    scored = sum(n for n, grad in seen.calls if not grad)
+    zero = 32 - sink.rows[1]["zero_std_frac"] * 8 * 4  # rows of groups with some signal
+    assert trained == zero and trained + scored == 32
+    assert sink.rows[1]["entropy"] == pytest.approx(_entropy_truth(kept.rollouts[0]), rel=5e-3)
+    assert sink.events == [
+        "rollouts sample in bfloat16 (rollout_dtype = 'bfloat16'), the update computes in "
+        "bfloat16 under autocast over float32 weights (update_dtype = 'bfloat16'); tis_cap 2 "
+        "(tis_cap unset, the sampler differs from the trainer: the default cap)"]
+
+
+class _Cut(Exception):
+    """Stops a training after a step, as a kill would."""
+
+
+def test_a_bf16_update_run_resumes_exactly(tmp_path):
+    """bf16 rollouts and a bf16-autocast update, cut after step 3 (checkpoint at step 2) and
+    resumed: the rows equal the uninterrupted run's, and the checkpoint holds float32 weights
+    and AdamW moments (autocast keeps no state to save)."""
+    from trainer import checkpoint
+    from trainer.config import TrainConfig
+    from trainer.loop import train
+
+    over = dict(rollout_dtype="bfloat16", update_dtype="bfloat16", prompts_per_batch=4,
+                sample_budget=64, checkpoint_every_steps=2, eval_every_samples=32, eval_size=16)
+    whole = _train(tmp_path, "whole", **over)
+
+    def cut(progress):
+        if progress.step == 3:
+            raise _Cut
+
+    sink = Collect()
+    cfg = TrainConfig(**{**BASE, **over})
+    with pytest.raises(_Cut):
+        train(cfg, sink, tmp_path / "cut", on_step=cut)
+    main, _ = checkpoint.load(checkpoint.latest(tmp_path / "cut"), 0)
+    assert all(t.dtype == torch.float32 for t in main["model"].values()
+               if t.is_floating_point())
+    moments = [v for s in main["optimizer"]["state"].values() for k, v in s.items()
+               if k != "step"]
+    assert moments and all(v.dtype == torch.float32 for v in moments)
+    assert train(cfg, sink, tmp_path / "cut") == "completed"
+    assert sorted(whole.rows) == [0, 1, 2, 3, 4]
+    assert _plain(sink.rows) == _plain(whole.rows)
+    assert not math.isnan(whole.rows[4]["eval_accuracy"])
