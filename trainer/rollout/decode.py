@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.profiler import record_function
 
 from trainer.decoder_math import (
     Layers,
@@ -31,6 +32,10 @@ from trainer.decoder_math import (
     prefill_bias,
     unsupported,  # noqa: F401 (the HF engine imports it from here)
 )
+
+# profiler scopes of the loop's parts (bench/decode_flops.py reads them)
+PREFILL, STEP, DRAW, CACHE, SHARE = ("decode.prefill", "decode.step", "decode.draw",
+                                     "decode.cache", "decode.share")
 
 
 class FastDecoder:
@@ -49,21 +54,18 @@ class FastDecoder:
         already scaled. Computed once per sample; the weights stay fixed while sampling."""
         q_rows, scale = self.heads * self.head_dim, self.head_dim**-0.5
         out = []
-        for w, b, gu_w, gu_b in self.layers.fused():
-            w = w.clone()
+        for w, b, gu_w, gu_b in self.layers.fused():  # fresh tensors (cat, index_select)
             w[:q_rows] *= scale
             if b is not None:
-                b = b.clone()
                 b[:q_rows] *= scale
             out.append((w, b, gu_w, gu_b))
         return out
 
-    def forward(self, ids, pos, keys, values, start: int, bias, fused=None, share=None):
+    def forward(self, ids, pos, keys, values, start: int, bias, fused=None):
         """Logits [N, V] of the last of tokens `ids` [N, T] at positions `pos`, writing their
-        keys/values into the buffers at [start, start+T) and attending over [0, start+T).
-        `fused`: `self.fused()`, computed once per sample (else now). `share` = (rows, back):
-        the N inputs are buffer rows `rows`, and buffer row r receives the keys/values of input
-        `back[r]` (rows with one history so far share one pass; see `sample`)."""
+        keys/values into slots 0..N-1 of the buffers [N, KV, width, d] at [start, start+T) and
+        attending over [0, start+T). `fused`: `self.fused()`, computed once per sample (else
+        now)."""
         L = self.layers
         n, t = ids.shape
         end = start + t
@@ -72,18 +74,11 @@ class FastDecoder:
         rope = L.rope(pos.reshape(-1), x.dtype)
 
         def attend(i, q, k, v):
-            k = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
-            v = v.view(n, t, self.kv_heads, -1).transpose(1, 2)
-            if share is None:
-                keys[i][:, :, start:end] = k
-                values[i][:, :, start:end] = v
-                seen_k, seen_v = keys[i][:, :, :end], values[i][:, :, :end]
-            else:
-                rows, back = share
-                keys[i][:, :, start:end] = k[back]
-                values[i][:, :, start:end] = v[back]
-                seen_k, seen_v = keys[i][rows, :, :end], values[i][rows, :, :end]
-            o = attention(q.view(n, t, self.heads, -1).transpose(1, 2), seen_k, seen_v, bias)
+            with record_function(CACHE):
+                keys[i][:, :, start:end] = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
+                values[i][:, :, start:end] = v.view(n, t, self.kv_heads, -1).transpose(1, 2)
+            o = attention(q.view(n, t, self.heads, -1).transpose(1, 2), keys[i][:, :, :end],
+                          values[i][:, :, :end], bias)
             return o.transpose(1, 2).reshape(n * t, -1)
 
         x = L.run(x, rope, attend, fused)
@@ -101,31 +96,33 @@ class FastDecoder:
         log-prob and entropy are of softmax(logits / T), unfiltered — what the trainer computes.
         Rows past their EOS get `pad_id` (log-prob and entropy NaN); decoding stops once every
         row has ended (C' <= C).
+
+        The key/value buffers hold one slot per distinct history being decoded (the U prompts
+        at first): a pass runs those slots only, and the buffers are re-gathered only on steps
+        where the set of histories changes (a group's rows drew different tokens, a row ended).
         Raises FloatingPointError when the logits are not finite.
         """
         n, p = len(inverse), u_ids.shape[1]
         dev, dtype = u_ids.device, self.model.model.embed_tokens.weight.dtype
         width = p + max_new_tokens
-        u_keys = [torch.zeros(len(u_ids), self.kv_heads, p, self.head_dim, dtype=dtype, device=dev)
-                  for _ in self.model.model.layers]
-        u_values = [torch.zeros_like(b) for b in u_keys]
-        u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
-        fused = self.fused()  # the weights stay fixed while sampling
-        logits = self.forward(u_ids, u_pos, u_keys, u_values, 0, prefill_bias(u_mask),
-                              fused)[inverse]
-        keys = [torch.zeros(n, self.kv_heads, width, self.head_dim, dtype=dtype, device=dev)
-                for _ in u_keys]
-        values = [torch.zeros_like(b) for b in keys]
-        for buf, src in zip(keys + values, u_keys + u_values, strict=True):
-            buf[:, :, :p] = src[inverse]
-        key_ok = torch.zeros(n, width, dtype=torch.bool, device=dev)
-        key_ok[:, :p] = u_mask[inverse].bool()
-        pos = u_pos[inverse, -1:]
+        with record_function(PREFILL):
+            keys = [torch.zeros(len(u_ids), self.kv_heads, width, self.head_dim, dtype=dtype,
+                                device=dev) for _ in self.model.model.layers]
+            values = [torch.zeros_like(b) for b in keys]
+            u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
+            fused = self.fused()  # the weights stay fixed while sampling
+            logits = self.forward(u_ids, u_pos, keys, values, 0, prefill_bias(u_mask), fused)
+        # each prompt's attention bias over the whole width (generated keys are all allowed)
+        u_bias = additive_bias(torch.cat([u_mask.bool(), u_mask.new_ones(
+            len(u_ids), max_new_tokens, dtype=torch.bool)], 1))
+        last_pos = u_pos[:, -1]
+        slot = inverse  # each row's slot (its logits' row); ended rows: any
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         history = inverse  # an id of each row's prompt and tokens so far
         tokens, logps, ents = [], [], []
         for step in range(max_new_tokens):
-            token, logp, ent = _draw(logits.float(), temperature, top_p)
+            with record_function(DRAW):
+                token, logp, ent = _draw(logits, slot, done, temperature, top_p)
             token = token.masked_fill(done, pad_id)
             tokens.append(token)
             logps.append(logp.masked_fill(done, math.nan))
@@ -133,19 +130,36 @@ class FastDecoder:
             done = done | (token == eos_id)
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
-            key_ok[:, p + step] = True
-            pos = pos + 1
-            bias = additive_bias(key_ok[:, : p + step + 1])[:, None, None, :]
-            history = torch.unique(torch.stack([history, token], 1), dim=0,
-                                   return_inverse=True)[1]
-            share = _shared_rows(history, done)
-            if share is None:
-                logits = self.forward(token[:, None], pos, keys, values, p + step, bias, fused)
-            else:
-                rows, back = share
-                logits = self.forward(token[rows, None], pos[rows], keys, values, p + step,
-                                      bias[rows], fused, share)[back]
+            with record_function(SHARE):
+                history = torch.unique(torch.stack([history, token], 1), dim=0,
+                                       return_inverse=True)[1]
+                rows, back = _passes(history, done)
+                parent = slot[rows]
+            if len(parent) != len(keys[0]) or not bool((parent == _arange(parent)).all()):
+                with record_function(CACHE):
+                    keys = [k.index_select(0, parent) for k in keys]
+                    values = [v.index_select(0, parent) for v in values]
+            prompt = inverse[rows]
+            with record_function(STEP):
+                logits = self.forward(token[rows, None], (last_pos[prompt] + step + 1)[:, None],
+                                      keys, values, p + step,
+                                      u_bias[prompt, : p + step + 1][:, None, None, :], fused)
+            slot = back
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), torch.stack(ents, dim=1)
+
+
+def _arange(like: torch.Tensor) -> torch.Tensor:
+    return torch.arange(len(like), dtype=like.dtype, device=like.device)
+
+
+def _passes(history: torch.Tensor, done: torch.Tensor):
+    """(rows, back): the rows a pass runs (one per distinct live history, `_shared_rows`; every
+    row, in order, when all are distinct and live) and each row's place among them."""
+    share = _shared_rows(history, done)
+    if share is None:
+        every = _arange(history)
+        return every, every
+    return share
 
 
 def _shared_rows(history: torch.Tensor, done: torch.Tensor):
@@ -170,24 +184,34 @@ def _shared_rows(history: torch.Tensor, done: torch.Tensor):
     return rows, back
 
 
-def _draw(logits: torch.Tensor, temperature: float, top_p: float):
-    """(token [N], its log-prob under softmax(logits / T), that distribution's entropy) — by
-    inverse-CDF sampling from the (top-p filtered) distribution, or the argmax when T = 0."""
-    if not bool(torch.isfinite(logits).all()):
-        raise FloatingPointError("non-finite logits while sampling")
+def _draw(logits: torch.Tensor, slot: torch.Tensor, done: torch.Tensor, temperature: float,
+          top_p: float):
+    """(token [N], its log-prob under softmax(logits / T), that distribution's entropy) of N
+    rows, row r drawing from logits row `slot[r]` of `logits` [S, V] — by inverse-CDF sampling
+    from the (top-p filtered) distribution, or the argmax when T = 0. Each distinct
+    distribution is worked out once; rows that are `done` draw nothing (their entries are
+    unspecified) but still take their uniform, so the generator's stream is one per row."""
+    logits = logits.float()
     scaled = logits / temperature if temperature > 0 and temperature != 1 else logits
     logp_all = torch.log_softmax(scaled, dim=-1)
     probs = logp_all.exp()
     entropy = -(probs * logp_all).sum(dim=-1)
+    # NaN exactly when a logit is inf or NaN (0 * -inf, inf - inf): one check of S numbers
+    if not bool(torch.isfinite(entropy).all()):
+        raise FloatingPointError("non-finite logits while sampling")
+    token = torch.zeros_like(slot)
+    live = (~done).nonzero().squeeze(1)
+    at = slot[live]
     if temperature <= 0:
-        token = logits.argmax(dim=-1)
+        token[live] = logits.argmax(dim=-1)[at]
     else:
         if top_p < 1.0:
             probs = _top_p(probs, top_p)
         cdf = probs.cumsum(dim=-1)
-        u = torch.rand(len(probs), 1, device=probs.device) * cdf[:, -1:]
-        token = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
-    return token, logp_all.gather(1, token[:, None]).squeeze(1), entropy
+        u = torch.rand(len(slot), 1, device=probs.device)[live] * cdf[at, -1:]
+        token[live] = torch.searchsorted(cdf[at], u, right=True).squeeze(1).clamp(
+            max=probs.shape[1] - 1)
+    return token, logp_all[slot, token], entropy[slot]
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

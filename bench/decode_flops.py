@@ -1,0 +1,230 @@
+"""The HF engine's decode loop's achieved FLOP/s on a real model, as a share of a GEMM peak of the
+same dtype measured in the same run, with a breakdown of where the rest of its time goes.
+
+Why: sampling a GRPO batch is matrix products too; a loop that reaches a small share of what
+one large matmul reaches spends its time on bookkeeping. One step's rollout of
+`examples/smollm2-train.toml` (4 prompts x G = 8 completions of up to 24 tokens, T = 0.7, from
+SmolLM2-135M-Instruct's chat-template prompts) is sampled by the engine (trainer/rollout/hf.py,
+its decode loop trainer/rollout/decode.py) with a fixed seed, so every run samples the same
+tokens.
+
+Only useful work is counted: each distinct prompt's real tokens once (the pre-fill), and each
+distinct (prompt, completion prefix) that a row needs a next token for once through the body
+and the LM head (rows of a group that sampled the same tokens so far need one pass; a row ended
+at its EOS and padding are not work), times 2 x the matmul parameters; attention scores are left
+out (printed: ~2% here). The peak is the median of square matmuls of the same dtype at the same
+thread count, alternated with the rollout so load changes hit both. Target: >= 50%.
+
+The breakdown is one more rollout under torch.profiler: each aten op's own time goes to the
+loop part whose scope (decode.py's PREFILL, STEP, DRAW, CACHE, SHARE) encloses it, the step's
+split into matmuls and the rest; what the ops do not account for of that run's time is Python
+(interpreter, dispatch) overhead (the profiler's own cost lands there too). Beside it, the
+loop's matmuls alone: the same projections on random rows, at the row counts of the loop's
+passes (few rows per pass stream every weight for little work: the limit the loop's shapes set,
+below the square GEMM's).
+
+    python bench/decode_flops.py [--runs 10] [--threads 2] [--gemm 2048] [--dtype float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+MATMULS = ("aten::mm", "aten::addmm")
+PARTS = ("prefill", "step matmuls", "step other ops", "sampling", "cache handling",
+         "row sharing", "outside the loop", "python overhead")
+
+
+def matmul_params(model) -> tuple[int, int]:
+    """(body, head): parameters multiplied per token by the transformer's nn.Linear layers and
+    by the LM head (tied or not); embeddings are lookups, norms are vector work."""
+    import torch
+
+    head = model.get_output_embeddings()
+    body = sum(m.weight.numel() for m in model.modules()
+               if isinstance(m, torch.nn.Linear) and m is not head)
+    return body, head.weight.numel()
+
+
+def useful_tokens(roll) -> tuple[int, int]:
+    """(body, head): token positions a rollout needed. Body: each distinct prompt's real tokens
+    (the pre-fill) and each distinct (prompt, completion prefix) ending in a real completion
+    token that a next token was drawn after; head: each distinct (prompt, prefix) a real
+    completion token was drawn from. Padding, tokens after a row's EOS and prefixes that rows
+    share beyond the first are not work."""
+    p = roll.prompt_len
+    prompts, body_nodes, head_nodes = set(), set(), set()
+    for row in range(roll.input_ids.shape[0]):
+        prompt = tuple(roll.input_ids[row, :p][roll.attention_mask[row, :p].bool()].tolist())
+        prompts.add(prompt)
+        drawn = roll.input_ids[row, p:][roll.completion_mask[row].bool()].tolist()
+        for t in range(len(drawn)):
+            head_nodes.add((prompt, tuple(drawn[:t])))
+            if t:
+                body_nodes.add((prompt, tuple(drawn[:t])))
+    return sum(map(len, prompts)) + len(body_nodes), len(head_nodes)
+
+
+def attention_flops(model, roll) -> int:
+    """2 x 2 x (q.k and p.v) per head dim of every useful head position over the keys it sees,
+    approximated by the real tokens before it: the work the count above leaves out."""
+    c = model.config
+    heads, layers = c.num_attention_heads, c.num_hidden_layers
+    d = getattr(c, "head_dim", None) or c.hidden_size // heads
+    seen = roll.attention_mask.cumsum(-1) * roll.attention_mask  # keys each position sees
+    return int(4 * layers * heads * d * seen.sum())
+
+
+def decode_flops(model, roll) -> tuple[int, int, int]:
+    """(useful FLOPs, body tokens, head tokens) of a rollout: 2 x matmul parameters per token."""
+    (body, head), (body_tok, head_tok) = matmul_params(model), useful_tokens(roll)
+    return 2 * (body * body_tok + head * head_tok), body_tok, head_tok
+
+
+def breakdown(events, wall: float) -> dict[str, float]:
+    """Seconds of `wall` per part (PARTS) from a profiler's events: each aten op's own time to
+    the innermost decode scope around it; the wall time no op accounts for is Python's."""
+    from trainer.rollout import decode
+
+    names = {decode.PREFILL: "prefill", decode.STEP: "step", decode.DRAW: "sampling",
+             decode.CACHE: "cache handling", decode.SHARE: "row sharing"}
+    out = dict.fromkeys(PARTS, 0.0)
+    for ev in events:
+        if not ev.name.startswith("aten::") or (ev.cpu_parent and
+                                                ev.cpu_parent.name.startswith("aten::")):
+            continue  # a top-level op's total holds its children's
+        scope, up = "outside the loop", ev.cpu_parent
+        while up is not None:
+            if up.name in names:
+                scope = names[up.name]
+                break
+            up = up.cpu_parent
+        if scope == "step":
+            scope = "step matmuls" if _has_matmul(ev) else "step other ops"
+        out[scope] += ev.cpu_time_total / 1e6
+    out["python overhead"] = max(wall - sum(out.values()), 0.0)
+    return out
+
+
+def _has_matmul(ev) -> bool:
+    return ev.name in MATMULS or any(_has_matmul(c) for c in ev.cpu_children)
+
+
+def replay_matmuls(model, passes: list[tuple[int, int]], dtype) -> float:
+    """Seconds the matmuls of forwards over `passes` ((rows, tokens) per call) take alone: every
+    decoder layer's projections on rows x tokens random rows, the LM head on the last."""
+    import torch
+    import torch.nn.functional as F
+
+    head = model.get_output_embeddings().weight
+    linears = [m.weight for m in model.model.modules() if isinstance(m, torch.nn.Linear)]
+    t = time.perf_counter()
+    for n, k in passes:
+        for w in linears:
+            F.linear(torch.ones(n * k, w.shape[1], dtype=dtype), w)
+        F.linear(torch.ones(n, head.shape[1], dtype=dtype), head)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10, help="Alternating runs of rollout and GEMM.")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gemm", type=int, default=2048, help="Side of the square peak matmul.")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="The model's and the peak matmul's dtype.")
+    a = ap.parse_args()
+
+    import tomllib
+
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.config import TrainConfig
+    from trainer.data import ArithmeticTask
+    from trainer.rollout.hf import HFEngine
+    from trainer.smollm2 import SMOLLM2_ID
+    from trainer.tiny import resolve_model_path
+
+    torch.set_num_threads(a.threads)
+    example = tomllib.loads((Path(__file__).resolve().parents[1] / "examples" /
+                             "smollm2-train.toml").read_text())
+    g = example["group_size"]
+    path = resolve_model_path(SMOLLM2_ID)
+    tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
+    dtype = getattr(torch, a.dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+    cfg = TrainConfig(model=str(path), max_new_tokens=example["max_new_tokens"],
+                      temperature=example["temperature"],
+                      prompt_template=example["prompt_template"])
+    problems = ArithmeticTask(max_value=example["arith_max_value"],
+                              ops=tuple(example["arith_ops"])).sample(
+        np.random.default_rng(0), example["prompts_per_batch"])
+    prompts = [cfg.prompt_template.format(question=q.question) for q in problems for _ in range(g)]
+    engine = HFEngine(cfg, model, tok)
+    if engine.decoder is None:
+        raise SystemExit("the HF engine does not run its own decode loop on this model")
+
+    def rollout():
+        torch.manual_seed(0)  # the same tokens every run: the same work
+        return engine.generate(prompts, temperature=cfg.temperature)
+
+    def timed_rollout() -> float:
+        t = time.perf_counter()
+        rollout()
+        return time.perf_counter() - t
+
+    x, y = (torch.randn(a.gemm, a.gemm, dtype=dtype) for _ in range(2))
+
+    def gemm() -> float:
+        t = time.perf_counter()
+        for _ in range(4):
+            torch.mm(x, y)
+        return (time.perf_counter() - t) / 4
+
+    passes, forward = [], engine.decoder.forward
+
+    def counted(ids, *args, **kw):
+        passes.append(tuple(ids.shape))
+        return forward(ids, *args, **kw)
+
+    engine.decoder.forward = counted
+    roll = rollout()  # warm-up, and the rollout every run repeats
+    engine.decoder.forward = forward
+    gemm()
+    flops, body_tok, head_tok = decode_flops(model, roll)
+    ups, gems = [], []
+    for _ in range(a.runs):
+        ups.append(timed_rollout())
+        gems.append(gemm())
+    u, m = statistics.median(ups), statistics.median(gems)
+    alone = statistics.median(replay_matmuls(model, passes, dtype) for _ in range(a.runs))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        profiled = timed_rollout()
+    parts = breakdown(prof.events(), profiled)
+    achieved, peak = flops / u, 2 * a.gemm**3 / m
+    n, c = roll.completion_mask.shape
+    live = int(roll.completion_mask.sum())
+    print(f"rollout: {n} rows, {roll.prompt_len} prompt + {c} completion positions, {live} "
+          f"completion tokens; useful: {body_tok} tokens through the body, {head_tok} through "
+          f"the LM head; attention scores {attention_flops(model, roll) / flops:.1%} of the count")
+    print(f"rollout ({a.dtype}): {1000 * u:.0f} ms (median of {a.runs}) = "
+          f"{achieved / 1e9:.1f} useful GFLOP/s")
+    print(f"{a.dtype} GEMM {a.gemm}^2: {1000 * m:.1f} ms = {peak / 1e9:.1f} GFLOP/s peak "
+          f"({a.threads} threads)")
+    print(f"rollout / peak: {achieved / peak:.2f} (target >= 0.50)")
+    print(f"its matmuls alone at its passes' row counts ({', '.join(str(n) for n, _ in passes)}):"
+          f" {1000 * alone:.0f} ms = {flops / alone / peak:.2f} of peak, {alone / u:.0%} of the "
+          f"rollout's time")
+    print(f"where the rollout's time goes (one run under the profiler, {1000 * profiled:.0f} ms):")
+    for name in PARTS:
+        print(f"  {name:<18} {1000 * parts[name]:7.0f} ms  {parts[name] / profiled:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
