@@ -316,8 +316,8 @@ class TrainConfig(BaseModel):
         "precision, stale weights; https://fengyao.notion.site/off-policy-rl). A number > 0, "
         "or 'off'. None (default): 2.0 (TRL's vllm_importance_sampling_cap) when the sampler "
         "differs from the trainer (`rollout_dtype` resolves to another precision than "
-        "`dtype`, or rollout_engine = 'vllm'), else off. The mismatch itself is logged every "
-        "step (sampler_abs_logratio, sampler_kl_k3).",
+        "`dtype`, `update_dtype` computes under autocast, or rollout_engine = 'vllm'), else "
+        "off. The mismatch itself is logged every step (sampler_abs_logratio, sampler_kl_k3).",
     )
     temperature: float = Field(
         1.0,

@@ -73,8 +73,10 @@ class Precision:
 
     @property
     def differs(self) -> bool:
-        """Whether the sampler is not the trainer's own forward (another precision or engine)."""
-        return self.sample != self.train or self.engine != "hf"
+        """Whether the sampler is not the trainer's own forward (another precision or engine).
+        An update under autocast is never the sampler's forward: no engine samples under it."""
+        mixed = self.compute not in ("", self.train)
+        return self.sample != self.train or self.engine != "hf" or mixed
 
 
 def resolve(cfg, device, cpuinfo: str | Path = "/proc/cpuinfo") -> Precision:

@@ -74,31 +74,37 @@ def _cpuinfo(tmp_path, extra: str = ""):
     return path
 
 
-# (config, the update's compute dtype, the update part of the event) on a CPU with native bf16
+# (config, the update's compute dtype, the update part of the event, the TIS cap) on a CPU with
+# native bf16: an update under autocast is not the sampler's forward, so the cap defaults on
 CASES = [
-    ({}, "float32", "the update runs in float32;"),
+    ({}, "float32", "the update runs in float32;", None),
     ({"update_dtype": "float32"}, "float32",
-     "the update runs in float32 (update_dtype = 'float32');"),
+     "the update runs in float32 (update_dtype = 'float32');", None),
     ({"update_dtype": "bfloat16"}, "bfloat16",
      "the update computes in bfloat16 under autocast over float32 weights "
-     "(update_dtype = 'bfloat16');"),
+     "(update_dtype = 'bfloat16');", 2.0),
     ({"update_dtype": "auto"}, "bfloat16",
      "the update computes in bfloat16 under autocast over float32 weights "
-     "(update_dtype = 'auto': this CPU has avx512_bf16);"),
-    ({"dtype": "bfloat16"}, "bfloat16", "the update runs in bfloat16;"),
+     "(update_dtype = 'auto': this CPU has avx512_bf16);", 2.0),
+    ({"update_dtype": "bfloat16", "rollout_dtype": "bfloat16"}, "bfloat16",
+     "the update computes in bfloat16 under autocast", 2.0),
+    ({"update_dtype": "bfloat16", "tis_cap": "off"}, "bfloat16",
+     "the update computes in bfloat16 under autocast", None),
+    ({"dtype": "bfloat16"}, "bfloat16", "the update runs in bfloat16;", None),
 ]
 
 
-@pytest.mark.parametrize("over,compute,words", CASES, ids=[str(c[0]) for c in CASES])
-def test_the_update_precision_resolves_settles_and_is_named(tmp_path, over, compute, words):
+@pytest.mark.parametrize("over,compute,words,cap", CASES, ids=[str(c[0]) for c in CASES])
+def test_the_update_precision_resolves_settles_and_is_named(tmp_path, over, compute, words,
+                                                            cap):
     cfg = TrainConfig(**over)
     prec = precision.resolve(cfg, "cpu", _cpuinfo(tmp_path, " avx512_bf16"))
     assert prec.compute == compute and prec.train == cfg.dtype
     assert words in precision.describe(prec)
+    assert prec.tis_cap == cap
     settled = precision.settle(cfg, prec)
-    assert settled.update_dtype == compute
+    assert (settled.update_dtype, settled.tis_cap) == (compute, cap)
     assert cfg.model_dump() == TrainConfig(**over).model_dump()  # the record is untouched
-    assert prec.tis_cap is None  # the update's precision alone does not make the sampler differ
 
 
 def test_auto_without_native_bf16_stays_float32_and_an_explicit_bf16_says_it_is_emulated(
