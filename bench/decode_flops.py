@@ -69,8 +69,9 @@ def useful_tokens(roll) -> tuple[int, int]:
 
 
 def attention_flops(model, roll) -> int:
-    """2 x 2 x (q.k and p.v) per head dim of every useful head position over the keys it sees,
-    approximated by the real tokens before it: the work the count above leaves out."""
+    """2 x 2 (q.k and p.v) x head dim x heads x layers per (real position, real key up to
+    it) of every row: an upper bound (shared prefixes counted per row) on what the count above
+    leaves out."""
     c = model.config
     heads, layers = c.num_attention_heads, c.num_hidden_layers
     d = getattr(c, "head_dim", None) or c.hidden_size // heads
