@@ -38,9 +38,10 @@ def no_grad_logprobs(model, rollout, cfg, with_entropy: bool, dist: Dist | None 
     than another runs one-row forwards until all ranks have run as many (`dist`).
 
     They run in the update's compute precision, not in `dtype`: these are the ratio's
-    denominator and the KL term's reference, whose value at an unchanged policy must be exactly
-    1 and 0; a float32 denominator against a bf16-autocast numerator would read bf16's rounding
-    of the same weights (0.2 of a logit on the tiny model) as a policy change."""
+    denominator and the KL term's reference, which at an unchanged policy must read 1 and 0
+    (up to one forward's own rounding); a float32 denominator against a bf16-autocast numerator
+    would read bf16's rounding of the same weights (0.2 of a logit on the tiny model) as a
+    policy change."""
     lps, ents = [], []
     rows = torch.arange(len(rollout.texts)) if rows is None else rows
     chunks = [c for c in rows.split(cfg.micro_batch_size) if len(c)]  # none when no rows
