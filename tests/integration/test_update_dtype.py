@@ -270,3 +270,23 @@ def test_a_bf16_update_run_resumes_exactly(tmp_path):
     assert sorted(whole.rows) == [0, 1, 2, 3, 4]
     assert _plain(sink.rows) == _plain(whole.rows)
     assert not math.isnan(whole.rows[4]["eval_accuracy"])
+
+
+def test_a_bf16_update_alone_keeps_the_samplers_entropy_and_corrects_the_gap(tmp_path):
+    """update_dtype bfloat16 with the training model sampling in float32: the decode loop's
+    entropy is the fp32 policy's own, so the skipped rows need no forward (every trainer
+    forward is the update's, with a graph, over the rows with signal); the sampler is not the
+    update's forward, so the gap is bf16's (far above fp32's < 1e-4, the defaults' own
+    rounding) and TIS is on at its default cap."""
+    with _Forwards() as seen:
+        sink = _train(tmp_path, "alone", update_dtype="bfloat16", kl_init_every=0,
+                      micro_batch_size=32, noise_every=0)
+    row = sink.rows[1]
+    assert all(grad for _, grad in seen.calls)
+    assert sum(n for n, _ in seen.calls) == 32 - row["zero_std_frac"] * 32
+    assert 1e-4 < row["sampler_abs_logratio"] < 0.05
+    assert abs(row["tis_weight_mean"] - 1) < 0.05
+    assert sink.events == [
+        "rollouts sample in float32 (rollout_dtype unset: the parameter dtype), the update "
+        "computes in bfloat16 under autocast over float32 weights (update_dtype = 'bfloat16'); "
+        "tis_cap 2 (tis_cap unset, the sampler differs from the trainer: the default cap)"]
