@@ -1,34 +1,37 @@
-"""bf16 rollouts against fp32 ones: throughput and held-out accuracy of the same GRPO run.
+"""bf16 rollouts and a bf16 update against fp32: throughput and held-out accuracy of the same
+GRPO run.
 
-Two arms on SmolLM2-135M-Instruct (`builtin:smollm2-135m`) with `examples/smollm2-train.toml`'s
+Three arms on SmolLM2-135M-Instruct (`builtin:smollm2-135m`) with `examples/smollm2-train.toml`'s
 task (its chat-template prompt, final-answer reward, T = 0.7, 4 prompts x 8 samples, 24 new
 tokens): `fp32` samples and trains in float32 (the defaults); `bf16` samples in bfloat16
 (`rollout_dtype = "bfloat16"`: a bf16 copy of the weights refreshed after every update) and
-trains in float32, with truncated importance sampling at its default cap (`tis_cap` 2.0). The
-arms alternate, seed by seed (fp32 then bf16 for seed 0, then seed 1, ...), so a change in the
-machine's load hits both alike.
+trains in float32, with truncated importance sampling at its default cap (`tis_cap` 2.0);
+`bf16-both` samples as `bf16` and computes the update in bfloat16 too (`update_dtype =
+"bfloat16"`: autocast over the float32 weights, which with AdamW's state stay float32). The
+arms alternate, seed by seed (fp32, bf16, bf16-both for seed 0, then seed 1, ...), so a change in
+the machine's load hits all alike.
 
-Printed per arm: samples/s over steps 2..N (step 1 warms up; with --steps 1, step 1) as
-samples / (generation + reward + update seconds), evaluation excluded; the median generation,
-reward and update seconds of a step; the bf16/fp32 ratio of samples/s for each seed and their
-median, all measured in this one invocation; the sampler/trainer mismatch
-(`sampler_abs_logratio`) and the TIS weights; and the held-out accuracy of every seed at every
-evaluation (before training, every --eval-every steps, at the end), with the mean and the
-seed-to-seed spread of each arm at the last one, so that "equal within seed noise" can be
-judged. Held-out accuracy is sampled by each arm's own rollout engine (the bf16 arm's in bf16),
-at eval_temperature 0.7 on --eval-size problems.
+Printed per arm: samples/s over steps 2..N (step 1 warms up; with --steps 1, step 1) as samples /
+(generation + reward + update seconds), evaluation excluded; the median generation, reward and
+update seconds of a step; each bf16 arm's ratio to fp32 of samples/s, generation and update
+seconds for each seed and their median, all measured in this one invocation; the sampler/trainer
+mismatch (`sampler_abs_logratio`) and the TIS weights; the share of groups the update skips
+(`zero_std_frac`: a bf16-rollout arm scores their rows in a forward of their own); and the
+held-out accuracy of every seed at every evaluation (before training, every --eval-every steps, at
+the end), with the mean and the seed-to-seed spread of each arm at the last one, so that "equal
+within seed noise" can be judged. Held-out accuracy is sampled by each arm's own rollout engine
+(the bf16 arms' in bf16), at eval_temperature 0.7 on --eval-size problems.
 
 Run it on an otherwise idle machine: the timings are worthless on shared cores.
 
     python bench/bf16_rollouts.py [--steps 12] [--seeds 2] [--eval-every 4] [--eval-size 64]
                                   [--threads 2] [--lr 1e-5] [--json]
 
-Its defaults run 2 seeds x 2 arms x 12 steps = 48 steps and 16 evaluations. Not yet timed on
-idle cores: a step of the example's 4 x 8 samples in fp32 took about 8 s on 2 idle cores
-(examples/smollm2-train.toml), which puts the defaults at roughly 10 minutes there, model loads
-and evaluations included. Only a proof that it runs was made so far: `--steps 1 --seeds 1
---eval-size 8` took 12 min 22 s on 2 cores shared with three other SmolLM2 trainings (load
-average 9; a step's generation 79-91 s instead of a few), so its figures meant nothing.
+Its defaults run 2 seeds x 3 arms x 12 steps = 72 steps and 24 evaluations. The two-arm version
+(fp32, bf16) of `--steps 12 --seeds 2 --eval-every 6 --eval-size 128 --threads 2` took 8 min 7 s
+on 2 idle cores (docs/benchmarks.md); the third arm is not timed yet. `bf16-both` has
+only been run to show that it runs (`--steps 2 --seeds 1 --eval-size 16 --threads 1` on a
+shared core): no figure of it is measured yet.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "smollm2-train.toml"
-ARMS = {"fp32": {}, "bf16": {"rollout_dtype": "bfloat16"}}
+ARMS = {"fp32": {}, "bf16": {"rollout_dtype": "bfloat16"},
+        "bf16-both": {"rollout_dtype": "bfloat16", "update_dtype": "bfloat16"}}
 STEP_KEYS = ("time_gen_s", "time_reward_s", "time_update_s")
 
 
@@ -98,6 +102,7 @@ def one_run(arm: str, seed: int, a) -> dict:
         **{k: statistics.median(r[k] for r in timed) for k in STEP_KEYS},
         "sampler_abs_logratio": statistics.mean(r.get("sampler_abs_logratio", float("nan"))
                                                 for r in steps),
+        "zero_std_frac": statistics.mean(r["zero_std_frac"] for r in steps),
         "eval": {r["samples"]: r["eval_accuracy"] for _, r in sorted(sink.rows.items())
                  if "eval_accuracy" in r},
         "events": sink.events,
@@ -122,14 +127,19 @@ def report(runs: list[dict]) -> None:
                  f"capped at most {max(r['tis_capped_frac'] for r in rs):.4f}"
                  if "tis_weight_mean" in rs[0] else "")
         each = [round(r["samples_per_s"], 2) for r in rs]
+        skipped = statistics.mean(r["zero_std_frac"] for r in rs)
         print(f"{arm}: {rate:7.2f} samples/s (median of seeds {each}); "
-              f"median step: {split}; sampler_abs_logratio "
+              f"median step: {split}; groups skipped (zero_std_frac) {skipped:.2f}; "
+              f"sampler_abs_logratio "
               f"{statistics.mean(r['sampler_abs_logratio'] for r in rs):.2e}{extra}")
-    ratios = [by["bf16", s]["samples_per_s"] / by["fp32", s]["samples_per_s"] for s in seeds]
-    gens = [by["fp32", s]["time_gen_s"] / by["bf16", s]["time_gen_s"] for s in seeds]
-    print(f"bf16 / fp32 samples/s: {statistics.median(ratios):.2f}x (per seed "
-          f"{[round(x, 2) for x in ratios]}); generation alone {statistics.median(gens):.2f}x "
-          "faster")
+    for arm in [a for a in ARMS if a != "fp32"]:
+        ratios = [by[arm, s]["samples_per_s"] / by["fp32", s]["samples_per_s"] for s in seeds]
+        gens = [by["fp32", s]["time_gen_s"] / by[arm, s]["time_gen_s"] for s in seeds]
+        ups = [by["fp32", s]["time_update_s"] / by[arm, s]["time_update_s"] for s in seeds]
+        print(f"{arm} / fp32 samples/s: {statistics.median(ratios):.2f}x (per seed "
+              f"{[round(x, 2) for x in ratios]}); generation alone "
+              f"{statistics.median(gens):.2f}x faster, update alone "
+              f"{statistics.median(ups):.2f}x")
     print("held-out accuracy (samples: per seed)")
     points = sorted({p for r in runs for p in r["eval"]})
     for p in points:
