@@ -19,9 +19,9 @@ The breakdown is one more rollout under torch.profiler: each aten op's own time 
 loop part whose scope (decode.py's PREFILL, STEP, DRAW, CACHE, SHARE) encloses it, the step's
 split into matmuls and the rest; what the ops do not account for of that run's time is Python
 (interpreter, dispatch) overhead (the profiler's own cost lands there too). Beside it, the
-loop's matmuls alone: the same projections on random rows, at the row counts of the loop's
-passes (few rows per pass stream every weight for little work: the limit the loop's shapes set,
-below the square GEMM's).
+loop's matmuls alone: its own weights in its own layout on constant rows, at the row counts of
+the loop's passes (a pass of few rows streams every weight for little work: the limit that the
+loop's shapes set, below the square GEMM's).
 
     python bench/decode_flops.py [--runs 10] [--threads 2] [--gemm 2048] [--dtype float32]
 """
@@ -114,17 +114,22 @@ def _has_matmul(ev) -> bool:
     return ev.name in MATMULS or any(_has_matmul(c) for c in ev.cpu_children)
 
 
-def replay_matmuls(model, passes: list[tuple[int, int]], dtype) -> float:
-    """Seconds the matmuls of forwards over `passes` ((rows, tokens) per call) take alone: every
-    decoder layer's projections on rows x tokens random rows, the LM head on the last."""
+def replay_matmuls(decoder, passes: list[tuple[int, int]], dtype) -> float:
+    """Seconds the matmuls of forwards over `passes` ((rows, tokens) per call) take alone: the
+    loop's own weights in its own layout (`FastDecoder.fused`), every layer's projections on
+    rows x tokens rows, the LM head on the last."""
     import torch
     import torch.nn.functional as F
 
-    head = model.get_output_embeddings().weight
-    linears = [m.weight for m in model.model.modules() if isinstance(m, torch.nn.Linear)]
+    weights, layers = decoder.fused(), decoder.model.model.layers
+    mats = []
+    for (w, _, gu_w, _, *rest), layer in zip(weights.layers, layers, strict=True):
+        o_w, down_w = rest or (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight)
+        mats += [w, o_w, gu_w, down_w]
+    head = decoder.model.lm_head.weight if weights.head is None else weights.head
     t = time.perf_counter()
     for n, k in passes:
-        for w in linears:
+        for w in mats:
             F.linear(torch.ones(n * k, w.shape[1], dtype=dtype), w)
         F.linear(torch.ones(n, head.shape[1], dtype=dtype), head)
     return time.perf_counter() - t
@@ -204,7 +209,9 @@ def main() -> None:
         ups.append(timed_rollout())
         gems.append(gemm())
     u, m = statistics.median(ups), statistics.median(gems)
-    alone = statistics.median(replay_matmuls(model, passes, dtype) for _ in range(a.runs))
+    with torch.no_grad():
+        alone = statistics.median(replay_matmuls(engine.decoder, passes, dtype)
+                                  for _ in range(a.runs))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         profiled = timed_rollout()
     parts = breakdown(prof.events(), profiled)

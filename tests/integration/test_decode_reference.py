@@ -1,7 +1,14 @@
 """The HF engine's decode loop keeps its rollouts: fixed-seed samples of the tiny model equal the
 ones the loop drew before its overhead was cut (tests/fixtures/decode/reference.pt, written by
-`reference_rollouts` at that commit; the tiny model's weights are the same on any machine with
-this torch), and a plain decode — transformers' forward over each whole row, no cache — agrees.
+`reference_rollouts` at commit bd0e907; the tiny model's weights are the same on any machine with
+this torch).
+
+In bfloat16 the arithmetic is the same, op for op: everything equal bit for bit. In float32 the
+loop now multiplies by weights stored transposed (`Layers.fuse_transposed`), which sums the
+products in another order: the tokens are the same and the log-probs and entropies agree to
+2e-5 (seen: under 4e-6 here, under 3e-5 on SmolLM2-135M's 30 layers and 49k vocabulary, where
+the tokens matched too), far inside the 1e-4 to which the loop is held to transformers' forward
+(tests/integration/test_fast_decode_tiny.py).
 """
 
 from __future__ import annotations
@@ -68,12 +75,14 @@ def rollouts(tiny):
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_rollouts_equal_the_stored_reference(rollouts, case):
-    """Tokens, log-probs and entropies bit for bit: the same arithmetic in the same order."""
+    """The same tokens; log-probs and entropies bit for bit in bfloat16, to 2e-5 in float32."""
     want, got = torch.load(FIXTURE)[case], rollouts[case]
+    tol = 0.0 if case.startswith("bf16") else 2e-5
     assert int((~torch.isnan(want["logp"])).sum()) > 40  # real tokens, not all padding
     assert torch.equal(got["ids"], want["ids"])
-    assert torch.allclose(got["logp"], want["logp"], atol=0, rtol=0, equal_nan=True)
+    assert torch.equal(torch.isnan(got["logp"]), torch.isnan(want["logp"]))
+    assert torch.allclose(got["logp"], want["logp"], atol=tol, rtol=0, equal_nan=True)
     if want["entropy"] is None:
         assert got["entropy"] is None
     else:
-        assert torch.allclose(got["entropy"], want["entropy"], atol=0, rtol=0, equal_nan=True)
+        assert torch.allclose(got["entropy"], want["entropy"], atol=tol, rtol=0, equal_nan=True)

@@ -20,6 +20,7 @@ through `generate`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
@@ -30,12 +31,22 @@ from trainer.decoder_math import (
     attention,
     first_of_each,
     prefill_bias,
+    transposed,
     unsupported,  # noqa: F401 (the HF engine imports it from here)
 )
 
 # profiler scopes of the loop's parts (bench/decode_flops.py reads them)
 PREFILL, STEP, DRAW, CACHE, SHARE = ("decode.prefill", "decode.step", "decode.draw",
                                      "decode.cache", "decode.share")
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What a sample's passes multiply by: each layer's `Layers.fused` tuple, and the LM head's
+    weight when stored in another layout than the module's (else None: the module is called)."""
+
+    layers: list[tuple]
+    head: torch.Tensor | None
 
 
 class FastDecoder:
@@ -48,20 +59,22 @@ class FastDecoder:
         self.heads, self.kv_heads, self.head_dim = d.heads, d.kv_heads, d.head_dim
 
     # --- the decoder -------------------------------------------------------------------------
-    def fused(self) -> list[tuple]:
+    def fused(self) -> Weights:
         """The layers' fused projections (`Layers.fused`) with the q rows (the first H*d, in
         either layout) scaled by 1/sqrt(d): RoPE is linear, so attention scores come out
-        already scaled. Computed once per sample; the weights stay fixed while sampling."""
+        already scaled; in float32 every projection and the LM head stored transposed
+        (`Layers.fuse_transposed`: faster products of a pass's few rows). Computed once per
+        sample; the weights stay fixed while sampling."""
         q_rows, scale = self.heads * self.head_dim, self.head_dim**-0.5
-        out = []
-        for w, b, gu_w, gu_b in self.layers.fused():  # fresh tensors (cat, index_select)
+        t = self.model.lm_head.weight.dtype == torch.float32
+        layers = self.layers.fused(stored_transposed=t)
+        for w, b, *_ in layers:  # fresh tensors (cat, index_select)
             w[:q_rows] *= scale
             if b is not None:
                 b[:q_rows] *= scale
-            out.append((w, b, gu_w, gu_b))
-        return out
+        return Weights(layers, transposed(self.model.lm_head.weight) if t else None)
 
-    def forward(self, ids, pos, keys, values, start: int, bias, fused=None):
+    def forward(self, ids, pos, keys, values, start: int, bias, fused: Weights | None = None):
         """Logits [N, V] of the last of tokens `ids` [N, T] at positions `pos`, writing their
         keys/values into slots 0..N-1 of the buffers [N, KV, width, d] at [start, start+T) and
         attending over [0, start+T). `fused`: `self.fused()`, computed once per sample (else
@@ -81,8 +94,8 @@ class FastDecoder:
                           values[i][:, :, :end], bias)
             return o.transpose(1, 2).reshape(n * t, -1)
 
-        x = L.run(x, rope, attend, fused)
-        return L.logits(x.view(n, t, -1)[:, -1])
+        x = L.run(x, rope, attend, fused.layers)
+        return L.logits(x.view(n, t, -1)[:, -1], fused.head)
 
     # --- sampling ------------------------------------------------------------------------------
     def sample(self, u_ids, u_mask, inverse, max_new_tokens: int, temperature: float,
