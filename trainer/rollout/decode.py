@@ -4,10 +4,13 @@ transformers' `generate` rebuilds masks, caches and logits processors around eve
 small models on CPU that bookkeeping costs as much as the arithmetic. This loop runs the same
 decoder (read from the live modules of the model it is handed — the training model, or its
 copy in the rollout precision that the loop refreshes in place — so there is nothing to sync) over
-static key/value buffers: the distinct prompts are pre-filled once and their keys/values copied
-to every row of their group, then each new token is one pass of plain tensor ops (RMSNorm,
-RoPE, attention over the buffer, SwiGLU MLP) over the rows whose histories still differ (rows
-of a group that sampled the same tokens so far share it; ended rows are left out). Its logits
+key/value buffers with one slot per distinct history: the distinct prompts are pre-filled once
+into theirs, then each new token is one pass of plain tensor ops (RMSNorm, RoPE, attention over
+the buffer, SwiGLU MLP) over the slots of the histories still decoding (rows of a group that
+sampled the same tokens so far share one; ended rows have none), the buffers re-gathered only
+when that set changes. Each distinct distribution is worked out once and its rows draw from it.
+In float32 the weights are multiplied from a transposed copy made per sample (faster for a
+pass's few rows on CPU; see `Layers.fuse_transposed`). Its logits
 agree with the model's own forward to float rounding (tests/unit/test_fast_decode.py); the
 trainer recomputes every log-prob with the model's forward anyway, and the per-token sampler
 log-probs it returns measure the gap (in a bf16 copy, the precision's own gap as well).
