@@ -9,8 +9,8 @@ into theirs, then each new token is one pass of plain tensor ops (RMSNorm, RoPE,
 the buffer, SwiGLU MLP) over the slots of the histories still decoding (rows of a group that
 sampled the same tokens so far share one; ended rows have none), the buffers re-gathered only
 when that set changes. Each distinct distribution is worked out once and its rows draw from it.
-In float32 the weights are multiplied from a transposed copy made per sample (faster for a
-pass's few rows on CPU; see `Layers.fuse_transposed`). Its logits
+In float32 on CPU the weights are multiplied from a transposed copy made per sample (faster
+for a pass's few rows there; see `Layers.fuse_transposed`). Its logits
 agree with the model's own forward to float rounding (tests/unit/test_fast_decode.py); the
 trainer recomputes every log-prob with the model's forward anyway, and the per-token sampler
 log-probs it returns measure the gap (in a bf16 copy, the precision's own gap as well).
@@ -22,6 +22,7 @@ through `generate`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -41,6 +42,12 @@ from trainer.decoder_math import (
 # profiler scopes of the loop's parts (bench/decode_flops.py reads them)
 PREFILL, STEP, DRAW, CACHE, SHARE = ("decode.prefill", "decode.step", "decode.draw",
                                      "decode.cache", "decode.share")
+
+
+def _scope(name: str):
+    """A profiler scope `name` while a profiler runs, else nothing: an idle scope still costs
+    ~10 us, and one opens for every layer of every pass."""
+    return record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -65,17 +72,18 @@ class FastDecoder:
     def fused(self) -> Weights:
         """The layers' fused projections (`Layers.fused`) with the q rows (the first H*d, in
         either layout) scaled by 1/sqrt(d): RoPE is linear, so attention scores come out
-        already scaled; in float32 every projection and the LM head stored transposed
-        (`Layers.fuse_transposed`: faster products of a pass's few rows). Computed once per
-        sample; the weights stay fixed while sampling."""
+        already scaled; in float32 on CPU every projection and the LM head stored transposed
+        (`Layers.fuse_transposed`: faster products of a pass's few rows there). Computed once
+        per sample; the weights stay fixed while sampling."""
         q_rows, scale = self.heads * self.head_dim, self.head_dim**-0.5
-        t = self.model.lm_head.weight.dtype == torch.float32
+        head = self.model.lm_head.weight
+        t = head.dtype == torch.float32 and head.device.type == "cpu"
         layers = self.layers.fused(stored_transposed=t)
         for w, b, *_ in layers:  # fresh tensors (cat, index_select)
             w[:q_rows] *= scale
             if b is not None:
                 b[:q_rows] *= scale
-        return Weights(layers, transposed(self.model.lm_head.weight) if t else None)
+        return Weights(layers, transposed(head) if t else None)
 
     def forward(self, ids, pos, keys, values, start: int, bias, fused: Weights | None = None):
         """Logits [N, V] of the last of tokens `ids` [N, T] at positions `pos`, writing their
@@ -90,7 +98,7 @@ class FastDecoder:
         rope = L.rope(pos.reshape(-1), x.dtype)
 
         def attend(i, q, k, v):
-            with record_function(CACHE):
+            with _scope(CACHE):
                 keys[i][:, :, start:end] = k.view(n, t, self.kv_heads, -1).transpose(1, 2)
                 values[i][:, :, start:end] = v.view(n, t, self.kv_heads, -1).transpose(1, 2)
             o = attention(q.view(n, t, self.heads, -1).transpose(1, 2), keys[i][:, :, :end],
@@ -121,7 +129,7 @@ class FastDecoder:
         n, p = len(inverse), u_ids.shape[1]
         dev, dtype = u_ids.device, self.model.model.embed_tokens.weight.dtype
         width = p + max_new_tokens
-        with record_function(PREFILL):
+        with _scope(PREFILL):
             keys = [torch.zeros(len(u_ids), self.kv_heads, width, self.head_dim, dtype=dtype,
                                 device=dev) for _ in self.model.model.layers]
             values = [torch.zeros_like(b) for b in keys]
@@ -137,7 +145,7 @@ class FastDecoder:
         history = inverse  # an id of each row's prompt and tokens so far
         tokens, logps, ents = [], [], []
         for step in range(max_new_tokens):
-            with record_function(DRAW):
+            with _scope(DRAW):
                 token, logp, ent = _draw(logits, slot, done, temperature, top_p)
             token = token.masked_fill(done, pad_id)
             tokens.append(token)
@@ -146,17 +154,17 @@ class FastDecoder:
             done = done | (token == eos_id)
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
-            with record_function(SHARE):
+            with _scope(SHARE):
                 history = torch.unique(torch.stack([history, token], 1), dim=0,
                                        return_inverse=True)[1]
                 rows, back = _passes(history, done)
                 parent = slot[rows]
             if len(parent) != len(keys[0]) or not bool((parent == _arange(parent)).all()):
-                with record_function(CACHE):
+                with _scope(CACHE):
                     keys = [k.index_select(0, parent) for k in keys]
                     values = [v.index_select(0, parent) for v in values]
             prompt = inverse[rows]
-            with record_function(STEP):
+            with _scope(STEP):
                 logits = self.forward(token[rows, None], (last_pos[prompt] + step + 1)[:, None],
                                       keys, values, p + step,
                                       u_bias[prompt, : p + step + 1][:, None, None, :], fused)
