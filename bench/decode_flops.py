@@ -1,23 +1,25 @@
 """The HF engine's decode loop's achieved FLOP/s on a real model, as a share of a GEMM peak of the
 same dtype measured in the same run, with a breakdown of where the rest of its time goes.
 
-Why: sampling a GRPO batch is matrix products too; a loop that reaches a small share of what
-one large matmul reaches spends its time on bookkeeping. One step's rollout of
+Why: sampling a GRPO batch is matrix products too; a loop that reaches a small share of what one
+large matmul reaches spends its time on bookkeeping, or on products too thin (a few rows a pass)
+to use the machine; the breakdown and the matmul replay below tell which. One step's rollout of
 `examples/smollm2-train.toml` (4 prompts x G = 8 completions of up to 24 tokens, T = 0.7, from
 SmolLM2-135M-Instruct's chat-template prompts) is sampled by the engine (trainer/rollout/hf.py,
 its decode loop trainer/rollout/decode.py) with a fixed seed, so every run samples the same
 tokens.
 
 Only useful work is counted: each distinct prompt's real tokens once (the pre-fill), and each
-distinct (prompt, completion prefix) that a row needs a next token for once through the body
-and the LM head (rows of a group that sampled the same tokens so far need one pass; a row ended
-at its EOS and padding are not work), times 2 x the matmul parameters; attention scores are left
-out (printed: ~2% here). The peak is the median of square matmuls of the same dtype at the same
-thread count, alternated with the rollout so load changes hit both. Target: >= 50%.
+distinct (prompt, completion prefix) that a row needs a next token for once through the body and
+the LM head (rows of a group that sampled the same tokens so far need one pass; a row ended at
+its EOS and padding are not work), times 2 x the matmul parameters; attention scores are left
+out (an upper bound is printed: ~4% here). The peak is the median of square matmuls of the same
+dtype at the same thread count, alternated with the rollout so load changes hit both. Target:
+>= 50%.
 
-The breakdown is one more rollout under torch.profiler: each aten op's own time goes to the
-loop part whose scope (decode.py's PREFILL, STEP, DRAW, CACHE, SHARE) encloses it, the step's
-split into matmuls and the rest; what the ops do not account for of that run's time is Python
+The breakdown is one more rollout under torch.profiler: each aten op's own time goes to the loop
+part whose scope (decode.py's PREFILL, STEP, DRAW, CACHE, SHARE) encloses it, the step's split
+into matmuls and the rest; what the ops do not account for of that run's time is Python
 (interpreter, dispatch) overhead (the profiler's own cost lands there too). Beside it, the
 loop's matmuls alone: its own weights in its own layout on constant rows, at the row counts of
 the loop's passes (a pass of few rows streams every weight for little work: the limit that the
