@@ -234,30 +234,30 @@ class Layers:
     def fuse(self, layer) -> tuple:
         """(q/k/v weight, its bias, gate/up weight, its bias) of one decoder layer: the
         projections run as one matrix each, q/k rows in this model's layout. Differentiable."""
-        a, mlp = layer.self_attn, layer.mlp
-        qkv, gu = (a.q_proj, a.k_proj, a.v_proj), (mlp.gate_proj, mlp.up_proj)
+        gu = (layer.mlp.gate_proj, layer.mlp.up_proj)
+        return *self._qkv(layer), torch.cat([m.weight for m in gu]), _cat_bias(gu)
+
+    def _qkv(self, layer) -> tuple:
+        """The fused q/k/v weight of one layer, q/k rows in this model's layout, and its bias."""
+        a = layer.self_attn
+        qkv = (a.q_proj, a.k_proj, a.v_proj)
         w, b = torch.cat([m.weight for m in qkv]), _cat_bias(qkv)
         if self._perm is not None:
             perm = self._perm.to(w.device)
             w = w.index_select(0, perm)
             b = None if b is None else b.index_select(0, perm)
-        return w, b, torch.cat([m.weight for m in gu]), _cat_bias(gu)
+        return w, b
 
     def fuse_transposed(self, layer) -> tuple:
-        """`fuse`'s four and the output and down projections' weights, each stored transposed
-        ([in, out] contiguous) and returned as its [out, in] view: F.linear then multiplies by
-        the stored matrix as it lies, which for a few rows in float32 on CPU ran 1.3-3x faster
-        than from the modules' [out, in] layout (the same numbers to float rounding; not in
-        bfloat16, whose few-row products ran no faster so). For fixed weights (decoding)."""
+        """`fuse`'s four, then the output and down projections' weights, the gate/up and down
+        ones stored transposed ([in, out] contiguous, returned as the [out, in] view): F.linear
+        then multiplies by the stored matrix as it lies, which for a pass's few rows in float32
+        on CPU ran 1.3-1.4x faster for these (the same numbers to float rounding); q/k/v and o
+        ran no faster so, and bfloat16 products no faster at all. For fixed weights (decoding)."""
         a, mlp = layer.self_attn, layer.mlp
-        qkv, gu = (a.q_proj, a.k_proj, a.v_proj), (mlp.gate_proj, mlp.up_proj)
-        w, b = torch.cat([m.weight.t() for m in qkv], 1), _cat_bias(qkv)
-        if self._perm is not None:
-            perm = self._perm.to(w.device)
-            w = w.index_select(1, perm)
-            b = None if b is None else b.index_select(0, perm)
-        return (w.t(), b, torch.cat([m.weight.t() for m in gu], 1).t(), _cat_bias(gu),
-                transposed(a.o_proj.weight), transposed(mlp.down_proj.weight))
+        gu = (mlp.gate_proj, mlp.up_proj)
+        return (*self._qkv(layer), torch.cat([m.weight.t() for m in gu], 1).t(), _cat_bias(gu),
+                a.o_proj.weight, transposed(mlp.down_proj.weight))
 
     def fused(self, stored_transposed: bool = False) -> list[tuple]:
         """`fuse` (or `fuse_transposed`) of every layer, for a caller running many forwards on

@@ -4,8 +4,8 @@ ones the loop drew before its overhead was cut (tests/fixtures/decode/reference.
 this torch).
 
 In bfloat16 the arithmetic is the same, op for op: everything equal bit for bit. In float32 the
-loop now multiplies by weights stored transposed (`Layers.fuse_transposed`), which sums the
-products in another order: the tokens are the same and the log-probs and entropies agree to
+loop now multiplies by its widest weights stored transposed (`Layers.fuse_transposed`), which
+sums the products in another order: the tokens are the same and the log-probs and entropies agree to
 2e-5 (seen: under 4e-6 here, under 3e-5 on SmolLM2-135M's 30 layers and 49k vocabulary, where
 the tokens matched too), far inside the 1e-4 to which the loop is held to transformers' forward
 (tests/integration/test_fast_decode_tiny.py).

@@ -9,8 +9,8 @@ into theirs, then each new token is one pass of plain tensor ops (RMSNorm, RoPE,
 the buffer, SwiGLU MLP) over the slots of the histories still decoding (rows of a group that
 sampled the same tokens so far share one; ended rows have none), the buffers re-gathered only
 when that set changes. Each distinct distribution is worked out once and its rows draw from it.
-In float32 on CPU the weights are multiplied from a transposed copy made per sample (faster
-for a pass's few rows there; see `Layers.fuse_transposed`). Its logits
+In float32 on CPU the widest weights are multiplied from a transposed copy made per sample
+(faster for a pass's few rows there; see `Layers.fuse_transposed`). Its logits
 agree with the model's own forward to float rounding (tests/unit/test_fast_decode.py); the
 trainer recomputes every log-prob with the model's forward anyway, and the per-token sampler
 log-probs it returns measure the gap (in a bf16 copy, the precision's own gap as well).
@@ -72,9 +72,10 @@ class FastDecoder:
     def fused(self) -> Weights:
         """The layers' fused projections (`Layers.fused`) with the q rows (the first H*d, in
         either layout) scaled by 1/sqrt(d): RoPE is linear, so attention scores come out
-        already scaled; in float32 on CPU every projection and the LM head stored transposed
-        (`Layers.fuse_transposed`: faster products of a pass's few rows there). Computed once
-        per sample; the weights stay fixed while sampling."""
+        already scaled; in float32 on CPU the gate/up, down and LM head weights stored
+        transposed (`Layers.fuse_transposed`: faster products of a pass's few rows there; the
+        head's ran 2x faster). Computed once per sample; the weights stay fixed while
+        sampling."""
         q_rows, scale = self.heads * self.head_dim, self.head_dim**-0.5
         head = self.model.lm_head.weight
         t = head.dtype == torch.float32 and head.device.type == "cpu"
