@@ -29,6 +29,10 @@
 #    samples; samples/s, rewards, eval accuracy (and vLLM's log-prob gap to the trainer).
 #    Its function ran on CPU scaled down (64 samples, 4 prompts; for vLLM without sleep mode,
 #    which its CPU build lacks): bf16 there gave a sampler-trainer |log-ratio| of 0.03-0.04.
+# 6. The SmolLM2 batch-size study sized for a GPU (examples/smollm2-sweep-gpu.toml, mixed bf16)
+#    through scripts/demo.sh: sweep, both clocks, schedule, the schedule trained, compare,
+#    report; cut to one seed and a quarter of the budget unless TWOCLOCKS_GPU_STUDY=full (then
+#    into out/study-gpu, kept). In the vLLM half the cut study again with rollout_engine vllm.
 # Exits non-zero on the first failed check; prints "gpu-check: all checks passed" at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -126,12 +130,38 @@ for key in keys:
 EOF
 }
 
+study() {  # $1 engine: the SmolLM2 study (cut unless TWOCLOCKS_GPU_STUDY=full) via demo.sh
+  local engine=$1 out="$WORK/study-$1" cfg
+  local cut=(-e 's/^sample_budget = .*/sample_budget = 4096/' -e 's/^seeds = .*/seeds = [0]/')
+  if [ "${TWOCLOCKS_GPU_STUDY:-cut}" = full ]; then
+    out="out/study-gpu-$engine" cut=()
+  fi
+  mkdir -p "$out"
+  cfg="$out/study.toml"
+  sed "${cut[@]}" -e "s|^workdir = .*|workdir = \"$out/runs\"|" \
+      -e "s|^name = .*|name = \"smollm2-sums-gpu-$engine\"|" examples/smollm2-sweep-gpu.toml >"$cfg"
+  if [ "$engine" = vllm ]; then  # vLLM samples in the model's dtype: bf16 parameters throughout
+    sed -i -e '/^rollout_dtype = /d' -e '/^update_dtype = /d' \
+      -e 's/^dtype = .*/dtype = "bfloat16"/' -e 's/^rollout_engine = .*/rollout_engine = "vllm"\
+vllm_gpu_memory_utilization = 0.2\
+vllm_enable_sleep_mode = true/' "$cfg"
+  fi
+  TWOCLOCKS_DEMO_CONFIG="$cfg" TWOCLOCKS_DEMO_OUT="$out" bash scripts/demo.sh
+  [ -s "$out/report/index.html" ] || { echo "gpu-check [study $engine]: no report"; exit 1; }
+  if [ -s "$out/compare.json" ]; then
+    echo "gpu-check [study $engine]: schedule trained and compared ($out/compare.json)"
+  else
+    echo "gpu-check [study $engine]: the sweep ran but no schedule was compared (see above)"
+  fi
+}
+
 HAVE_SMOLLM2=0
 if "$PY" -c "from trainer.tiny import model_problem as p; import sys; sys.exit(bool(p('builtin:smollm2-135m')))"; then
   HAVE_SMOLLM2=1
 fi
 if [ "$HAVE_SMOLLM2" = 1 ]; then
   smollm2 hf
+  study hf
 else
   echo "gpu-check: builtin:smollm2-135m is not installed here: its run was skipped (scripts/setup.sh)"
 fi
@@ -181,6 +211,7 @@ fi
 train vllm vllm
 if [ "$HAVE_SMOLLM2" = 1 ]; then
   smollm2 vllm
+  study vllm
 fi
 
 "$PY" - <<'EOF'
