@@ -84,7 +84,7 @@ def run_config(text: str, cell: Cell, args) -> str:
 
 def train(cell: Cell, args) -> Path:
     """Train one cell into its own folder (reused when finished); the folder."""
-    folder = Path(args.out) / cell.name
+    folder = Path(args.out).resolve() / cell.name
     if (folder / "wall_s").exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
