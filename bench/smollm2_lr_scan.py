@@ -149,13 +149,14 @@ def verdict(cell: Cell, folder: Path) -> dict:
 def table(rows: list[dict]) -> str:
     """One line per cell, the metrics at its collapse (or its end), then its curve."""
     out = [f"{'B':>4} {'lr':>7} {'seed':>4} {'base':>5} {'peak':>5} {'@':>5} {'final':>5} "
-           f"{'collapse':>8}  {'verdict':<24} {'drift':>8} {'KL0':>6} {'ent':>5} {'len':>5} "
-           f"{'min':>5}  curve (samples:acc)"]
+           f"{'collapse':>8} {'dips':>9}  {'verdict':<24} {'drift':>8} {'KL0':>6} {'ent':>5} "
+           f"{'len':>5} {'min':>5}  curve (samples:acc)"]
     for r in rows:
         a = r["at"]
         out.append(f"{r['samples_per_batch']:>4} {r['lr']:>7.1e} {r['seed']:>4} {r['base']:>5.3f} "
                    f"{r['peak']:>5.3f} {r['peak_at']:>5} {r['final']:>5.3f} "
-                   f"{'-' if r['collapse_at'] is None else int(r['collapse_at']):>8}  "
+                   f"{'-' if r['collapse_at'] is None else int(r['collapse_at']):>8} "
+                   f"{','.join(str(int(d)) for d in r['dips']) or '-':>9}  "
                    f"{r['verdict']:<24} {a['drift_rel']:>8.2e} {a['kl_init']:>6.3f} "
                    f"{a['entropy']:>5.3f} {a['resp_len_mean']:>5.1f} {r['wall_min']:>5.1f}  "
                    + " ".join(f"{n}:{v:.2f}" for n, v in r["curve"]))
