@@ -45,7 +45,9 @@ last number of the completion, at any length), T = 0.7, 4 prompts x 8 samples, l
 `--max-new-tokens` 24 (or 128; default 192 samples: 6 batches, 2..6 timed). Target there:
 ours / TRL >= 2. `--dtype bfloat16` puts both trainers' parameters in bf16 (ours: dtype; TRL:
 the model loaded in bf16 and `bf16=True`, which transformers accepts on CPU with use_cpu and
-runs as CPU autocast; AdamW steps on the bf16 weights in both). `--rollout-dtype` is ours
+runs as CPU autocast; AdamW steps on the bf16 weights in both). `--update-dtype bfloat16` is
+mixed precision in both: float32 weights and AdamW, the update under bf16 autocast (ours:
+update_dtype; TRL: bf16=True on the float32 model). `--rollout-dtype` is ours
 alone (TRL's transformers path samples with the training weights; ours then applies its TIS
 cap, 2.0 by default).
 
@@ -64,11 +66,13 @@ The four configurations the docs report:
     python bench/trainer_throughput.py --smollm2 --max-new-tokens 128     # fp32, 128 tokens
     python bench/trainer_throughput.py --smollm2 --both-skips             # skip and no-skip
     python bench/trainer_throughput.py --smollm2 --dtype bfloat16         # bf16 both
+    python bench/trainer_throughput.py --smollm2 --update-dtype bfloat16 --rollout-dtype bfloat16
 
     python bench/trainer_throughput.py [--samples 2048] [--trl-path DIR] [--threads 2]
         [--repeats 3] [--few-shot] [--updates 1|2] [--hf-decoder auto|generate] [--smollm2]
         [--max-new-tokens N] [--no-skip | --both-skips] [--dtype float32|bfloat16]
-        [--rollout-dtype auto|float32|bfloat16|float16] [--no-every-metric]
+        [--rollout-dtype auto|float32|bfloat16|float16] [--update-dtype bfloat16]
+        [--no-every-metric]
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def settings(a, model_dir: str, template: str | None, skip: bool, all_metrics: b
             "new_tokens": NEW_TOKENS, "lr": LR, "temperature": TEMPERATURE, "reward": REWARD,
             "task": TASK, "template": template or "", "updates": a.updates,
             "decoder": a.hf_decoder, "skip": skip, "all_metrics": all_metrics,
-            "dtype": a.dtype, "rollout_dtype": a.rollout_dtype}
+            "dtype": a.dtype, "rollout_dtype": a.rollout_dtype, "update_dtype": a.update_dtype}
 
 
 def child_env(trl_path: str | None) -> dict:
@@ -170,12 +174,14 @@ def make_arms(a, model_dir: str, template: str | None, trl_ok: bool) -> list[Arm
         skips = [True, False]
     else:
         skips = [not a.no_skip]
-    ours_dtype = a.dtype + (f", rollouts {a.rollout_dtype}" if a.rollout_dtype else "")
+    ours_dtype = (a.dtype + (f", rollouts {a.rollout_dtype}" if a.rollout_dtype else "")
+                  + (f", update {a.update_dtype} autocast" if a.update_dtype else ""))
     arms = [Arm("twoclocks" + ("" if skip else " (no skip)"), "ours",
                 settings(a, model_dir, template, skip, False), ours_dtype,
                 "yes" if skip else "no") for skip in skips]
     if trl_ok:
-        trl_dtype = "bfloat16, bf16=True" if a.dtype == "bfloat16" else a.dtype
+        trl_dtype = ("bfloat16, bf16=True" if a.dtype == "bfloat16"
+                     else "float32, bf16=True (autocast)" if a.update_dtype else a.dtype)
         arms.append(Arm("TRL GRPOTrainer", "trl", settings(a, model_dir, template, False, False),
                         trl_dtype, "no (trains all)"))
     return arms
@@ -262,6 +268,9 @@ def parse_args() -> argparse.Namespace:
                     help="Both trainers' parameter dtype.")
     ap.add_argument("--rollout-dtype", choices=("auto", "float32", "bfloat16", "float16"),
                     default=None, help="Ours only: the precision its rollouts sample in.")
+    ap.add_argument("--update-dtype", choices=("bfloat16",), default=None,
+                    help="Mixed precision: ours' update under bf16 autocast over float32 "
+                         "weights, TRL's bf16=True over float32 weights (the same scheme).")
     ap.add_argument("--every-metric", action=argparse.BooleanOptionalAction, default=True,
                     help="One more run of ours with kl_init and the noise terms every step.")
     a = ap.parse_args()

@@ -111,7 +111,7 @@ def run_ours(s: dict) -> dict:
         noise_every=1 if s["all_metrics"] else 0,  # TRL measures no gradient noise
         threads=s["threads"], seed=0, prompt_template=s["template"] or None,
         skip_zero_advantage=s["skip"], ppo_epochs=s["updates"], hf_decoder=s["decoder"],
-        dtype=s["dtype"], rollout_dtype=s["rollout_dtype"],
+        dtype=s["dtype"], rollout_dtype=s["rollout_dtype"], update_dtype=s["update_dtype"],
         micro_batch_size=s["P"] * s["G"],  # TRL's per_device_train_batch_size: one pass
     )
     sink, rows = _Sink(), []
@@ -204,7 +204,8 @@ def run_trl(s: dict) -> dict:
         num_generations=G, steps_per_generation=1, num_iterations=updates,
         max_completion_length=s["new_tokens"], temperature=s["temperature"], top_p=1.0, top_k=0,
         learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, beta=0.0,
-        loss_type="dapo", scale_rewards="group", bf16=s["dtype"] == "bfloat16", fp16=False,
+        loss_type="dapo", scale_rewards="group", fp16=False,
+        bf16=s["dtype"] == "bfloat16" or s["update_dtype"] == "bfloat16",
         gradient_checkpointing=False, use_cpu=True, max_steps=s["samples"] // (P * G) * updates,
         logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_tqdm=True,
         dataloader_num_workers=0,
