@@ -27,11 +27,8 @@ Run it on an otherwise idle machine: the timings are worthless on shared cores.
     python bench/bf16_rollouts.py [--steps 12] [--seeds 2] [--eval-every 4] [--eval-size 64]
                                   [--threads 2] [--lr 1e-5] [--json]
 
-Its defaults run 2 seeds x 3 arms x 12 steps = 72 steps and 24 evaluations. The two-arm version
-(fp32, bf16) of `--steps 12 --seeds 2 --eval-every 6 --eval-size 128 --threads 2` took 8 min 7 s
-on 2 idle cores (docs/benchmarks.md); the third arm is not timed yet. `bf16-both` has
-only been run to show that it runs (`--steps 2 --seeds 1 --eval-size 16 --threads 1` on a
-shared core): no figure of it is measured yet.
+Its defaults run 2 seeds x 3 arms x 12 steps = 72 steps and 24 evaluations. `--steps 12 --seeds
+2 --eval-every 6 --eval-size 128 --threads 2` took 12 min 4 s on 2 idle cores (docs/benchmarks.md).
 """
 
 from __future__ import annotations
