@@ -89,6 +89,12 @@ def _is_scorer(model) -> bool:
     return isinstance(inner, Scorer)
 
 
+def _sharded(model) -> bool:
+    """Whether `model` is FSDP-sharded: its head then runs on every position, so that every
+    rank's head forward and backward gather and reduce the same shapes."""
+    return type(model).__name__.startswith("FSDP")
+
+
 def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, p: int) -> torch.Tensor:
     """Logits [n, C, V] predicting completion tokens ids[:, p:], prompts left-padded to `p`.
 
@@ -114,7 +120,7 @@ def completion_logprobs(model, rollout, temperature: float, with_entropy: bool =
     device = next(model.parameters()).device
     ids, mask = rollout.input_ids.to(device), rollout.attention_mask.to(device)
     p = rollout.prompt_len
-    if _is_scorer(model):
+    if _is_scorer(model) and not _sharded(model):
         logits, index = model(ids, mask, p, rollout.completion_mask.to(device).bool())
         return _scored(logits, index, ids[:, p:], temperature, with_entropy)
     logits = completion_logits(model, ids, mask, p)
