@@ -13,8 +13,14 @@ import math
 import pytest
 import torch
 
-from tests.support.cells import TIMING
-from tests.support.training import Collect, full_row_logits, load_tiny
+from tests.support.training import (
+    Collect,
+    KeptEngine,
+    full_row_logits,
+    load_tiny,
+    train_collected,
+    without_timings,
+)
 
 pytestmark = pytest.mark.tiny_model
 
@@ -22,43 +28,12 @@ BASE = dict(prompts_per_batch=8, group_size=4, lr=1e-3, sample_budget=32, seed=5
             eval_every_samples=0, checkpoint_every_steps=0, threads=1)
 
 
-class _Kept:
-    """The configured engine, keeping every rollout and the model it was handed."""
-
-    def __init__(self):
-        self.rollouts, self.model = [], None
-
-    def __call__(self, cfg, model, tok, path):
-        from trainer.rollout import make_engine
-
-        self.model, inner = model, make_engine(cfg, model, tok, path)
-        kept = self
-
-        class Engine:
-            def sync(self, m):
-                inner.sync(m)
-
-            def generate(self, prompts, temperature=None):
-                roll = inner.generate(prompts, temperature)
-                kept.rollouts.append(roll)
-                return roll
-
-        return Engine()
+_Kept = KeptEngine
+_plain = without_timings
 
 
-def _train(tmp_path, name: str, on_step=None, make=None, **over) -> Collect:
-    from trainer.config import TrainConfig
-    from trainer.loop import train
-
-    sink = Collect()
-    cfg = TrainConfig(**{**BASE, **over})
-    assert train(cfg, sink, tmp_path / name, on_step=on_step, make_rollout=make) == "completed"
-    return sink
-
-
-def _plain(rows: dict) -> dict:
-    """The rows without their timings (the only values that differ between equal runs)."""
-    return {s: {k: v for k, v in r.items() if k not in TIMING} for s, r in rows.items()}
+def _train(tmp_path, name: str, make=None, on_step=None, **over) -> Collect:
+    return train_collected(tmp_path, name, {**BASE, **over}, make=make, on_step=on_step)
 
 
 def test_the_bf16_samplers_mismatch_is_small_and_is_what_the_trainer_measures(tmp_path):

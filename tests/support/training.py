@@ -38,3 +38,45 @@ def full_row_logits(model, ids, mask, p):
     completion positions from `p` on (the truth for twoclocks' own forward)."""
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, p - 1 : -1]
+
+
+class KeptEngine:
+    """The configured engine, keeping every rollout and the model it was handed."""
+
+    def __init__(self):
+        self.rollouts, self.model = [], None
+
+    def __call__(self, cfg, model, tok, path):
+        from trainer.rollout import make_engine
+
+        self.model, inner = model, make_engine(cfg, model, tok, path)
+        kept = self
+
+        class Engine:
+            def sync(self, m):
+                inner.sync(m)
+
+            def generate(self, prompts, temperature=None):
+                roll = inner.generate(prompts, temperature)
+                kept.rollouts.append(roll)
+                return roll
+
+        return Engine()
+
+
+def train_collected(tmp_path, name: str, config: dict, make=None, on_step=None) -> Collect:
+    """`train()` of TrainConfig(**config) into tmp_path/name, rows collected; must complete."""
+    from trainer.config import TrainConfig
+    from trainer.loop import train
+
+    sink = Collect()
+    assert train(TrainConfig(**config), sink, tmp_path / name, on_step=on_step,
+                 make_rollout=make) == "completed"
+    return sink
+
+
+def without_timings(rows: dict) -> dict:
+    """The rows without their timings (the only values that differ between equal runs)."""
+    from tests.support.cells import TIMING
+
+    return {s: {k: v for k, v in r.items() if k not in TIMING} for s, r in rows.items()}
