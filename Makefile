@@ -1,11 +1,17 @@
 # The two set-up commands of the README: `make demo` (the main job) and `make test` (the tests).
-.PHONY: setup demo test test-fast test-real test-vllm wheel-check bench
+.PHONY: setup demo demo-real test test-fast test-real test-vllm wheel-check bench
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	bash scripts/demo.sh
+
+# The batch-size study on SmolLM2-135M (a benchmark, about an hour and a half on 2 idle cores):
+# the main job's steps on examples/smollm2-sweep.toml, into out/demo-real/.
+demo-real: setup
+	TWOCLOCKS_DEMO_CONFIG=examples/smollm2-sweep.toml TWOCLOCKS_DEMO_OUT=out/demo-real \
+	  bash scripts/demo.sh
 
 test:
 	bash scripts/test.sh
