@@ -14,35 +14,24 @@ import pytest
 import torch
 
 from tests.support.training import (
+    SMALL_RUN,
     Collect,
     KeptEngine,
     full_row_logits,
     load_tiny,
-    train_collected,
+    train_small,
     without_timings,
 )
 
 pytestmark = pytest.mark.tiny_model
-
-BASE = dict(prompts_per_batch=8, group_size=4, lr=1e-3, sample_budget=32, seed=5,
-            eval_every_samples=0, checkpoint_every_steps=0, threads=1)
-
-
-_Kept = KeptEngine
-_plain = without_timings
-
-
-def _train(tmp_path, name: str, make=None, on_step=None, **over) -> Collect:
-    return train_collected(tmp_path, name, {**BASE, **over}, make=make, on_step=on_step)
-
 
 def test_the_bf16_samplers_mismatch_is_small_and_is_what_the_trainer_measures(tmp_path):
     """The sampler's log-probs come from the bf16 copy: their gap to the fp32 policy is far
     above fp32 rounding (the HF engine in fp32 reads < 1e-6) and small; the logged
     `sampler_abs_logratio` and `sampler_kl_k3` are what an fp32 forward of transformers over
     the same tokens gives against them; TIS is on at the default cap 2."""
-    kept = _Kept()
-    sink = _train(tmp_path, "bf16", make=kept, rollout_dtype="bfloat16")
+    kept = KeptEngine()
+    sink = train_small(tmp_path, "bf16", make=kept, rollout_dtype="bfloat16")
     assert kept.model.dtype == torch.bfloat16 and not kept.model.lm_head.weight.requires_grad
     row, roll = sink.rows[1], kept.rollouts[0]
     _, _, model = load_tiny()  # the run's initial weights: what step 1 sampled from
@@ -64,7 +53,7 @@ def test_the_bf16_samplers_mismatch_is_small_and_is_what_the_trainer_measures(tm
 
 
 def test_tis_off_keeps_the_mismatch_and_drops_the_correction(tmp_path):
-    row = _train(tmp_path, "off", rollout_dtype="bfloat16", tis_cap="off").rows[1]
+    row = train_small(tmp_path, "off", rollout_dtype="bfloat16", tis_cap="off").rows[1]
     assert row["sampler_abs_logratio"] > 1e-4
     assert "tis_weight_mean" not in row and "tis_capped_frac" not in row
 
@@ -72,13 +61,13 @@ def test_tis_off_keeps_the_mismatch_and_drops_the_correction(tmp_path):
 def test_an_explicit_fp32_config_is_bit_identical_to_the_defaults(tmp_path):
     """The defaults sample with the training model itself (no copy, no TIS, no event), and a
     config that names float32 for both is the same run, value for value."""
-    kept = _Kept()
-    default = _train(tmp_path, "default", make=kept, sample_budget=64)
+    kept = KeptEngine()
+    default = train_small(tmp_path, "default", make=kept, sample_budget=64)
     assert kept.model.dtype == torch.float32 and kept.model.lm_head.weight.requires_grad
-    named = _train(tmp_path, "named", dtype="float32", rollout_dtype="float32",
+    named = train_small(tmp_path, "named", dtype="float32", rollout_dtype="float32",
                    sample_budget=64)
     assert sorted(default.rows) == [1, 2]
-    assert _plain(default.rows) == _plain(named.rows)
+    assert without_timings(default.rows) == without_timings(named.rows)
     assert default.events == [] and "tis_weight_mean" not in default.rows[2]
     assert 0 <= default.rows[1]["sampler_abs_logratio"] < 1e-4  # the trainer's own rounding
     assert named.events == [
@@ -95,7 +84,7 @@ def test_a_bf16_rollout_run_resumes_exactly(tmp_path):
     uninterrupted run's: the bf16 copy is rebuilt from the checkpoint's fp32 weights."""
     over = dict(rollout_dtype="bfloat16", prompts_per_batch=4, sample_budget=64,
                 checkpoint_every_steps=2, eval_every_samples=32, eval_size=16)
-    whole = _train(tmp_path, "whole", **over)
+    whole = train_small(tmp_path, "whole", **over)
 
     def cut(progress):
         if progress.step == 3:
@@ -105,10 +94,10 @@ def test_a_bf16_rollout_run_resumes_exactly(tmp_path):
     from trainer.config import TrainConfig
     from trainer.loop import train
 
-    cfg = TrainConfig(**{**BASE, **over})
+    cfg = TrainConfig(**{**SMALL_RUN, **over})
     with pytest.raises(_Cut):
         train(cfg, sink, tmp_path / "cut", on_step=cut)
     assert train(cfg, sink, tmp_path / "cut") == "completed"
     assert sorted(whole.rows) == [0, 1, 2, 3, 4]
-    assert _plain(sink.rows) == _plain(whole.rows)
+    assert without_timings(sink.rows) == without_timings(whole.rows)
     assert not math.isnan(whole.rows[4]["eval_accuracy"])

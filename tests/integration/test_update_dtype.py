@@ -18,35 +18,24 @@ import pytest
 import torch
 
 from tests.support.training import (
+    SMALL_RUN,
     Collect,
     KeptEngine,
     full_row_logits,
     load_tiny,
-    train_collected,
+    train_small,
     without_timings,
 )
 
 pytestmark = pytest.mark.tiny_model
 
-BASE = dict(prompts_per_batch=8, group_size=4, lr=1e-3, sample_budget=32, seed=5,
-            eval_every_samples=0, checkpoint_every_steps=0, threads=1)
-
-
-_Kept = KeptEngine
-_plain = without_timings
-
-
-def _train(tmp_path, name: str, make=None, on_step=None, **over) -> Collect:
-    return train_collected(tmp_path, name, {**BASE, **over}, make=make, on_step=on_step)
-
-
 def test_unset_is_bit_identical_to_an_explicit_float32(tmp_path):
     """update_dtype unset is the update as before the option existed: a config naming float32
     logs the same rows value for value; only the named one says so in an event."""
-    default = _train(tmp_path, "default", sample_budget=64)
-    named = _train(tmp_path, "named", update_dtype="float32", sample_budget=64)
+    default = train_small(tmp_path, "default", sample_budget=64)
+    named = train_small(tmp_path, "named", update_dtype="float32", sample_budget=64)
     assert sorted(default.rows) == [1, 2]
-    assert _plain(default.rows) == _plain(named.rows)
+    assert without_timings(default.rows) == without_timings(named.rows)
     assert default.events == []
     assert named.events == [
         "rollouts sample in float32 (rollout_dtype unset: the parameter dtype), the update runs "
@@ -177,13 +166,13 @@ def test_the_entropy_comes_off_the_update_with_no_forward_of_its_own(tmp_path, u
     update; under bf16 autocast a token's entropy moves by bf16 rounding of the logits (up to
     0.04 here), their mean over the batch by 1e-4 to 1.2e-3 relative (five rollouts of 32
     rows measured), inside 5e-3."""
-    kept = _Kept()
+    kept = KeptEngine()
     over = dict(rollout_dtype="bfloat16", skip_zero_advantage=False, kl_init_every=0,
                 micro_batch_size=16, noise_every=0)
     if update_dtype:
         over["update_dtype"] = update_dtype
     with _Forwards() as seen:
-        sink = _train(tmp_path, "ent", make=kept, **over)
+        sink = train_small(tmp_path, "ent", make=kept, **over)
     roll = kept.rollouts[0]
     assert seen.calls == [(16, True), (16, True)]  # 32 rows, two micro-batches, no more
     truth = _entropy_truth(roll)
@@ -195,9 +184,9 @@ def test_skipped_rows_alone_get_a_forward_in_the_update_precision(tmp_path):
     """With zero-advantage rows skipped, the only forward apart from the update's is one
     without a graph over exactly those rows (the logged entropy covers every row): the sum of
     the update's rows and theirs is the batch, each row once."""
-    kept = _Kept()
+    kept = KeptEngine()
     with _Forwards() as seen:
-        sink = _train(tmp_path, "skip", make=kept, rollout_dtype="bfloat16",
+        sink = train_small(tmp_path, "skip", make=kept, rollout_dtype="bfloat16",
                       update_dtype="bfloat16", kl_init_every=0, micro_batch_size=32,
                       noise_every=0)
     trained = sum(n for n, grad in seen.calls if grad)
@@ -225,14 +214,14 @@ def test_a_bf16_update_run_resumes_exactly(tmp_path):
 
     over = dict(rollout_dtype="bfloat16", update_dtype="bfloat16", prompts_per_batch=4,
                 sample_budget=64, checkpoint_every_steps=2, eval_every_samples=32, eval_size=16)
-    whole = _train(tmp_path, "whole", **over)
+    whole = train_small(tmp_path, "whole", **over)
 
     def cut(progress):
         if progress.step == 3:
             raise _Cut
 
     sink = Collect()
-    cfg = TrainConfig(**{**BASE, **over})
+    cfg = TrainConfig(**{**SMALL_RUN, **over})
     with pytest.raises(_Cut):
         train(cfg, sink, tmp_path / "cut", on_step=cut)
     main, _ = checkpoint.load(checkpoint.latest(tmp_path / "cut"), 0)
@@ -243,7 +232,7 @@ def test_a_bf16_update_run_resumes_exactly(tmp_path):
     assert moments and all(v.dtype == torch.float32 for v in moments)
     assert train(cfg, sink, tmp_path / "cut") == "completed"
     assert sorted(whole.rows) == [0, 1, 2, 3, 4]
-    assert _plain(sink.rows) == _plain(whole.rows)
+    assert without_timings(sink.rows) == without_timings(whole.rows)
     assert not math.isnan(whole.rows[4]["eval_accuracy"])
 
 
@@ -254,7 +243,7 @@ def test_a_bf16_update_alone_keeps_the_samplers_entropy_and_corrects_the_gap(tmp
     update's forward, so the gap is bf16's (far above fp32's < 1e-4, the defaults' own
     rounding) and TIS is on at its default cap."""
     with _Forwards() as seen:
-        sink = _train(tmp_path, "alone", update_dtype="bfloat16", kl_init_every=0,
+        sink = train_small(tmp_path, "alone", update_dtype="bfloat16", kl_init_every=0,
                       micro_batch_size=32, noise_every=0)
     row = sink.rows[1]
     assert all(grad for _, grad in seen.calls)

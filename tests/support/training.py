@@ -75,6 +75,15 @@ def train_collected(tmp_path, name: str, config: dict, make=None, on_step=None) 
     return sink
 
 
+SMALL_RUN = dict(prompts_per_batch=8, group_size=4, lr=1e-3, sample_budget=32, seed=5,
+                 eval_every_samples=0, checkpoint_every_steps=0, threads=1)
+
+
+def train_small(tmp_path, name: str, make=None, on_step=None, **over) -> Collect:
+    """A few tiny-model steps (SMALL_RUN with `over` on top), rows collected."""
+    return train_collected(tmp_path, name, {**SMALL_RUN, **over}, make=make, on_step=on_step)
+
+
 def without_timings(rows: dict) -> dict:
     """The rows without their timings (the only values that differ between equal runs)."""
     from tests.support.cells import TIMING
