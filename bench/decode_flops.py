@@ -32,23 +32,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from matmul_rate import alternate, gemm_timer, matmul_params, rate_args, rate_lines, smollm2_batch  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm")
 PARTS = ("prefill", "step matmuls", "step other ops", "sampling", "cache handling",
          "row sharing", "outside the loop", "python overhead")
-
-
-def matmul_params(model) -> tuple[int, int]:
-    """(body, head): parameters multiplied per token by the transformer's nn.Linear layers and
-    by the LM head (tied or not); embeddings are lookups, norms are vector work."""
-    import torch
-
-    head = model.get_output_embeddings()
-    body = sum(m.weight.numel() for m in model.modules()
-               if isinstance(m, torch.nn.Linear) and m is not head)
-    return body, head.weight.numel()
 
 
 def useful_tokens(roll) -> tuple[int, int]:
@@ -139,61 +132,30 @@ def replay_matmuls(decoder, passes: list[tuple[int, int]], dtype) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=10, help="Alternating runs of rollout and GEMM.")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--gemm", type=int, default=2048, help="Side of the square peak matmul.")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                    help="The model's and the peak matmul's dtype.")
+    rate_args(ap, "rollout")
     a = ap.parse_args()
 
-    import tomllib
-
-    import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.config import TrainConfig
-    from trainer.data import ArithmeticTask
     from trainer.rollout.hf import HFEngine
-    from trainer.smollm2 import SMOLLM2_ID
-    from trainer.tiny import resolve_model_path
 
     torch.set_num_threads(a.threads)
-    example = tomllib.loads((Path(__file__).resolve().parents[1] / "examples" /
-                             "smollm2-train.toml").read_text())
-    g = example["group_size"]
-    path = resolve_model_path(SMOLLM2_ID)
-    tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
     dtype = getattr(torch, a.dtype)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
-    cfg = TrainConfig(model=str(path), max_new_tokens=example["max_new_tokens"],
-                      temperature=example["temperature"],
-                      prompt_template=example["prompt_template"])
-    problems = ArithmeticTask(max_value=example["arith_max_value"],
-                              ops=tuple(example["arith_ops"])).sample(
-        np.random.default_rng(0), example["prompts_per_batch"])
-    prompts = [cfg.prompt_template.format(question=q.question) for q in problems for _ in range(g)]
-    engine = HFEngine(cfg, model, tok)
+    b = smollm2_batch(dtype)
+    model, cfg = b.model.eval(), b.cfg
+    engine = HFEngine(cfg, model, b.tokenizer)
     if engine.decoder is None:
         raise SystemExit("the HF engine does not run its own decode loop on this model")
 
     def rollout():
         torch.manual_seed(0)  # the same tokens every run: the same work
-        return engine.generate(prompts, temperature=cfg.temperature)
+        return engine.generate(b.prompts, temperature=cfg.temperature)
 
     def timed_rollout() -> float:
         t = time.perf_counter()
         rollout()
         return time.perf_counter() - t
-
-    x, y = (torch.randn(a.gemm, a.gemm, dtype=dtype) for _ in range(2))
-
-    def gemm() -> float:
-        t = time.perf_counter()
-        for _ in range(4):
-            torch.mm(x, y)
-        return (time.perf_counter() - t) / 4
 
     passes, forward = [], engine.decoder.forward
 
@@ -204,30 +166,21 @@ def main() -> None:
     engine.decoder.forward = counted
     roll = rollout()  # warm-up, and the rollout every run repeats
     engine.decoder.forward = forward
-    gemm()
     flops, body_tok, head_tok = decode_flops(model, roll)
-    ups, gems = [], []
-    for _ in range(a.runs):
-        ups.append(timed_rollout())
-        gems.append(gemm())
-    u, m = statistics.median(ups), statistics.median(gems)
+    u, m = alternate(a.runs, timed_rollout, gemm_timer(a.gemm, dtype))
     with torch.no_grad():
         alone = statistics.median(replay_matmuls(engine.decoder, passes, dtype)
                                   for _ in range(a.runs))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         profiled = timed_rollout()
     parts = breakdown(prof.events(), profiled)
-    achieved, peak = flops / u, 2 * a.gemm**3 / m
+    rates, peak = rate_lines("rollout", a, u, m, flops, 0.50)
     n, c = roll.completion_mask.shape
     live = int(roll.completion_mask.sum())
     print(f"rollout: {n} rows, {roll.prompt_len} prompt + {c} completion positions, {live} "
           f"completion tokens; useful: {body_tok} tokens through the body, {head_tok} through "
           f"the LM head; attention scores {attention_flops(model, roll) / flops:.1%} of the count")
-    print(f"rollout ({a.dtype}): {1000 * u:.0f} ms (median of {a.runs}) = "
-          f"{achieved / 1e9:.1f} useful GFLOP/s")
-    print(f"{a.dtype} GEMM {a.gemm}^2: {1000 * m:.1f} ms = {peak / 1e9:.1f} GFLOP/s peak "
-          f"({a.threads} threads)")
-    print(f"rollout / peak: {achieved / peak:.2f} (target >= 0.50)")
+    print("\n".join(rates))
     print(f"its matmuls alone at its passes' row counts ({', '.join(str(n) for n, _ in passes)}):"
           f" {1000 * alone:.0f} ms = {flops / alone / peak:.2f} of peak, {alone / u:.0%} of the "
           f"rollout's time")

@@ -26,19 +26,12 @@ count, alternated with the update so load changes hit both. Target: >= 60%.
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import time
+from pathlib import Path
 
-
-def matmul_params(model) -> tuple[int, int]:
-    """(body, head): parameters multiplied per token by the transformer's nn.Linear layers and
-    by the LM head (tied or not); embeddings are lookups, norms are vector work."""
-    import torch
-
-    head = model.get_output_embeddings()
-    body = sum(m.weight.numel() for m in model.modules()
-               if isinstance(m, torch.nn.Linear) and m is not head)
-    return body, head.weight.numel()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from matmul_rate import alternate, gemm_timer, matmul_params, rate_args, rate_lines, smollm2_batch  # noqa: E402
 
 
 def distinct_work(roll) -> tuple[int, int, int]:
@@ -113,52 +106,28 @@ def split_rows(roll, size: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=10, help="Alternating runs of update and GEMM.")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--gemm", type=int, default=2048, help="Side of the square peak matmul.")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                    help="The model's and the peak matmul's dtype.")
+    rate_args(ap, "update")
     a = ap.parse_args()
 
-    import tomllib
-    from pathlib import Path
-
-    import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.config import TrainConfig
-    from trainer.data import ArithmeticTask
     from trainer.logprobs import completion_logprobs
     from trainer.rollout.hf import HFEngine
     from trainer.scorer import Scorer
-    from trainer.smollm2 import SMOLLM2_ID
-    from trainer.tiny import resolve_model_path
 
     torch.set_num_threads(a.threads)
-    example = tomllib.loads((Path(__file__).resolve().parents[1] / "examples" /
-                             "smollm2-train.toml").read_text())
-    g = example["group_size"]
-    path = resolve_model_path(SMOLLM2_ID)
-    tok = AutoTokenizer.from_pretrained(str(path), padding_side="left")
     dtype = getattr(torch, a.dtype)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    cfg = TrainConfig(model=str(path), max_new_tokens=example["max_new_tokens"],
-                      temperature=example["temperature"],
-                      prompt_template=example["prompt_template"])
-    problems = ArithmeticTask(max_value=example["arith_max_value"],
-                              ops=tuple(example["arith_ops"])).sample(
-        np.random.default_rng(0), example["prompts_per_batch"])
-    prompts = [cfg.prompt_template.format(question=q.question) for q in problems for _ in range(g)]
+    b = smollm2_batch(dtype)
+    model, cfg = b.model, b.cfg
     torch.manual_seed(0)
-    roll = HFEngine(cfg, model.eval(), tok).generate(prompts, temperature=cfg.temperature)
+    roll = HFEngine(cfg, model.eval(), b.tokenizer).generate(b.prompts,
+                                                              temperature=cfg.temperature)
     ids, p = roll.input_ids, roll.prompt_len
     cm = roll.completion_mask.float()
     model.train()
     scorer = Scorer(model)
     (body, head), (body_tok, head_tok) = matmul_params(model), useful_tokens(roll)
     flops = 6 * (body * body_tok + head * head_tok)
-    x, y = (torch.randn(a.gemm, a.gemm, dtype=dtype) for _ in range(2))
 
     def update() -> float:
         model.zero_grad(set_to_none=True)
@@ -167,19 +136,7 @@ def main() -> None:
         ((logp * cm).sum() / cm.sum()).backward()
         return time.perf_counter() - t
 
-    def gemm() -> float:
-        t = time.perf_counter()
-        for _ in range(4):
-            torch.mm(x, y)
-        return (time.perf_counter() - t) / 4
-
-    update(), gemm()  # warm-up
-    ups, gems = [], []
-    for _ in range(a.runs):
-        ups.append(update())
-        gems.append(gemm())
-    u, m = statistics.median(ups), statistics.median(gems)
-    achieved, peak = flops / u, 2 * a.gemm**3 / m
+    u, m = alternate(a.runs, update, gemm_timer(a.gemm, dtype))
     run_body, run_head, width = run_rows(roll)
     slots = slot_breakdown(roll)
     print(f"micro-batch: {len(ids)} rows, {p} prompt + {ids.shape[1] - p} completion positions; "
@@ -188,12 +145,9 @@ def main() -> None:
     print("predicted positions: " + ", ".join(f"{k} {v}" for k, v in list(slots.items())[6:]))
     print(f"run by the forward: {run_body} body rows ({body_tok} useful), {run_head} LM head rows "
           f"({head_tok} useful); attention laid out over {width} completion positions")
-    print(split_rows(roll, example["micro_batch_size"]))
-    print(f"update forward + backward ({a.dtype}): {1000 * u:.0f} ms (median of {a.runs}) = "
-          f"{achieved / 1e9:.1f} useful GFLOP/s")
-    print(f"{a.dtype} GEMM {a.gemm}^2: {1000 * m:.1f} ms = {peak / 1e9:.1f} GFLOP/s peak "
-          f"({a.threads} threads)")
-    print(f"update / peak: {achieved / peak:.2f} (target >= 0.60)")
+    print(split_rows(roll, b.example["micro_batch_size"]))
+    print("\n".join(rate_lines("update forward + backward", a, u, m, flops, 0.60)[0]))
+
 
 if __name__ == "__main__":
     main()
