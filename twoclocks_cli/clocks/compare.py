@@ -135,6 +135,16 @@ def _constant_rows(store, a: Analysis, tau: float, opts: AnalysisOptions) -> lis
     return rows
 
 
+def _within_seeds(clock: float, batch: BatchRow) -> str:
+    """Where one schedule run's clock lies inside a batch's interval over its seeds, a ratio to
+    the batch's median says nothing about the schedule: say so beside it."""
+    lo, hi = batch.progress.low, batch.progress.high
+    if lo is None or hi is None or not lo <= clock <= hi:
+        return ""
+    return (f", inside B={batch.batch_samples}'s 90% interval over its {batch.n_runs} seeds "
+            f"[{count(lo)}, {count(hi)}]: no difference shown")
+
+
 def _verdict(constant: list[ConstantRow], sched: RunClocks) -> list[str]:
     """Plain statements with the numbers: schedule vs the smallest and the largest batch."""
     lines = []
@@ -158,7 +168,8 @@ def _verdict(constant: list[ConstantRow], sched: RunClocks) -> list[str]:
                          f"{row.batch.n_runs} seeds did)")
         else:
             lines.append(f"progress: the schedule reached the target at {count(sp)} samples vs "
-                         f"{count(med)} for the {label} batch (B={b}): {sp / med:.2f}x")
+                         f"{count(med)} for the {label} batch (B={b}): {sp / med:.2f}x"
+                         + _within_seeds(sp, row.batch))
     sf = sched.failure.samples
     fs = small.batch.failure.median
     sched_f = (f"failed at {count(sf)} samples ({sched.failure.rule})" if sf is not None
