@@ -3,16 +3,12 @@ the tiny model: the pre-fill's distinct prompts, then one row per distinct live 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
+from tests.support.bench import load_bench
 from tests.support.training import load_tiny
 from trainer.config import TrainConfig
 from trainer.rollout.hf import HFEngine
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "decode_flops.py"
 
 
 def test_useful_tokens_are_the_loops_own_passes(tiny_model):
@@ -20,9 +16,7 @@ def test_useful_tokens_are_the_loops_own_passes(tiny_model):
     is drawn after (the body's prefixes); the LM head works on those and on each distinct
     prompt's last position. Rows of a group share passes and ended rows run none: fewer rows
     than a row-by-row loop feeds (each row's real tokens but its last)."""
-    spec = importlib.util.spec_from_file_location("decode_flops", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("decode_flops")
     path, tok, model = load_tiny()
     engine = HFEngine(TrainConfig(model=str(path), max_new_tokens=10), model, tok)
     passes, forward = [], engine.decoder.forward

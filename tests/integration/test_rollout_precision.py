@@ -65,7 +65,7 @@ def test_an_explicit_fp32_config_is_bit_identical_to_the_defaults(tmp_path):
     default = train_small(tmp_path, "default", make=kept, sample_budget=64)
     assert kept.model.dtype == torch.float32 and kept.model.lm_head.weight.requires_grad
     named = train_small(tmp_path, "named", dtype="float32", rollout_dtype="float32",
-                   sample_budget=64)
+                        sample_budget=64)
     assert sorted(default.rows) == [1, 2]
     assert without_timings(default.rows) == without_timings(named.rows)
     assert default.events == [] and "tis_weight_mean" not in default.rows[2]

@@ -4,22 +4,12 @@ a count by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import types
-from pathlib import Path
 
 import torch
 
+from tests.support.bench import load_bench
 from trainer.rollout.batch import Rollout
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "decode_flops.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("decode_flops", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _model():
@@ -45,14 +35,14 @@ def hand_rollout() -> Rollout:
 def test_matmul_params_count_every_projection_and_the_head():
     """Per layer q 64x64, k and v 64x32 (2 of 4 heads), o 64x64, gate and up 64x96, down
     96x64: 30,720, two layers; the head 50 x 64; embeddings and norms are not matmuls."""
-    assert _bench().matmul_params(_model()) == (2 * 30_720, 3_200)
+    assert load_bench("decode_flops").matmul_params(_model()) == (2 * 30_720, 3_200)
 
 
 def test_useful_tokens_count_distinct_prefixes_once():
     """Body: prompt tokens 3 + 2, and the prefixes a next token was drawn after: A's (10),
     (10 11), (10 12), (10 12 13); B's rows ended at their first token. Head: the draws from
     A's (), (10), (10 11), (10 12), (10 12 13) and B's () once for both rows."""
-    bench = _bench()
+    bench = load_bench("decode_flops")
     roll = hand_rollout()
     assert bench.useful_tokens(roll) == (5 + 4, 6)
     flops, body_tok, head_tok = bench.decode_flops(_model(), roll)
@@ -64,7 +54,8 @@ def test_attention_flops_over_the_keys_each_position_sees():
     """4 x layers x heads x head dim per (position, key it sees): A's rows see 1..3 prompt keys
     then 4..6 (row 0) and 4..7 (row 1); B's 1..2 then 3."""
     seen = (1 + 2 + 3) * 2 + (4 + 5 + 6) + (4 + 5 + 6 + 7) + (1 + 2 + 3) * 2
-    assert _bench().attention_flops(_model(), hand_rollout()) == 4 * 2 * 4 * 16 * seen
+    bench = load_bench("decode_flops")
+    assert bench.attention_flops(_model(), hand_rollout()) == 4 * 2 * 4 * 16 * seen
 
 
 def _event(name, us, parent=None):
@@ -91,7 +82,7 @@ def test_breakdown_gives_each_top_level_op_to_its_innermost_scope():
     outside = _event("aten::cat", 40)
     events = [step, *step.cpu_children, linear.cpu_children[0], cache.cpu_children[0], draw,
               draw.cpu_children[0], outside]
-    parts = _bench().breakdown(events, wall=0.002)
+    parts = load_bench("decode_flops").breakdown(events, wall=0.002)
     want = {"step matmuls": 500e-6, "step other ops": 100e-6, "cache handling": 50e-6,
             "sampling": 150e-6, "outside the loop": 40e-6, "prefill": 0.0, "row sharing": 0.0}
     for name, seconds in want.items():

@@ -4,17 +4,8 @@ rate against a hand computation."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "matmul_rate.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("matmul_rate", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.bench import load_bench
 
 
 def test_alternate_warms_up_once_then_alternates_and_takes_medians():
@@ -28,12 +19,13 @@ def test_alternate_warms_up_once_then_alternates_and_takes_medians():
         calls.append("g")
         return next(gemm_times)
 
-    assert _bench().alternate(3, work, gemm) == (2.0, 5.0)  # medians of 1,3,2 and 5,4,6
+    medians = load_bench("matmul_rate").alternate(3, work, gemm)
+    assert medians == (2.0, 5.0)  # of 1, 3, 2 and of 5, 4, 6
     assert calls == ["w", "g"] * 4
 
 
 def test_the_rate_lines_are_the_hand_computed_rates():
-    m = _bench()
+    m = load_bench("matmul_rate")
     ap = argparse.ArgumentParser()
     m.rate_args(ap, "update")
     a = ap.parse_args(["--gemm", "1000", "--runs", "3", "--threads", "2"])
