@@ -90,9 +90,14 @@ def _is_scorer(model) -> bool:
 
 
 def _sharded(model) -> bool:
-    """Whether `model` is FSDP-sharded: its head then runs on every position, so that every
-    rank's head forward and backward gather and reduce the same shapes."""
-    return type(model).__name__.startswith("FSDP")
+    """Whether `model` is FSDP-sharded (trainer.sharding's `fully_shard`): its head then runs on
+    every position, so that every rank's head forward and backward gather and reduce the same
+    shapes."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2 cannot have sharded it
+        return False
+    return isinstance(model, FSDPModule)
 
 
 def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, p: int) -> torch.Tensor:
