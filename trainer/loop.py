@@ -210,7 +210,14 @@ class Run:
     step: int = 0
     samples: int = 0
     ctl: Controller | None = None  # the adaptive controller, if batch_schedule = "adaptive"
+    compute: precision.ComputeCopy | None = None  # the update's copy in update_dtype, if any
     flat_steps: int = 0  # of the first NO_SIGNAL_STEPS, those whose every group had equal rewards
+
+    @property
+    def scoring(self) -> torch.nn.Module:
+        """The forward that scores completions without a graph: the update's own (on its
+        compute copy where it has one), so that old and new log-probs share a precision."""
+        return self.scorer if self.compute is None else self.compute.net
 
     @property
     def writes(self) -> bool:
@@ -287,34 +294,43 @@ def _set_up(cfg, sink, workdir, dist, owner, make_rollout) -> Run:
     data_rng = np.random.default_rng([cfg.seed, 0])
     model_path, tok, model = load_model(cfg, dist.device)
     model.train()
+    on_copy = precision.computes_on_copy(cfg, dist)
     ref = None
-    if cfg.kl_coef > 0 or cfg.kl_init_every > 0:
-        ref_model = _frozen_copy(model)
+    if cfg.kl_coef > 0 or cfg.kl_init_every > 0:  # in the update's precision, as its forward
+        ref_model = _frozen_copy(model, cfg.update_dtype if on_copy else None)
         ref = make_scorer(ref_model, cfg)
         if dist.sharded:  # sharded like the model: its forwards are collective too
             sharding.shard(ref_model, ref, dist.device, dist.world, dist.fsdp)
     rollout_model = precision.sampling_model(model, cfg.rollout_dtype, dist.sharded)
     scorer = make_scorer(model, cfg)
     net, opt = dist.prepare(model, scorer, lambda: make_optimizer(model, cfg))
+    compute = (precision.compute_copy(model, rollout_model, cfg.update_dtype,
+                                      lambda m: make_scorer(m, cfg)) if on_copy else None)
     drift = M.Drift(model, dist)
     source, held = load_data(cfg)
     reward_fn = load_reward(cfg.reward)
     engine = (make_rollout or make_engine)(cfg, rollout_model, tok, model_path)  # whole weights
     return Run(cfg, dist, workdir, sink, owner, tok, model, rollout_model, scorer, net, ref,
-               opt, engine, reward_fn, source, held, data_rng, drift)
+               opt, engine, reward_fn, source, held, data_rng, drift, compute=compute)
 
 
-def _frozen_copy(model):
-    """An unsharded copy of `model` without gradients (made before any sharding)."""
+def _frozen_copy(model, dtype: str | None = None):
+    """An unsharded copy of `model` without gradients (made before any sharding), its
+    parameters in `dtype` where named."""
+    if dtype is not None:
+        return precision.cast_copy(model, getattr(torch, dtype)).eval()
     import copy
 
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
 def _sync_engine(run: Run) -> None:
-    """Hand the rollout engine the current weights (under FSDP gathered into its copy first:
-    every rank takes part)."""
-    if run.rollout_model is not run.model:
+    """Re-cast the update's compute copy and hand the rollout engine the current weights
+    (under FSDP gathered into its copy first: every rank takes part)."""
+    shared = run.compute is not None and run.rollout_model is run.compute.model
+    if run.compute is not None:
+        run.compute.refresh()
+    if run.rollout_model is not run.model and not shared:
         sharding.copy_full_weights(run.model, run.rollout_model)
     run.engine.sync(run.rollout_model)
 
@@ -469,7 +485,7 @@ def _logprobs_before_update(run: Run, batch: Batch):
     cfg, roll = run.cfg, batch.roll
     rest = None
     if not on_policy(cfg):
-        batch.old_logp, batch.entropy = no_grad_logprobs(run.scorer, roll, cfg, True, run.dist)
+        batch.old_logp, batch.entropy = no_grad_logprobs(run.scoring, roll, cfg, True, run.dist)
     else:
         idx = (batch.adv == 0).nonzero().flatten()  # the rows the update leaves out
         if not skips_zero_advantage(cfg):
@@ -481,7 +497,7 @@ def _logprobs_before_update(run: Run, batch: Batch):
                         roll.sampler_entropy[idx].nan_to_num(0.0))
                 batch.from_sampler = idx
         elif len(idx) or (run.dist.sharded and skips_zero_advantage(cfg)):  # FSDP: every rank
-            rest = (idx, *no_grad_logprobs(run.scorer, roll, cfg, True, run.dist, rows=idx))
+            rest = (idx, *no_grad_logprobs(run.scoring, roll, cfg, True, run.dist, rows=idx))
     if run.ref is not None and (batch.kl_due or cfg.kl_coef > 0):
         batch.ref_logp, _ = no_grad_logprobs(run.ref, roll, cfg, False, run.dist)
     return rest
@@ -614,7 +630,7 @@ def _train_step(run: Run, phase, phase_index: int) -> tuple[dict, Batch]:
     rest = _logprobs_before_update(run, batch)
     noise = cfg.noise_every > 0 and run.step % cfg.noise_every == 0
     st = update(run.net, run.opt, roll, batch.adv, batch.old_logp, batch.ref_logp, cfg,
-                phase, dist, noise)
+                phase, dist, noise, run.compute)
     _logprobs_after_update(batch, st, rest)
     _sync_engine(run)
     batch.times = {"time_gen_s": t_gen, "time_reward_s": t_reward,
@@ -693,7 +709,8 @@ def train(
     if owner is None:
         owner = CheckpointOwner(cfg.model_dump(mode="json"))
     ckpt = _claim_checkpoint(owner, workdir, dist, extend)
-    prec = precision.resolve(cfg, dist.device)  # the config as written stays the owner's
+    # the config as written stays the owner's
+    prec = precision.resolve(cfg, dist.device, alone=dist.world == 1)
     run = _set_up(precision.settle(cfg, prec), sink, workdir, dist, owner, make_rollout)
     precision.announce(run, prec, cfg)
     saved = _resume(run, ckpt)  # the controller's state, for a resumed adaptive run

@@ -7,9 +7,12 @@ The parameters, their gradients and AdamW's state are in `dtype`. A rollout prec
 than it samples with a copy of the weights in that dtype, made once and refreshed in place after
 every update (the loop's weight sync: a cast-copy into the same tensors, no new allocation); the
 copy is derived from the trainer's weights, so a checkpoint holds none and a resume rebuilds it
-exactly. An update precision other than it runs every trainer forward under `torch.autocast`
-over the `dtype` weights (mixed precision: float32 master weights, bf16 matmuls); autocast
-keeps no state, so a checkpoint and a resume are as without it.
+exactly. An update precision other than it runs, in one process, every trainer forward and
+backward on a copy of the weights in that dtype (`ComputeCopy`: one copy with the sampler's when
+both are bf16), whose gradients are added into the `dtype` ones after each backward: float32
+master weights and AdamW state, bf16 arithmetic throughout the forward and backward, no per-
+forward weight cast. Under several processes (DDP/FSDP: their gradient sync hooks the master
+parameters) it runs under `torch.autocast` over the `dtype` weights instead.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class Precision:
     tis_why: str
     compute: str = ""  # the dtype the update's forwards compute in (`train`: no autocast)
     compute_why: str = ""  # empty where update_dtype was left unset
+    on_copy: bool = True  # a compute dtype apart from `train` runs on a copy, else autocast
 
     @property
     def differs(self) -> bool:
@@ -79,10 +83,12 @@ class Precision:
         return self.sample != self.train or self.engine != "hf" or mixed
 
 
-def resolve(cfg, device, cpuinfo: str | Path = "/proc/cpuinfo") -> Precision:
+def resolve(cfg, device, cpuinfo: str | Path = "/proc/cpuinfo", *,
+            alone: bool = True) -> Precision:
     """The rollout precision and TIS cap `cfg` asks for on `device`: rollout_dtype unset
     samples in `dtype`; auto in bfloat16 where `device` has it natively, else in `dtype`;
-    tis_cap unset is DEFAULT_TIS_CAP when the sampler differs from the trainer, else off."""
+    tis_cap unset is DEFAULT_TIS_CAP when the sampler differs from the trainer, else off.
+    `alone`: one process trains (the update may then compute on a copy, else autocast)."""
     train, asked = cfg.dtype, cfg.rollout_dtype
     if asked is None:
         sample, why = train, "rollout_dtype unset: the parameter dtype"
@@ -94,7 +100,7 @@ def resolve(cfg, device, cpuinfo: str | Path = "/proc/cpuinfo") -> Precision:
     else:
         sample, why = asked, f"rollout_dtype = {asked!r}"
     prec = Precision(train, sample, cfg.rollout_engine, None, why, "",
-                     *_compute(cfg, device, cpuinfo))
+                     *_compute(cfg, device, cpuinfo), on_copy=alone)
     if cfg.tis_cap == "off":
         return _with_cap(prec, None, "tis_cap = 'off'")
     if cfg.tis_cap is not None:
@@ -148,6 +154,9 @@ def describe(prec: Precision) -> str:
     if prec.compute in ("", prec.train):
         update = f"the update runs in {prec.train}"
         update += f" ({prec.compute_why})" if prec.compute_why else ""
+    elif prec.on_copy:
+        update = (f"the update computes in {prec.compute} on a {prec.compute} copy of the "
+                  f"{prec.train} weights ({prec.compute_why})")
     else:
         update = (f"the update computes in {prec.compute} under autocast over {prec.train} "
                   f"weights ({prec.compute_why})")
@@ -165,14 +174,75 @@ def announce(run, prec: Precision, cfg) -> None:
         run.sink.event(describe(prec))
 
 
-def autocast(cfg, device):
-    """The context every trainer forward runs in: `torch.autocast` to the settled
-    `update_dtype` where it differs from `dtype`, else nothing (the forward as before the
-    option existed, bit for bit). Backward runs outside it, as torch advises."""
+def computes_on_copy(cfg, dist) -> bool:
+    """Whether the update of `cfg` (settled) computes on a `ComputeCopy`: its compute dtype
+    differs from the parameters' and one unsharded process trains."""
+    compute = getattr(cfg, "update_dtype", None)
+    return compute not in (None, cfg.dtype) and dist.world == 1
+
+
+def autocast(cfg, model):
+    """The context a trainer forward through `model` runs in: `torch.autocast` to the settled
+    `update_dtype` where it differs from `dtype` and `model`'s weights are not already in it
+    (a `ComputeCopy`'s are), else nothing (the forward as before the option existed, bit for
+    bit). Backward runs outside it, as torch advises."""
     compute = getattr(cfg, "update_dtype", None)
     if compute is None or compute == cfg.dtype:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=getattr(torch, compute))
+    weight = next(model.parameters())
+    if weight.dtype == getattr(torch, compute):
+        return contextlib.nullcontext()
+    return torch.autocast(weight.device.type, dtype=getattr(torch, compute))
+
+
+class ComputeCopy:
+    """The update's forward and backward on a copy of the weights in the compute dtype: the
+    gradients its backward leaves are added into the master parameters' (`fold`, in their
+    dtype, so micro-batches accumulate in float32), and the copy is re-cast from the master
+    weights whenever they change (`refresh`). `net` is the forward over the copy."""
+
+    def __init__(self, master: torch.nn.Module, copy_: torch.nn.Module, net: torch.nn.Module):
+        self.model, self.net = copy_, net
+        self.pairs = [(p, q) for p, q in zip(master.parameters(), copy_.parameters(),
+                                             strict=True) if p.requires_grad]
+        for _, q in self.pairs:
+            q.requires_grad_(True)
+
+    def fold(self) -> None:
+        """Add the copy's gradients into the master ones and clear them from the copy."""
+        with torch.no_grad():
+            for p, q in self.pairs:
+                if q.grad is None:
+                    continue
+                if p.grad is None:
+                    p.grad = q.grad.to(p.dtype)
+                else:
+                    p.grad.add_(q.grad)
+                q.grad = None
+
+    def refresh(self) -> None:
+        """Cast the master weights into the copy, in place."""
+        with torch.no_grad():
+            torch._foreach_copy_([q for _, q in self.pairs], [p for p, _ in self.pairs])
+
+
+def compute_copy(model: torch.nn.Module, sampler: torch.nn.Module, compute: str,
+                 make_net) -> ComputeCopy:
+    """The `ComputeCopy` of `model` in `compute`: the sampler's copy when it is one in that
+    dtype already (one copy serves both), else a new one; `make_net(copy)` is its forward."""
+    dtype = getattr(torch, compute)
+    shared = sampler is not model and next(sampler.parameters()).dtype == dtype
+    copy_ = sampler if shared else cast_copy(model, dtype)
+    return ComputeCopy(model, copy_, make_net(copy_))
+
+
+def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of `model` with its parameters in `dtype`, without gradients. Buffers (RoPE's
+    frequencies) stay as loaded, as a model loaded in `dtype` keeps them."""
+    twin = copy.deepcopy(model).requires_grad_(False).train()
+    for p in twin.parameters():
+        p.data = p.data.to(dtype)
+    return twin
 
 
 def sampling_model(model: torch.nn.Module, sample: str, separate: bool) -> torch.nn.Module:
@@ -182,7 +252,4 @@ def sampling_model(model: torch.nn.Module, sample: str, separate: bool) -> torch
     dtype = getattr(torch, sample)
     if not separate and next(model.parameters()).dtype == dtype:
         return model
-    twin = copy.deepcopy(model).requires_grad_(False).train()
-    for p in twin.parameters():  # buffers (RoPE's frequencies) stay as loaded, as a model
-        p.data = p.data.to(dtype)  # loaded in `sample` keeps them
-    return twin
+    return cast_copy(model, dtype)

@@ -5,9 +5,10 @@ over micro-batches against the minibatch's global normaliser, gradient-noise ter
 runs before any step, so it also yields the rollout policy's log-probs and entropy
 (`on_policy`). Under DDP only the last micro-batch of a minibatch all-reduces, under FSDP every
 one reduce-scatters; a rank with nothing to train in a synced micro-batch still joins the sync
-(`_idle_backward`). Every forward here runs in the update's compute precision
-(`precision.autocast`: `update_dtype` under autocast over the `dtype` weights), backward outside
-it; the old and reference log-probs included, so that the ratio and the KL term compare two
+(`_idle_backward`). Every forward here runs in the update's compute precision: on a copy of
+the weights in `update_dtype` (`precision.ComputeCopy`, its gradients folded into the `dtype`
+ones after each backward) or, under several processes, under autocast over the `dtype` weights;
+the old and reference log-probs included, so that the ratio and the KL term compare two
 policies, not two precisions (see `no_grad_logprobs`).
 """
 
@@ -46,8 +47,7 @@ def no_grad_logprobs(model, rollout, cfg, with_entropy: bool, dist: Dist | None 
     rows = torch.arange(len(rollout.texts)) if rows is None else rows
     chunks = [c for c in rows.split(cfg.micro_batch_size) if len(c)]  # none when no rows
     pad = int(dist.max(float(len(chunks)))) - len(chunks) if dist and dist.sharded else 0
-    device = next(model.parameters()).device
-    with torch.no_grad(), precision.autocast(cfg, device):
+    with torch.no_grad(), precision.autocast(cfg, model):
         for idx in chunks:
             lp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, with_entropy)
             lps.append(lp)
@@ -100,7 +100,7 @@ def _micro_backward(model, rollout, idx, adv, old_logp, ref_logp, cmask, den, cf
     this forward sees the rollout policy, so its log-probs/entropy are kept as the rollout's
     (the rollout's entropy then costs no forward of its own, whatever the sampler was). The
     forward runs in the update's compute precision, the backward outside it."""
-    with precision.autocast(cfg, next(model.parameters()).device):
+    with precision.autocast(cfg, model):
         logp, ent = completion_logprobs(model, rollout.select(idx), cfg.temperature, fresh)
     if fresh:
         stats.entropy[idx] = ent
@@ -138,21 +138,24 @@ def _idle_backward(net, rollout, cfg) -> None:
     """A zero-gradient forward/backward of one row, so a rank with nothing to train in a
     synced micro-batch still joins the gradient sync (every rank must run each synced
     backward: DDP's last one, every one under FSDP), its forward in the update's precision."""
-    with precision.autocast(cfg, next(net.parameters()).device):
+    with precision.autocast(cfg, net):
         logits = _one_row_logits(net, rollout)
     (logits.float().sum() * 0.0).backward()
 
 
 def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
-           noise: bool = True) -> UpdateStats:
+           noise: bool = True, compute: precision.ComputeCopy | None = None) -> UpdateStats:
     """`ppo_epochs * num_minibatches` optimizer steps on one rollout batch.
 
     Each minibatch is split into micro-batches of `micro_batch_size` samples whose gradients
     accumulate against the minibatch's global normaliser (summed over ranks), so the result
     equals one pass over the whole minibatch. `noise`: measure the gradient-noise terms on the
-    first minibatch (split in at least two for them). Raises Diverged on a non-finite loss or
-    gradient.
+    first minibatch (split in at least two for them). `compute`: the forward and backward run
+    on that copy, whose gradients go into `model`'s after each backward, and which is re-cast
+    after each optimizer step but the last (the loop's weight sync does the last). Raises
+    Diverged on a non-finite loss or gradient.
     """
+    fwd = model if compute is None else compute.net
     stats = UpdateStats()
     n = len(rollout.texts)
     cmask = rollout.completion_mask.float()
@@ -161,7 +164,7 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
     if keep:
         stats.entropy = torch.full(cmask.shape, math.nan)
         stats.logp = torch.full(cmask.shape, math.nan)
-    first = True
+    first, steps_done = True, 0
     for epoch in range(cfg.ppo_epochs):
         if keep and epoch == 1:
             old_logp = stats.logp  # later epochs' ratios are against the first pass
@@ -182,11 +185,13 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
                 with contextlib.nullcontext() if last else dist.no_sync(model):
                     if len(train_idx):
                         value = _micro_backward(
-                            model, rollout, train_idx, adv, old_logp, ref_logp, cmask, den,
+                            fwd, rollout, train_idx, adv, old_logp, ref_logp, cmask, den,
                             cfg, phase, stats, fresh=keep and epoch == 0,
                         )
                         bad_loss = bad_loss or not math.isfinite(value)
                         stats.loss += value
+                        if compute is not None:
+                            compute.fold()
                 stats.clip_tokens += float(cmask[micro].sum())
                 if measure and k == 0:  # gradient of one micro-batch, scaled to its own mean
                     micro_den, size = grpo.normaliser(cmask[micro], cfg.loss_agg), len(micro)
@@ -210,5 +215,8 @@ def update(model, opt, rollout, adv, old_logp, ref_logp, cfg, phase, dist: Dist,
                 raise Diverged("non-finite gradient")
             stats.grad_norms.append(norm)
             opt.step()
+            steps_done += 1
+            if compute is not None and steps_done < cfg.ppo_epochs * cfg.num_minibatches:
+                compute.refresh()  # the next minibatch's forward reads the stepped weights
             first = False
     return stats

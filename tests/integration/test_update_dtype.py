@@ -1,12 +1,13 @@
-"""The update in bf16 under autocast over float32 master weights (`update_dtype`), through
-`update()` and `train()` on the tiny model.
+"""The update in bf16 over float32 master weights (`update_dtype`): on a bf16 copy of the
+weights in one process, under autocast where several train; through `update()` and `train()`
+on the tiny model.
 
 The truths: an fp32 config that leaves update_dtype unset against one that names float32 (bit
 for bit); one micro-batch's gradient recomputed apart with the same forward and with
-transformers' under the same autocast, and in plain float32; the rollout's entropy recomputed
-apart with transformers' float32 forward over the same rows, with every trainer forward counted
-by a hook; a run cut after a checkpoint and resumed against the same run uninterrupted (bit for
-bit).
+transformers' on the same bf16 copy or under the same autocast, and in float32; the rollout's
+entropy recomputed apart with transformers' float32 forward over the same rows, with every
+trainer forward counted by a hook; a run cut after a checkpoint and resumed against the same
+run uninterrupted (bit for bit).
 """
 
 from __future__ import annotations
@@ -47,14 +48,18 @@ def _grad(model) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
-def _recomputed_grad(model, roll, adv, autocast: bool, own: bool) -> torch.Tensor:
+def _recomputed_grad(model, roll, adv, autocast: bool, own: bool,
+                     bf16_copy: bool = False) -> torch.Tensor:
     """The first on-policy pass's token-mean gradient, -mean over tokens of A * grad log p
-    (the ratio is exactly 1 there), from a copy of `model`: by twoclocks' own forward (`own`)
-    or transformers' over whole rows, under bf16 autocast or in float32."""
+    (the ratio is exactly 1 there), from a copy of `model` (`bf16_copy`: its weights cast to
+    bf16, the gradient returned in float32): by twoclocks' own forward (`own`) or
+    transformers' over whole rows, under bf16 autocast or in the copy's dtype."""
     from trainer.logprobs import completion_logprobs
     from trainer.scorer import Scorer
 
     m = copy.deepcopy(model)
+    if bf16_copy:
+        m = m.to(torch.bfloat16)
     p = roll.prompt_len
     with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
         if own:
@@ -65,11 +70,12 @@ def _recomputed_grad(model, roll, adv, autocast: bool, own: bool) -> torch.Tenso
                 -1, roll.completion_ids.unsqueeze(-1)).squeeze(-1)
     cm = roll.completion_mask.float()
     (-(adv[:, None] * logp * cm).sum() / cm.sum()).backward()
-    return _grad(m)
+    return _grad(m).float()
 
 
 def test_a_bf16_update_keeps_float32_weights_and_its_gradient_is_autocasts(tmp_path):
-    """One micro-batch through `update()` with update_dtype bfloat16: the parameters, their
+    """One micro-batch through `update()` with update_dtype bfloat16 and no compute copy (as
+    under several processes): the parameters, their
     gradients and AdamW's moments stay float32, and the gradient is the one of the same
     forward under bf16 autocast, recomputed here apart from the update's loss bookkeeping.
 
@@ -125,6 +131,97 @@ def test_a_bf16_update_keeps_float32_weights_and_its_gradient_is_autocasts(tmp_p
     assert torch.isfinite(st.entropy).any() and st.entropy.dtype == torch.float32
 
 
+def test_a_bf16_update_on_a_copy_folds_the_copys_gradient_into_float32(tmp_path):
+    """One micro-batch through `update()` on a bf16 compute copy (one process): the
+    parameters, their gradients and AdamW's moments stay float32, the copy keeps no gradient,
+    and the gradient is that of the same forward on a bf16 copy, recomputed apart.
+
+    Tolerances: against the same forward on the same bf16 weights, 1e-5 of the norm (the same
+    ops, only the loss assembled apart; measured 0). Against transformers' forward on the bf16
+    copy, 5e-2: other matmul shapes and orders round intermediate sums to bf16 apart, and
+    without autocast the norms and softmax are bf16 too (measured 0.9e-2 to 2.3e-2 over three
+    rollouts; the float32 gradient 1.1e-2 to 2.8e-2 away). The float32 gradient must be over
+    100x the same-forward distance: the update computed in bf16."""
+    from trainer import grpo, precision
+    from trainer.config import TrainConfig
+    from trainer.dist import Dist
+    from trainer.loop import make_optimizer
+    from trainer.rollout.hf import HFEngine
+    from trainer.scorer import make_scorer
+    from trainer.update import update
+
+    _, tok, model = load_tiny()
+    model.train()
+    cfg = TrainConfig(group_size=4, max_new_tokens=8, micro_batch_size=16, temperature=1.0,
+                      update_dtype="bfloat16", max_grad_norm=None, skip_zero_advantage=False,
+                      threads=1)
+    torch.manual_seed(3)
+    roll = HFEngine(cfg, model, tok).generate(["12+34=", "7+45=", "61+2=", "30+30="] * 4)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0,
+                                              0, 0, 1, 0]), 4)
+    same = _recomputed_grad(model, roll, adv, autocast=False, own=True, bf16_copy=True)
+    hf = _recomputed_grad(model, roll, adv, autocast=False, own=False, bf16_copy=True)
+    fp32 = _recomputed_grad(model, roll, adv, autocast=False, own=True)
+
+    m = copy.deepcopy(model)
+    opt = make_optimizer(m, cfg)
+    cc = precision.compute_copy(m, m, "bfloat16", lambda c: make_scorer(c, cfg))
+    st = update(make_scorer(m, cfg), opt, roll, adv, None, None, cfg, cfg.phase_at(0)[1],
+                Dist(), noise=False, compute=cc)
+    got = _grad(m)
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
+               for p in m.parameters())
+    assert all(q.grad is None and q.dtype == torch.bfloat16 for _, q in cc.pairs)
+    moments = [v for s in opt.state.values() for k, v in s.items() if k != "step"]
+    assert moments and all(v.dtype == torch.float32 for v in moments)
+
+    def off(want):
+        return float((got - want).norm() / want.norm())
+
+    assert off(same) < 1e-5, off(same)
+    assert off(hf) < 5e-2, off(hf)
+    assert off(fp32) > 100 * max(off(same), 1e-6), (off(fp32), off(same))
+    assert st.kl_old_new == 0.0 and st.clip_low == st.clip_high == 0.0  # ratio exactly 1
+
+
+def test_the_copy_is_recast_between_optimizer_steps_of_one_update(tmp_path):
+    """Two minibatches on a bf16 copy: old log-probs from the copy before any step, so the
+    first minibatch's ratio is exactly 1; the second reads the copy re-cast after the first
+    step, so its ratio moves (kl_old_new non-zero). Without the re-cast it would read the
+    unstepped copy: kl_old_new exactly 0. The lr is large enough for a step to survive
+    bf16 rounding in the copy."""
+    from trainer import grpo, precision
+    from trainer.config import TrainConfig
+    from trainer.dist import Dist
+    from trainer.loop import make_optimizer
+    from trainer.rollout.hf import HFEngine
+    from trainer.scorer import make_scorer
+    from trainer.update import no_grad_logprobs, update
+
+    _, tok, model = load_tiny()
+    model.train()
+    cfg = TrainConfig(group_size=4, max_new_tokens=8, micro_batch_size=8, temperature=1.0,
+                      update_dtype="bfloat16", skip_zero_advantage=False, num_minibatches=2,
+                      lr=1e-3, threads=1)
+    torch.manual_seed(3)
+    roll = HFEngine(cfg, model, tok).generate(["12+34=", "7+45=", "61+2=", "30+30="] * 4)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0,
+                                              0, 0, 1, 0]), 4)
+    opt = make_optimizer(model, cfg)
+    cc = precision.compute_copy(model, model, "bfloat16", lambda c: make_scorer(c, cfg))
+    old, _ = no_grad_logprobs(cc.net, roll, cfg, False)
+    before = [q.clone() for _, q in cc.pairs]
+    st = update(make_scorer(model, cfg), opt, roll, adv, old, None, cfg, cfg.phase_at(0)[1],
+                Dist(), noise=False, compute=cc)
+    assert len(st.grad_norms) == 2
+    assert st.kl_old_new != 0.0
+    # re-cast once (after the first step), not after the last: the loop's sync does that
+    stepped_once = any(not torch.equal(b, q)
+                       for b, (_, q) in zip(before, cc.pairs, strict=True))
+    assert stepped_once
+    assert not all(torch.equal(q, p.to(torch.bfloat16)) for p, q in cc.pairs)
+
+
 class _Forwards:
     """Every call of a twoclocks Scorer (the trainer's forward): its rows and whether it
     builds a graph, as a global forward hook sees them."""
@@ -160,12 +257,12 @@ def _entropy_truth(roll) -> float:
 @pytest.mark.parametrize("update_dtype,tol", [(None, 1e-5), ("bfloat16", 5e-3)])
 def test_the_entropy_comes_off_the_update_with_no_forward_of_its_own(tmp_path, update_dtype,
                                                                      tol):
-    """bf16 rollouts (no sampler entropy): every trainer forward of step 1 is the update's
+    """bf16 rollouts, every row trained: every trainer forward of step 1 is the update's
     own, with a graph, one per micro-batch over the batch's rows, and the logged `entropy`
     equals an fp32 recomputation of the same rows. Tolerance: float32 rounding for a float32
-    update; under bf16 autocast a token's entropy moves by bf16 rounding of the logits (up to
-    0.04 here), their mean over the batch by 1e-4 to 1.2e-3 relative (five rollouts of 32
-    rows measured), inside 5e-3."""
+    update; in bf16 a token's entropy moves by bf16 rounding of the logits (up to 0.04 here),
+    their mean over the batch by 1e-4 to 1.2e-3 relative (five rollouts of 32 rows measured
+    under autocast), inside 5e-3."""
     kept = KeptEngine()
     over = dict(rollout_dtype="bfloat16", skip_zero_advantage=False, kl_init_every=0,
                 micro_batch_size=16, noise_every=0)
@@ -180,24 +277,24 @@ def test_the_entropy_comes_off_the_update_with_no_forward_of_its_own(tmp_path, u
     assert sink.rows[1]["approx_kl"] == 0.0 and sink.rows[1]["clip_frac"] == 0.0
 
 
-def test_skipped_rows_alone_get_a_forward_in_the_update_precision(tmp_path):
-    """With zero-advantage rows skipped, the only forward apart from the update's is one
-    without a graph over exactly those rows (the logged entropy covers every row): the sum of
-    the update's rows and theirs is the batch, each row once."""
+def test_one_bf16_copy_samples_and_updates_so_skipped_rows_need_no_forward(tmp_path):
+    """bf16 rollouts and a bf16 update share one bf16 copy: the sampler's numbers are the
+    update forward's precision, so the zero-advantage rows the update skips take the
+    sampler's entropy (the logged entropy still covers every row) and every trainer forward
+    is the update's, with a graph, over exactly the rows with signal."""
     kept = KeptEngine()
     with _Forwards() as seen:
         sink = train_small(tmp_path, "skip", make=kept, rollout_dtype="bfloat16",
                       update_dtype="bfloat16", kl_init_every=0, micro_batch_size=32,
                       noise_every=0)
-    trained = sum(n for n, grad in seen.calls if grad)
-    scored = sum(n for n, grad in seen.calls if not grad)
+    assert seen.calls and all(grad for _, grad in seen.calls)
     zero = 32 - sink.rows[1]["zero_std_frac"] * 8 * 4  # rows of groups with some signal
-    assert trained == zero and trained + scored == 32
+    assert sum(n for n, _ in seen.calls) == zero < 32
     assert sink.rows[1]["entropy"] == pytest.approx(_entropy_truth(kept.rollouts[0]), rel=5e-3)
     assert sink.events == [
         "rollouts sample in bfloat16 (rollout_dtype = 'bfloat16'), the update computes in "
-        "bfloat16 under autocast over float32 weights (update_dtype = 'bfloat16'); tis_cap 2 "
-        "(tis_cap unset, the sampler differs from the trainer: the default cap)"]
+        "bfloat16 on a bfloat16 copy of the float32 weights (update_dtype = 'bfloat16'); "
+        "tis_cap 2 (tis_cap unset, the sampler differs from the trainer: the default cap)"]
 
 
 class _Cut(Exception):
@@ -205,9 +302,9 @@ class _Cut(Exception):
 
 
 def test_a_bf16_update_run_resumes_exactly(tmp_path):
-    """bf16 rollouts and a bf16-autocast update, cut after step 3 (checkpoint at step 2) and
-    resumed: the rows equal the uninterrupted run's, and the checkpoint holds float32 weights
-    and AdamW moments (autocast keeps no state to save)."""
+    """bf16 rollouts and a bf16 update (one bf16 copy for both), cut after step 3 (checkpoint
+    at step 2) and resumed: the rows equal the uninterrupted run's, and the checkpoint holds
+    float32 weights and AdamW moments (the copy is re-cast from them, not saved)."""
     from trainer import checkpoint
     from trainer.config import TrainConfig
     from trainer.loop import train
@@ -252,5 +349,6 @@ def test_a_bf16_update_alone_keeps_the_samplers_entropy_and_corrects_the_gap(tmp
     assert abs(row["tis_weight_mean"] - 1) < 0.05
     assert sink.events == [
         "rollouts sample in float32 (rollout_dtype unset: the parameter dtype), the update "
-        "computes in bfloat16 under autocast over float32 weights (update_dtype = 'bfloat16'); "
-        "tis_cap 2 (tis_cap unset, the sampler differs from the trainer: the default cap)"]
+        "computes in bfloat16 on a bfloat16 copy of the float32 weights (update_dtype = "
+        "'bfloat16'); tis_cap 2 (tis_cap unset, the sampler differs from the trainer: the "
+        "default cap)"]

@@ -1,7 +1,9 @@
 """`update_dtype` as a config states it and as a run resolves it (`trainer.precision`): bad
 values and meaningless combinations are one line, auto reads the CPU's flags, the event says
-what was chosen, the forwards' context is autocast exactly when the compute differs from the
-parameters, and a config without the key keeps its record (so its checkpoints still resume)."""
+what was chosen (a copy of the weights in one process, autocast under several), the forwards'
+context is autocast exactly when the compute differs from the weights it reads, the copy folds
+its gradients into the master ones and is re-cast from them, and a config without the key keeps
+its record (so its checkpoints still resume)."""
 
 from __future__ import annotations
 
@@ -75,21 +77,21 @@ def _cpuinfo(tmp_path, extra: str = ""):
 
 
 # (config, the update's compute dtype, the update part of the event, the TIS cap) on a CPU with
-# native bf16: an update under autocast is not the sampler's forward, so the cap defaults on
+# native bf16: a bf16 update rounds apart from any sampler's forward, so the cap defaults on
 CASES = [
     ({}, "float32", "the update runs in float32;", None),
     ({"update_dtype": "float32"}, "float32",
      "the update runs in float32 (update_dtype = 'float32');", None),
     ({"update_dtype": "bfloat16"}, "bfloat16",
-     "the update computes in bfloat16 under autocast over float32 weights "
+     "the update computes in bfloat16 on a bfloat16 copy of the float32 weights "
      "(update_dtype = 'bfloat16');", 2.0),
     ({"update_dtype": "auto"}, "bfloat16",
-     "the update computes in bfloat16 under autocast over float32 weights "
+     "the update computes in bfloat16 on a bfloat16 copy of the float32 weights "
      "(update_dtype = 'auto': this CPU has avx512_bf16);", 2.0),
     ({"update_dtype": "bfloat16", "rollout_dtype": "bfloat16"}, "bfloat16",
-     "the update computes in bfloat16 under autocast", 2.0),
+     "the update computes in bfloat16 on a bfloat16 copy", 2.0),
     ({"update_dtype": "bfloat16", "tis_cap": "off"}, "bfloat16",
-     "the update computes in bfloat16 under autocast", None),
+     "the update computes in bfloat16 on a bfloat16 copy", None),
     ({"dtype": "bfloat16"}, "bfloat16", "the update runs in bfloat16;", None),
 ]
 
@@ -137,17 +139,73 @@ def test_the_event_is_recorded_when_the_update_dtype_is_named(tmp_path, over, sa
     assert len(run.events) == int(said)
 
 
-def test_the_forwards_run_under_autocast_exactly_when_the_compute_differs():
+def test_several_processes_compute_under_autocast_and_say_so(tmp_path):
+    """Under DDP/FSDP the gradient sync hooks the master parameters: no copy, autocast."""
+    cfg = TrainConfig(update_dtype="bfloat16")
+    prec = precision.resolve(cfg, "cpu", _cpuinfo(tmp_path, " avx512_bf16"), alone=False)
+    assert ("the update computes in bfloat16 under autocast over float32 weights "
+            "(update_dtype = 'bfloat16');") in precision.describe(prec)
+
+
+class _World:
+    def __init__(self, world):
+        self.world = world
+
+
+def test_the_forwards_run_under_autocast_exactly_when_the_compute_differs_from_the_weights():
     """Unset and float32 give no context at all (the forward as before, bit for bit); a settled
-    bfloat16 gives CPU autocast to bfloat16, under which a float32 matmul comes out bf16."""
+    bfloat16 gives CPU autocast to bfloat16 over float32 weights, under which a float32 matmul
+    comes out bf16, and nothing over weights already in bf16 (a compute copy's); the copy is
+    made in one process only."""
+    fp32, bf16 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).to(torch.bfloat16)
     for value in (None, "float32"):
-        assert isinstance(precision.autocast(TrainConfig(update_dtype=value), "cpu"),
+        assert isinstance(precision.autocast(TrainConfig(update_dtype=value), fp32),
                           contextlib.nullcontext)
-    ctx = precision.autocast(TrainConfig(update_dtype="bfloat16"), "cpu")
+        assert not precision.computes_on_copy(TrainConfig(update_dtype=value), _World(1))
+    cfg = TrainConfig(update_dtype="bfloat16")
+    assert isinstance(precision.autocast(cfg, bf16), contextlib.nullcontext)
     a = torch.randn(4, 8)
-    with ctx:
+    with precision.autocast(cfg, fp32):
         assert (a @ a.T).dtype == torch.bfloat16
     assert (a @ a.T).dtype == torch.float32
+    assert precision.computes_on_copy(cfg, _World(1))
+    assert not precision.computes_on_copy(cfg, _World(2))
+
+
+def test_the_compute_copy_folds_gradients_in_float32_and_is_recast_from_the_master():
+    """Two backwards through the copy: the master gradient is the float32 sum of the two bf16
+    gradients (not their bf16 sum), the copy keeps none; after a master change `refresh` makes
+    the copy the master's bf16 rounding; tied weights pair once."""
+    torch.manual_seed(0)
+    master = torch.nn.Sequential(torch.nn.Embedding(10, 6), torch.nn.Linear(6, 10, bias=False))
+    master[1].weight = master[0].weight  # tied, as SmolLM2's embeddings and LM head
+    cc = precision.compute_copy(master, master, "bfloat16", lambda m: m)
+    assert len(cc.pairs) == 1 and cc.model is not master
+    assert cc.model[1].weight is cc.model[0].weight
+    grads = []
+    for ids in (torch.tensor([1, 2, 3]), torch.tensor([4, 5])):
+        cc.net(ids).float().square().sum().backward()
+        grads.append(cc.model[0].weight.grad.clone())
+        cc.fold()
+        assert cc.model[0].weight.grad is None
+    got = master[0].weight.grad
+    assert got.dtype == torch.float32
+    assert torch.equal(got, grads[0].float() + grads[1].float())
+    with torch.no_grad():
+        master[0].weight.add_(0.123)
+    cc.refresh()
+    assert torch.equal(cc.model[0].weight, master[0].weight.to(torch.bfloat16))
+
+
+def test_a_bf16_sampler_copy_is_the_compute_copy():
+    """One bf16 copy serves the sampler and the update where both are bf16."""
+    model = torch.nn.Linear(4, 4)
+    sampler = precision.sampling_model(model, "bfloat16", separate=False)
+    cc = precision.compute_copy(model, sampler, "bfloat16", lambda m: m)
+    assert cc.model is sampler and all(q.requires_grad for _, q in cc.pairs)
+    apart = precision.compute_copy(model, model, "bfloat16", lambda m: m)
+    assert apart.model is not model and next(apart.model.parameters()).dtype == torch.bfloat16
+
 
 
 def test_a_config_without_the_key_keeps_its_record():

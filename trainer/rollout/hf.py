@@ -9,7 +9,8 @@ which is the training forward's own math on the live weights, also returns each 
 (`sampler_entropy`), so the trainer needs no forward of its own for the rows it does not train.
 In another precision than the trainer's (`rollout_dtype`) the engine is handed a copy of the
 weights in that precision (`trainer.precision`): its log-probs are that copy's, the behaviour
-policy's, and no entropy comes back (its numbers are no longer the trainer's own).
+policy's, and its entropy comes back only where the update computes in that precision too (then
+the copy is the update's own; otherwise its numbers are no longer the trainer's).
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ class HFEngine:
         from trainer.rollout.decode import FastDecoder, unsupported
 
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
-        # the decode loop's numbers are the trainer's own only in the trainer's precision
-        self.own = next(model.parameters()).dtype == getattr(torch, cfg.dtype)
+        # the decode loop's numbers are the trainer's own in the parameters' precision or in
+        # the one the update computes in (its forward's)
+        own = {getattr(torch, d) for d in (cfg.dtype, getattr(cfg, "update_dtype", None))
+               if d not in (None, "auto")}
+        self.own = next(model.parameters()).dtype in own
         use_loop = getattr(cfg, "hf_decoder", "auto") == "auto" and unsupported(model) is None
         self.decoder = FastDecoder(model) if use_loop else None
 
