@@ -7,9 +7,10 @@ tokens): `fp32` samples and trains in float32 (the defaults); `bf16` samples in 
 (`rollout_dtype = "bfloat16"`: a bf16 copy of the weights refreshed after every update) and
 trains in float32, with truncated importance sampling at its default cap (`tis_cap` 2.0);
 `bf16-both` samples as `bf16` and computes the update in bfloat16 too (`update_dtype =
-"bfloat16"`: autocast over the float32 weights, which with AdamW's state stay float32). The
-arms alternate, seed by seed (fp32, bf16, bf16-both for seed 0, then seed 1, ...), so a change in
-the machine's load hits all alike.
+"bfloat16"`: its forward and backward on the same bf16 copy, gradients added into the float32
+weights, which with AdamW's state stay float32). The arms alternate, seed by seed, their order
+rotated by one a seed (fp32, bf16, bf16-both for seed 0; bf16, bf16-both, fp32 for seed 1, ...),
+so a drift in the machine's speed hits all alike.
 
 Printed per arm: samples/s over steps 2..N (step 1 warms up; with --steps 1, step 1) as samples /
 (generation + reward + update seconds), evaluation excluded; the median generation, reward and
@@ -80,6 +81,20 @@ def config(arm: str, seed: int, a):
                        eval_size=a.eval_size, checkpoint_every_steps=0, threads=a.threads)
 
 
+def rotated(seed: int) -> list[str]:
+    """The arms in the order seed `seed` runs them: rotated by one a seed, so that no arm is
+    always the first (or last) of its seed when the machine's speed drifts."""
+    arms = list(ARMS)
+    k = seed % len(arms)
+    return arms[k:] + arms[:k]
+
+
+def present(steps: list[dict], key: str) -> list[float]:
+    """`key`'s values over the steps that logged it (a step that trained no token logs no
+    TIS weight; one whose every row the sampler scored, no mismatch)."""
+    return [r[key] for r in steps if key in r]
+
+
 def one_run(arm: str, seed: int, a) -> dict:
     """Train one arm at one seed; its throughput, step times, mismatch and accuracy curve."""
     from trainer.loop import train
@@ -97,17 +112,17 @@ def one_run(arm: str, seed: int, a) -> dict:
         "arm": arm, "seed": seed, "status": status, "wall_s": round(time.perf_counter() - start, 1),
         "samples_per_s": sum(r["batch_samples"] for r in timed) / busy,
         **{k: statistics.median(r[k] for r in timed) for k in STEP_KEYS},
-        "sampler_abs_logratio": statistics.mean(r.get("sampler_abs_logratio", float("nan"))
-                                                for r in steps),
+        "sampler_abs_logratio": statistics.mean(present(steps, "sampler_abs_logratio")
+                                                or [float("nan")]),
         "zero_std_frac": statistics.mean(r["zero_std_frac"] for r in steps),
         "eval": {r["samples"]: r["eval_accuracy"] for _, r in sorted(sink.rows.items())
                  if "eval_accuracy" in r},
         "events": sink.events,
     }
     print(f"{arm} seed {seed}: {status}, {out['wall_s']} s", file=sys.stderr, flush=True)
-    if any("tis_weight_mean" in r for r in steps):
-        out["tis_weight_mean"] = statistics.mean(r["tis_weight_mean"] for r in steps)
-        out["tis_capped_frac"] = max(r["tis_capped_frac"] for r in steps)
+    if present(steps, "tis_weight_mean"):
+        out["tis_weight_mean"] = statistics.mean(present(steps, "tis_weight_mean"))
+        out["tis_capped_frac"] = max(present(steps, "tis_capped_frac"))
     return out
 
 
@@ -165,7 +180,7 @@ def main() -> None:
     from trainer.precision import bf16_native
 
     print(f"native bf16 on this CPU: {bf16_native('cpu') or 'no (bf16 is emulated here)'}")
-    runs = [one_run(arm, seed, a) for seed in range(a.seeds) for arm in ARMS]
+    runs = [one_run(arm, seed, a) for seed in range(a.seeds) for arm in rotated(seed)]
     for r in runs:
         if r["status"] != "completed":
             print(f"{r['arm']} seed {r['seed']}: {r['status']}")

@@ -538,7 +538,7 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
         "c_high": st.clip_high,
         "c_tok": max(st.clip_tokens, 1.0),
         "kl_on": st.kl_old_new,
-        "tr_tok": max(st.trained_tokens, 1.0),
+        "tr_tok": st.trained_tokens,
         "tis_w": st.tis_weight,
         "tis_hit": st.tis_capped,
     }
@@ -566,7 +566,7 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
         "clip_frac": (S["c_low"] + S["c_high"]) / S["c_tok"],
         "clip_frac_low": S["c_low"] / S["c_tok"],
         "clip_frac_high": S["c_high"] / S["c_tok"],
-        "approx_kl": S["kl_on"] / S["tr_tok"],
+        "approx_kl": S["kl_on"] / max(S["tr_tok"], 1.0),
         "resp_len_mean": S["tokens"] / n_all,
         "resp_len_max": dist.max(float(lens.max())),
         "truncated_frac": S["trunc"] / n_all,
@@ -582,7 +582,7 @@ def step_metrics(run: Run, batch: Batch, st: UpdateStats, phase, phase_index: in
     if S.get("s_n"):  # the engine's log-probs against the trainer's, on the sampled tokens
         values["sampler_abs_logratio"] = S["s_abs"] / S["s_n"]
         values["sampler_kl_k3"] = S["s_k3"] / S["s_n"]
-    if cfg.tis_cap is not None:
+    if cfg.tis_cap is not None and S["tr_tok"]:  # a step that trained no token has no weights
         values["tis_weight_mean"] = S["tis_w"] / S["tr_tok"]
         values["tis_capped_frac"] = S["tis_hit"] / S["tr_tok"]
     return values
