@@ -46,10 +46,12 @@ last number of the completion, at any length), T = 0.7, 4 prompts x 8 samples, l
 ours / TRL >= 2. `--dtype bfloat16` puts both trainers' parameters in bf16 (ours: dtype; TRL:
 the model loaded in bf16 and `bf16=True`, which transformers accepts on CPU with use_cpu and
 runs as CPU autocast; AdamW steps on the bf16 weights in both). `--update-dtype bfloat16` is
-mixed precision in both: float32 weights and AdamW, the update under bf16 autocast (ours:
-update_dtype; TRL: bf16=True on the float32 model). `--rollout-dtype` is ours
-alone (TRL's transformers path samples with the training weights; ours then applies its TIS
-cap, 2.0 by default).
+mixed precision in both: float32 weights and AdamW, the update's arithmetic in bf16 (ours:
+update_dtype, on a bf16 copy of the weights; TRL: bf16=True, autocast on the float32 model).
+`--rollout-dtype` is ours alone (TRL's transformers path samples with the training weights; ours
+then applies its TIS cap, 2.0 by default). `--with-fp32` adds ours at the defaults (float32
+throughout) to every repeat, alternating with the others, and prints ours at the asked
+precision against it, pair by pair: the bf16 path's speed-up measured in one run.
 
 Full size on 2 idle cores (~8 s per 32-sample batch for ours at 24 tokens; TRL 18 s in a
 near-idle small run, 49 s in the docs' run): one repeat is ~1 min of ours and ~2-5 min of TRL
@@ -175,10 +177,16 @@ def make_arms(a, model_dir: str, template: str | None, trl_ok: bool) -> list[Arm
     else:
         skips = [not a.no_skip]
     ours_dtype = (a.dtype + (f", rollouts {a.rollout_dtype}" if a.rollout_dtype else "")
-                  + (f", update {a.update_dtype} autocast" if a.update_dtype else ""))
+                  + (f", update {a.update_dtype}" if a.update_dtype else ""))
     arms = [Arm("twoclocks" + ("" if skip else " (no skip)"), "ours",
                 settings(a, model_dir, template, skip, False), ours_dtype,
                 "yes" if skip else "no") for skip in skips]
+    if a.with_fp32:
+        fp32 = argparse.Namespace(**{**vars(a), "dtype": "float32", "rollout_dtype": None,
+                                     "update_dtype": None})
+        arms += [Arm("twoclocks fp32" + ("" if skip else " (no skip)"), "ours",
+                     settings(fp32, model_dir, template, skip, False), "float32",
+                     "yes" if skip else "no") for skip in skips]
     if trl_ok:
         trl_dtype = ("bfloat16, bf16=True" if a.dtype == "bfloat16"
                      else "float32, bf16=True (autocast)" if a.update_dtype else a.dtype)
@@ -269,8 +277,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rollout-dtype", choices=("auto", "float32", "bfloat16", "float16"),
                     default=None, help="Ours only: the precision its rollouts sample in.")
     ap.add_argument("--update-dtype", choices=("bfloat16",), default=None,
-                    help="Mixed precision: ours' update under bf16 autocast over float32 "
-                         "weights, TRL's bf16=True over float32 weights (the same scheme).")
+                    help="Mixed precision: ours' update on a bf16 copy of float32 weights, "
+                         "TRL's bf16=True (autocast) over float32 weights.")
+    ap.add_argument("--with-fp32", action="store_true",
+                    help="Ours at float32 throughout in every repeat too, and the ratio of "
+                         "ours at the asked precision to it, pair by pair.")
     ap.add_argument("--every-metric", action=argparse.BooleanOptionalAction, default=True,
                     help="One more run of ours with kl_init and the noise terms every step.")
     a = ap.parse_args()
@@ -326,7 +337,27 @@ def main() -> None:
     print("\n".join(table(shown, trl_arm)))
     print("\nSeconds per rollout batch (mean over batches 2..N, median over runs):\n")
     print("\n".join(breakdown(shown)))
+    if a.with_fp32:
+        print()
+        print("\n".join(against_fp32(arms)))
     notes(a, trl_arm)
+
+
+def against_fp32(arms: list[Arm]) -> list[str]:
+    """Each of ours at the asked precision against ours in float32 at the same skip setting:
+    samples/s, generation and update seconds, each a ratio per alternating pair."""
+    lines = []
+    for arm in [x for x in arms if x.kind == "ours" and not x.name.startswith("twoclocks fp32")]:
+        base = next(x for x in arms if x.name.startswith("twoclocks fp32")
+                    and x.skip == arm.skip)
+        pairs = list(zip(arm.runs, base.runs, strict=True))
+        rate = [o["samples_per_s"] / b["samples_per_s"] for o, b in pairs]
+        gen = [b["parts"]["gen"] / o["parts"]["gen"] for o, b in pairs]
+        upd = [b["parts"]["update"] / o["parts"]["update"] for o, b in pairs]
+        lines.append(f"{arm.name} ({arm.dtype}) / float32: samples/s {spread(rate, 2, 'x')}; "
+                     f"generation {spread(gen, 2, 'x')} faster, update {spread(upd, 2, 'x')} "
+                     f"faster (per alternating pair)")
+    return lines
 
 
 def notes(a, trl_arm: Arm | None) -> None:

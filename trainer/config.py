@@ -92,10 +92,12 @@ class TrainConfig(BaseModel):
     update_dtype: Literal["auto", "float32", "bfloat16"] | None = Field(
         None,
         description="The precision the update computes in, apart from `dtype`: every trainer "
-        "forward (the update's, the old and reference log-probs) runs under torch.autocast "
-        "in it while the parameters, their gradients and AdamW's state stay in `dtype` "
-        "(float32 master weights: bf16 parameters would round away Adam's small steps). None "
-        "(default): `dtype`, no autocast, as before this option existed. auto: bfloat16 "
+        "forward and backward (the update's, the old and reference log-probs) runs on a copy "
+        "of the weights in it (one with a bf16 sampler's), its gradients added into the "
+        "`dtype` ones, while the parameters, their gradients and AdamW's state stay in `dtype` "
+        "(float32 master weights: bf16 parameters would round away Adam's small steps); under "
+        "several processes (DDP/FSDP) it runs under torch.autocast instead. None "
+        "(default): `dtype`, no copy, as before this option existed. auto: bfloat16 "
         "where the device computes it natively (as rollout_dtype's auto), else `dtype`; the "
         "run's events name what was chosen. Needs dtype = 'float32'. No float16: its range "
         "needs loss scaling, which the update does not do.",
@@ -316,7 +318,7 @@ class TrainConfig(BaseModel):
         "precision, stale weights; https://fengyao.notion.site/off-policy-rl). A number > 0, "
         "or 'off'. None (default): 2.0 (TRL's vllm_importance_sampling_cap) when the sampler "
         "differs from the trainer (`rollout_dtype` resolves to another precision than "
-        "`dtype`, `update_dtype` computes under autocast, or rollout_engine = 'vllm'), else "
+        "`dtype`, `update_dtype` is another precision, or rollout_engine = 'vllm'), else "
         "off. The mismatch itself is logged every step (sampler_abs_logratio, sampler_kl_k3).",
     )
     temperature: float = Field(
