@@ -73,6 +73,19 @@ def _recomputed_grad(model, roll, adv, autocast: bool, own: bool,
     return _grad(m).float()
 
 
+def _one_batch(model, tok, cfg):
+    """(rollout, advantages) of four prompts x G = 4 sampled by `model` at seed 3, with fixed
+    rewards: the batch the `update()` tests below train on."""
+    from trainer import grpo
+    from trainer.rollout.hf import HFEngine
+
+    torch.manual_seed(3)
+    roll = HFEngine(cfg, model, tok).generate(["12+34=", "7+45=", "61+2=", "30+30="] * 4)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0,
+                                              0, 0, 1, 0]), 4)
+    return roll, adv
+
+
 def test_a_bf16_update_keeps_float32_weights_and_its_gradient_is_autocasts(tmp_path):
     """One micro-batch through `update()` with update_dtype bfloat16 and no compute copy (as
     under several processes): the parameters, their
@@ -88,11 +101,9 @@ def test_a_bf16_update_keeps_float32_weights_and_its_gradient_is_autocasts(tmp_p
     float32 the two forwards agree to 1.6e-6). The float32 gradient (0.7e-2 to 1.1e-2 away)
     must be over 100x the same-forward distance: the update computed in bf16, not float32.
     """
-    from trainer import grpo
     from trainer.config import TrainConfig
     from trainer.dist import Dist
     from trainer.loop import make_optimizer
-    from trainer.rollout.hf import HFEngine
     from trainer.scorer import make_scorer
     from trainer.update import update
 
@@ -101,10 +112,7 @@ def test_a_bf16_update_keeps_float32_weights_and_its_gradient_is_autocasts(tmp_p
     cfg = TrainConfig(group_size=4, max_new_tokens=8, micro_batch_size=16, temperature=1.0,
                       update_dtype="bfloat16", max_grad_norm=None, skip_zero_advantage=False,
                       threads=1)
-    torch.manual_seed(3)
-    roll = HFEngine(cfg, model, tok).generate(["12+34=", "7+45=", "61+2=", "30+30="] * 4)
-    adv = grpo.group_advantages(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0,
-                                              0, 0, 1, 0]), 4)
+    roll, adv = _one_batch(model, tok, cfg)
     same = _recomputed_grad(model, roll, adv, autocast=True, own=True)
     hf = _recomputed_grad(model, roll, adv, autocast=True, own=False)
     fp32 = _recomputed_grad(model, roll, adv, autocast=False, own=True)
@@ -142,11 +150,10 @@ def test_a_bf16_update_on_a_copy_folds_the_copys_gradient_into_float32(tmp_path)
     without autocast the norms and softmax are bf16 too (measured 0.9e-2 to 2.3e-2 over three
     rollouts; the float32 gradient 1.1e-2 to 2.8e-2 away). The float32 gradient must be over
     100x the same-forward distance: the update computed in bf16."""
-    from trainer import grpo, precision
+    from trainer import precision
     from trainer.config import TrainConfig
     from trainer.dist import Dist
     from trainer.loop import make_optimizer
-    from trainer.rollout.hf import HFEngine
     from trainer.scorer import make_scorer
     from trainer.update import update
 
@@ -155,10 +162,7 @@ def test_a_bf16_update_on_a_copy_folds_the_copys_gradient_into_float32(tmp_path)
     cfg = TrainConfig(group_size=4, max_new_tokens=8, micro_batch_size=16, temperature=1.0,
                       update_dtype="bfloat16", max_grad_norm=None, skip_zero_advantage=False,
                       threads=1)
-    torch.manual_seed(3)
-    roll = HFEngine(cfg, model, tok).generate(["12+34=", "7+45=", "61+2=", "30+30="] * 4)
-    adv = grpo.group_advantages(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0,
-                                              0, 0, 1, 0]), 4)
+    roll, adv = _one_batch(model, tok, cfg)
     same = _recomputed_grad(model, roll, adv, autocast=False, own=True, bf16_copy=True)
     hf = _recomputed_grad(model, roll, adv, autocast=False, own=False, bf16_copy=True)
     fp32 = _recomputed_grad(model, roll, adv, autocast=False, own=True)
@@ -190,11 +194,10 @@ def test_the_copy_is_recast_between_optimizer_steps_of_one_update(tmp_path):
     step, so its ratio moves (kl_old_new non-zero). Without the re-cast it would read the
     unstepped copy: kl_old_new exactly 0. The lr is large enough for a step to survive
     bf16 rounding in the copy."""
-    from trainer import grpo, precision
+    from trainer import precision
     from trainer.config import TrainConfig
     from trainer.dist import Dist
     from trainer.loop import make_optimizer
-    from trainer.rollout.hf import HFEngine
     from trainer.scorer import make_scorer
     from trainer.update import no_grad_logprobs, update
 
@@ -203,10 +206,7 @@ def test_the_copy_is_recast_between_optimizer_steps_of_one_update(tmp_path):
     cfg = TrainConfig(group_size=4, max_new_tokens=8, micro_batch_size=8, temperature=1.0,
                       update_dtype="bfloat16", skip_zero_advantage=False, num_minibatches=2,
                       lr=1e-3, threads=1)
-    torch.manual_seed(3)
-    roll = HFEngine(cfg, model, tok).generate(["12+34=", "7+45=", "61+2=", "30+30="] * 4)
-    adv = grpo.group_advantages(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0,
-                                              0, 0, 1, 0]), 4)
+    roll, adv = _one_batch(model, tok, cfg)
     opt = make_optimizer(model, cfg)
     cc = precision.compute_copy(model, model, "bfloat16", lambda c: make_scorer(c, cfg))
     old, _ = no_grad_logprobs(cc.net, roll, cfg, False)
