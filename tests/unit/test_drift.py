@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from trainer import metrics
 from trainer.metrics import Drift
 
 
@@ -25,10 +26,10 @@ def test_drift_equals_the_float64_norm_of_the_change():
     d2 = sum(float(((a - b) ** 2).sum()) for a, b in pairs)
     n2 = sum(float((b**2).sum()) for _, b in pairs)
     d_abs, d_rel = drift(model)
-    # the difference is formed in the parameters' float32 (rounding ~1e-8 relative), its
-    # squares summed in float64; a wrong term, scale or frozen parameter is off by far more
-    assert math.isclose(d_abs, math.sqrt(d2), rel_tol=1e-6)
-    assert math.isclose(d_rel, math.sqrt(d2) / math.sqrt(n2), rel_tol=1e-6)
+    # the difference and its squares are float64; the initial norm is summed from float64
+    # norms per tensor; a wrong term, scale or frozen parameter is off by far more
+    assert math.isclose(d_abs, math.sqrt(d2), rel_tol=1e-12)
+    assert math.isclose(d_rel, math.sqrt(d2) / math.sqrt(n2), rel_tol=1e-12)
     assert d_abs > 0.1  # the change is seen
 
 
@@ -40,3 +41,16 @@ def test_drift_keeps_its_own_copy_of_the_initial_weights():
         model.bias.fill_(0.0)
     d_abs, d_rel = drift(model)
     assert math.isclose(d_rel, 1.0, rel_tol=1e-12)  # back to zero: the whole initial norm
+
+
+def test_drift_summed_block_by_block_equals_the_whole_difference(monkeypatch):
+    # blocks of 7 split every tensor, most with a short last block, and one tensor is empty
+    # (a rank's empty shard); both sums are float64, so they agree to its rounding
+    monkeypatch.setattr(metrics, "DRIFT_BLOCK", 7)
+    gen = torch.Generator().manual_seed(1)
+    then = [torch.randn(s, generator=gen) for s in ((5, 9), (0,), (23,), (7,))]
+    now = [t + 0.01 * torch.randn(t.shape, generator=gen) for t in then]
+    whole = sum(float(((a.double() - b.double()) ** 2).sum())
+                for a, b in zip(now, then, strict=True))
+    assert math.isclose(metrics._diff_sum_sq(now, then), whole, rel_tol=1e-12)
+    assert metrics._diff_sum_sq([], []) == 0.0
