@@ -10,7 +10,9 @@ trains in float32, with truncated importance sampling at its default cap (`tis_c
 "bfloat16"`: its forward and backward on the same bf16 copy, gradients added into the float32
 weights, which with AdamW's state stay float32). The arms alternate, seed by seed, their order
 rotated by one a seed (fp32, bf16, bf16-both for seed 0; bf16, bf16-both, fp32 for seed 1, ...),
-so a drift in the machine's speed hits all alike.
+so a drift in the machine's speed hits all alike; `--arms` runs a subset. Each run trains in a
+process of its own, so that none starts with an earlier run's heap, caches or oneDNN kernels;
+`--in-process` runs them all in this one, one after another.
 
 Printed per arm: samples/s over steps 2..N (step 1 warms up; with --steps 1, step 1) as samples /
 (generation + reward + update seconds), evaluation excluded; the median generation, reward and
@@ -26,7 +28,8 @@ within seed noise" can be judged. Held-out accuracy is sampled by each arm's own
 Run it on an otherwise idle machine: the timings are worthless on shared cores.
 
     python bench/bf16_rollouts.py [--steps 12] [--seeds 2] [--eval-every 4] [--eval-size 64]
-                                  [--threads 2] [--lr 1e-5] [--json]
+                                  [--threads 2] [--lr 1e-5] [--arms fp32,bf16,bf16-both]
+                                  [--in-process] [--json]
 
 Its defaults run 2 seeds x 3 arms x 12 steps = 72 steps and 24 evaluations. `--steps 12 --seeds
 2 --eval-every 6 --eval-size 128 --threads 2` took 12 min 4 s on 2 idle cores (docs/benchmarks.md).
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,10 +85,9 @@ def config(arm: str, seed: int, a):
                        eval_size=a.eval_size, checkpoint_every_steps=0, threads=a.threads)
 
 
-def rotated(seed: int) -> list[str]:
-    """The arms in the order seed `seed` runs them: rotated by one a seed, so that no arm is
+def rotated(seed: int, arms: list[str]) -> list[str]:
+    """`arms` in the order seed `seed` runs them: rotated by one a seed, so that no arm is
     always the first (or last) of its seed when the machine's speed drifts."""
-    arms = list(ARMS)
     k = seed % len(arms)
     return arms[k:] + arms[:k]
 
@@ -126,11 +129,25 @@ def one_run(arm: str, seed: int, a) -> dict:
     return out
 
 
+def in_child(arm: str, seed: int, a) -> dict:
+    """`one_run` in a process of its own, so that no run starts with an earlier run's heap,
+    caches or oneDNN kernels; its stderr passes through."""
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", arm, str(seed)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            out = json.loads(line[7:])
+            out["eval"] = {int(k): v for k, v in out["eval"].items()}  # JSON keys are strings
+            return out
+    raise SystemExit(f"{arm} seed {seed}: the child run failed (exit status {proc.returncode})")
+
+
 def report(runs: list[dict]) -> None:
     """The throughput, time split, mismatch and accuracy tables of `runs`."""
     by = {(r["arm"], r["seed"]): r for r in runs}
     seeds = sorted({r["seed"] for r in runs})
-    for arm in ARMS:
+    arms = [arm for arm in ARMS if (arm, seeds[0]) in by]
+    for arm in arms:
         rs = [by[arm, s] for s in seeds]
         rate = statistics.median(r["samples_per_s"] for r in rs)
         split = ", ".join(f"{k[5:-2]} {statistics.median(r[k] for r in rs):.2f} s"
@@ -144,7 +161,7 @@ def report(runs: list[dict]) -> None:
               f"median step: {split}; groups skipped (zero_std_frac) {skipped:.2f}; "
               f"sampler_abs_logratio "
               f"{statistics.mean(r['sampler_abs_logratio'] for r in rs):.2e}{extra}")
-    for arm in [a for a in ARMS if a != "fp32"]:
+    for arm in [a for a in arms if a != "fp32" and "fp32" in arms]:
         ratios = [by[arm, s]["samples_per_s"] / by["fp32", s]["samples_per_s"] for s in seeds]
         gens = [by["fp32", s]["time_gen_s"] / by[arm, s]["time_gen_s"] for s in seeds]
         ups = [by["fp32", s]["time_update_s"] / by[arm, s]["time_update_s"] for s in seeds]
@@ -156,10 +173,10 @@ def report(runs: list[dict]) -> None:
     points = sorted({p for r in runs for p in r["eval"]})
     for p in points:
         cells = "   ".join(f"{arm} " + " ".join(f"{by[arm, s]['eval'].get(p, float('nan')):.3f}"
-                                                 for s in seeds) for arm in ARMS)
+                                                 for s in seeds) for arm in arms)
         print(f"  {p:>6}: {cells}")
     last = points[-1]
-    for arm in ARMS:
+    for arm in arms:
         accs = [by[arm, s]["eval"][last] for s in seeds]
         spread = statistics.stdev(accs) if len(accs) > 1 else float("nan")
         print(f"{arm} at {last} samples: mean {statistics.mean(accs):.3f}, seed-to-seed std "
@@ -175,12 +192,25 @@ def main() -> None:
     ap.add_argument("--eval-size", type=int, default=64, help="Held-out problems per evaluation.")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help=f"Comma-separated arms to run, of {', '.join(ARMS)}.")
+    ap.add_argument("--in-process", action="store_true",
+                    help="Every run in this one process, one after another (each in a fresh "
+                         "process by default).")
     ap.add_argument("--json", action="store_true", help="Every run's numbers as JSON too.")
+    ap.add_argument("--child", nargs=2, metavar=("ARM", "SEED"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        print("RESULT " + json.dumps(one_run(a.child[0], int(a.child[1]), a)), flush=True)
+        return
+    chosen = a.arms.split(",")
+    if unknown := [arm for arm in chosen if arm not in ARMS]:
+        ap.error(f"--arms: unknown arm(s) {', '.join(unknown)}; allowed: {', '.join(ARMS)}")
     from trainer.precision import bf16_native
 
     print(f"native bf16 on this CPU: {bf16_native('cpu') or 'no (bf16 is emulated here)'}")
-    runs = [one_run(arm, seed, a) for seed in range(a.seeds) for arm in rotated(seed)]
+    run = one_run if a.in_process else in_child
+    runs = [run(arm, seed, a) for seed in range(a.seeds) for arm in rotated(seed, chosen)]
     for r in runs:
         if r["status"] != "completed":
             print(f"{r['arm']} seed {r['seed']}: {r['status']}")
