@@ -283,8 +283,10 @@ def _claim_checkpoint(owner: Owner, workdir: Path, dist: Dist, extend: bool) -> 
     return ckpt
 
 
-def _set_up(cfg, sink, workdir, dist, owner, make_rollout) -> Run:
-    """Seeds, model (and the frozen reference), optimizer, data, reward and rollout engine."""
+def _set_up(cfg, sink, workdir, dist, owner, make_rollout, on_copy: bool) -> Run:
+    """Seeds, model (and the frozen reference), optimizer, data, reward and rollout engine;
+    `on_copy`: the update computes on a copy in its compute dtype
+    (`Precision.computes_on_copy`)."""
     from trainer.rewards import load_reward
     from trainer.rollout import make_engine
 
@@ -294,7 +296,6 @@ def _set_up(cfg, sink, workdir, dist, owner, make_rollout) -> Run:
     data_rng = np.random.default_rng([cfg.seed, 0])
     model_path, tok, model = load_model(cfg, dist.device)
     model.train()
-    on_copy = precision.computes_on_copy(cfg, dist)
     ref = None
     if cfg.kl_coef > 0 or cfg.kl_init_every > 0:  # in the update's precision, as its forward
         ref_model = _frozen_copy(model, cfg.update_dtype if on_copy else None)
@@ -711,7 +712,8 @@ def train(
     ckpt = _claim_checkpoint(owner, workdir, dist, extend)
     # the config as written stays the owner's
     prec = precision.resolve(cfg, dist.device, alone=dist.world == 1)
-    run = _set_up(precision.settle(cfg, prec), sink, workdir, dist, owner, make_rollout)
+    run = _set_up(precision.settle(cfg, prec), sink, workdir, dist, owner, make_rollout,
+                  prec.computes_on_copy)
     precision.announce(run, prec, cfg)
     saved = _resume(run, ckpt)  # the controller's state, for a resumed adaptive run
     if ckpt is None and branch is not None:

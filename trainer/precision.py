@@ -82,6 +82,12 @@ class Precision:
         mixed = self.compute not in ("", self.train)
         return self.sample != self.train or self.engine != "hf" or mixed
 
+    @property
+    def computes_on_copy(self) -> bool:
+        """Whether the update computes on a `ComputeCopy`: its compute dtype differs from the
+        parameters' and one process trains (`on_copy`)."""
+        return self.on_copy and self.compute not in ("", self.train)
+
 
 def resolve(cfg, device, cpuinfo: str | Path = "/proc/cpuinfo", *,
             alone: bool = True) -> Precision:
@@ -172,13 +178,6 @@ def announce(run, prec: Precision, cfg) -> None:
     mixed = prec.compute not in ("", prec.train)
     if (prec.differs or mixed or named) and run.writes:
         run.sink.event(describe(prec))
-
-
-def computes_on_copy(cfg, dist) -> bool:
-    """Whether the update of `cfg` (settled) computes on a `ComputeCopy`: its compute dtype
-    differs from the parameters' and one unsharded process trains."""
-    compute = getattr(cfg, "update_dtype", None)
-    return compute not in (None, cfg.dtype) and dist.world == 1
 
 
 def autocast(cfg, model):

@@ -147,11 +147,6 @@ def test_several_processes_compute_under_autocast_and_say_so(tmp_path):
             "(update_dtype = 'bfloat16');") in precision.describe(prec)
 
 
-class _World:
-    def __init__(self, world):
-        self.world = world
-
-
 def test_the_forwards_run_under_autocast_exactly_when_the_compute_differs_from_the_weights():
     """Unset and float32 give no context at all (the forward as before, bit for bit); a settled
     bfloat16 gives CPU autocast to bfloat16 over float32 weights, under which a float32 matmul
@@ -161,15 +156,15 @@ def test_the_forwards_run_under_autocast_exactly_when_the_compute_differs_from_t
     for value in (None, "float32"):
         assert isinstance(precision.autocast(TrainConfig(update_dtype=value), fp32),
                           contextlib.nullcontext)
-        assert not precision.computes_on_copy(TrainConfig(update_dtype=value), _World(1))
+        assert not precision.resolve(TrainConfig(update_dtype=value), "cpu").computes_on_copy
     cfg = TrainConfig(update_dtype="bfloat16")
     assert isinstance(precision.autocast(cfg, bf16), contextlib.nullcontext)
     a = torch.randn(4, 8)
     with precision.autocast(cfg, fp32):
         assert (a @ a.T).dtype == torch.bfloat16
     assert (a @ a.T).dtype == torch.float32
-    assert precision.computes_on_copy(cfg, _World(1))
-    assert not precision.computes_on_copy(cfg, _World(2))
+    assert precision.resolve(cfg, "cpu", alone=True).computes_on_copy
+    assert not precision.resolve(cfg, "cpu", alone=False).computes_on_copy
 
 
 def test_the_compute_copy_folds_gradients_in_float32_and_is_recast_from_the_master():
