@@ -51,7 +51,7 @@ def main() -> None:
     from trainer.smollm2 import ensure_smollm2
 
     torch.set_num_threads(a.threads)
-    model = AutoModelForCausalLM.from_pretrained(ensure_smollm2(), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(ensure_smollm2(), dtype=torch.float32)
     drift = Drift(model)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

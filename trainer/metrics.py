@@ -59,16 +59,16 @@ def _diff_sum_sq(now: list[torch.Tensor], then: list[torch.Tensor], dist=None) -
     """Sum over every entry of (now - then)^2, DRIFT_BLOCK entries at a time in one reused float64
     buffer (the difference exact there, its squares summed in float64); completed over ranks
     through `dist`."""
-    if not now:
-        return dist.sum_shards(0.0) if dist is not None else 0.0
-    buf = torch.empty(DRIFT_BLOCK, dtype=torch.float64, device=now[0].device)
-    acc = torch.zeros((), dtype=torch.float64, device=now[0].device)  # no sync per block
-    for a, b in zip(now, then, strict=True):
-        for x, y in zip(a.reshape(-1).split(DRIFT_BLOCK), b.reshape(-1).split(DRIFT_BLOCK),
-                        strict=True):
-            d = buf[: x.numel()].copy_(x).sub_(y)  # the difference exact, in float64
-            acc += torch.dot(d, d)
-    total = float(acc)
+    total = 0.0
+    if now:
+        buf = torch.empty(DRIFT_BLOCK, dtype=torch.float64, device=now[0].device)
+        acc = torch.zeros((), dtype=torch.float64, device=now[0].device)  # no sync per block
+        for a, b in zip(now, then, strict=True):
+            for x, y in zip(a.reshape(-1).split(DRIFT_BLOCK), b.reshape(-1).split(DRIFT_BLOCK),
+                            strict=True):
+                d = buf[: x.numel()].copy_(x).sub_(y)  # the difference exact, in float64
+                acc += torch.dot(d, d)
+        total = float(acc)
     return dist.sum_shards(total) if dist is not None else total
 
 

@@ -76,17 +76,21 @@ class Precision:
     on_copy: bool = True  # a compute dtype apart from `train` runs on a copy, else autocast
 
     @property
+    def mixed(self) -> bool:
+        """Whether the update computes in a dtype apart from the parameters'."""
+        return self.compute not in ("", self.train)
+
+    @property
     def differs(self) -> bool:
         """Whether the sampler is not the trainer's own forward (another precision or engine).
         An update under autocast is never the sampler's forward: no engine samples under it."""
-        mixed = self.compute not in ("", self.train)
-        return self.sample != self.train or self.engine != "hf" or mixed
+        return self.sample != self.train or self.engine != "hf" or self.mixed
 
     @property
     def computes_on_copy(self) -> bool:
-        """Whether the update computes on a `ComputeCopy`: its compute dtype differs from the
-        parameters' and one process trains (`on_copy`)."""
-        return self.on_copy and self.compute not in ("", self.train)
+        """Whether the update computes on a `ComputeCopy`: it is `mixed` and one process trains
+        (`on_copy`)."""
+        return self.on_copy and self.mixed
 
 
 def resolve(cfg, device, cpuinfo: str | Path = "/proc/cpuinfo", *,
@@ -157,7 +161,7 @@ def describe(prec: Precision) -> str:
     """One line for the run's events: what samples and what trains, and the TIS cap."""
     engine = "" if prec.engine == "hf" else f" ({prec.engine} engine)"
     cap = "off" if prec.tis_cap is None else f"{prec.tis_cap:g}"
-    if prec.compute in ("", prec.train):
+    if not prec.mixed:
         update = f"the update runs in {prec.train}"
         update += f" ({prec.compute_why})" if prec.compute_why else ""
     elif prec.on_copy:
@@ -175,8 +179,7 @@ def announce(run, prec: Precision, cfg) -> None:
     the sampler or the update's compute differs from the parameters or the config (`cfg` as
     written) named a rollout or update precision: what auto chose stays with the run's record."""
     named = cfg.rollout_dtype is not None or getattr(cfg, "update_dtype", None) is not None
-    mixed = prec.compute not in ("", prec.train)
-    if (prec.differs or mixed or named) and run.writes:
+    if (prec.differs or prec.mixed or named) and run.writes:
         run.sink.event(describe(prec))
 
 
