@@ -29,7 +29,8 @@ TINY_MODEL_ID = "builtin:tiny-arith"
 TINY_POSITIONS = 512
 # Bump when the recipe changes: a new version never reuses an old cache entry.
 BUILD_VERSION = 2
-# Threads used to build: the same seed gives the same weights on any machine with this torch.
+# Threads used to build: the same seed gives the same weights on machines with the same CPU
+# model and this torch (another CPU's kernels round the warm-up's sums apart: other weights).
 BUILD_THREADS = 2
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # Every printable ASCII character plus newline, one token each.
