@@ -143,6 +143,27 @@ def first_of_each(groups: torch.Tensor, count: int, index: torch.Tensor) -> torc
     return first.scatter_reduce(0, groups, index, reduce="amin")
 
 
+def row_ids(*columns: torch.Tensor) -> torch.Tensor:
+    """An id of each distinct row of integer `columns` (each [N]), numbered in the rows'
+    lexicographic order: the inverse of torch.unique(stack(columns, 1), dim=0,
+    return_inverse=True). Computed on one int64 key per row (each column shifted to start at 0,
+    weighted by the spans of those after it): unique over rows compares them entry by entry
+    and took ~13x as long at a decode step's 128 rows (164 vs 13 us, 2 threads). Falls back to
+    it when the spans' product would not fit in an int64."""
+    if not len(columns[0]):
+        return columns[0].new_zeros(0, dtype=torch.long)
+    key, room = None, 1
+    for col in columns:
+        lo, hi = (int(v) for v in torch.aminmax(col))
+        span = hi - lo + 1
+        room *= span
+        if room >= 2**62:
+            return torch.unique(torch.stack(columns, 1), dim=0, return_inverse=True)[1]
+        shifted = col.long() - lo
+        key = shifted if key is None else key * span + shifted
+    return torch.unique(key, return_inverse=True)[1]
+
+
 def _cat_bias(mods) -> torch.Tensor | None:
     """The biases of linear layers `mods` concatenated (zeros for those without), or None."""
     if all(m.bias is None for m in mods):

@@ -26,6 +26,7 @@ from trainer.decoder_math import (
     attention,
     first_of_each,
     prefill_bias,
+    row_ids,
     unsupported,
 )
 
@@ -232,8 +233,7 @@ def _prefix_nodes(prompt: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
     node = torch.empty(n, c, dtype=torch.long, device=tokens.device)
     parent, count = prompt, 0
     for j in range(c):  # a position's node: (its parent's node, its token, its mask bit)
-        _, local = torch.unique(torch.stack([parent, tokens[:, j], mask[:, j]], 1), dim=0,
-                                return_inverse=True)
+        local = row_ids(parent, tokens[:, j], mask[:, j])
         node[:, j] = parent = local + count
         distinct = int(local.max()) + 1 if n else 0
         count += distinct

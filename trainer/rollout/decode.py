@@ -35,6 +35,7 @@ from trainer.decoder_math import (
     attention,
     first_of_each,
     prefill_bias,
+    row_ids,
     transposed,
     unsupported,  # noqa: F401 (the HF engine imports it from here)
 )
@@ -156,8 +157,7 @@ class FastDecoder:
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
             with _scope(SHARE):
-                history = torch.unique(torch.stack([history, token], 1), dim=0,
-                                       return_inverse=True)[1]
+                history = row_ids(history, token)
                 rows, back = _passes(history, done)
                 parent = slot[rows]
             if len(parent) != len(keys[0]) or not bool((parent == _arange(parent)).all()):
