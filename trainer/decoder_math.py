@@ -150,8 +150,9 @@ def row_ids(*columns: torch.Tensor) -> torch.Tensor:
     weighted by the spans of those after it): unique over rows compares them entry by entry
     and took ~13x as long at a decode step's 128 rows (164 vs 13 us, 2 threads). Falls back to
     it when the spans' product would not fit in an int64."""
+    columns = [col.long() for col in columns]  # a mask column may be bool
     if not len(columns[0]):
-        return columns[0].new_zeros(0, dtype=torch.long)
+        return columns[0].new_zeros(0)
     key, room = None, 1
     for col in columns:
         lo, hi = (int(v) for v in torch.aminmax(col))
@@ -159,7 +160,7 @@ def row_ids(*columns: torch.Tensor) -> torch.Tensor:
         room *= span
         if room >= 2**62:
             return torch.unique(torch.stack(columns, 1), dim=0, return_inverse=True)[1]
-        shifted = col.long() - lo
+        shifted = col - lo
         key = shifted if key is None else key * span + shifted
     return torch.unique(key, return_inverse=True)[1]
 

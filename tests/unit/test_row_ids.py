@@ -36,3 +36,5 @@ def test_one_row_no_rows_and_spans_beyond_an_int64():
     tall = torch.tensor([2**30, 1, 2**30, 1, 0])
     assert torch.equal(row_ids(wide, tall), _truth(wide, tall))
     assert row_ids(wide, tall).tolist() == [1, 3, 2, 3, 0]
+    bits = torch.tensor([True, False, True, True, False])  # a bool column beside them
+    assert torch.equal(row_ids(wide, bits), _truth(wide, bits.long()))
